@@ -1,0 +1,43 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+BACKENDS ?= tensorflow jax torch
+PYTEST_ARGS ?=
+
+.PHONY: install demo test test-fast test-tensorflow test-jax test-torch bench gpu-check clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip>=24"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+demo: install
+	$(PY) examples/demo.py
+
+# Each backend runs in its own pytest process; any failure fails the target (after all have run).
+test: install
+	@status=0; for b in $(BACKENDS); do \
+	  echo "=== KERAS_BACKEND=$$b ==="; \
+	  KERAS_BACKEND=$$b $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests || status=1; \
+	done; exit $$status
+
+# Local iteration: skip the tests marked slow.
+test-fast:
+	$(MAKE) test PYTEST_ARGS="-m 'not slow' $(PYTEST_ARGS)"
+
+test-tensorflow test-jax test-torch: install
+	KERAS_BACKEND=$(@:test-%=%) $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests
+
+bench: install
+	$(PY) benchmarks/run_all.py
+
+gpu-check: install
+	$(PY) benchmarks/gpu_check.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info
