@@ -1,1 +1,11 @@
-"""keras_transformer."""
+"""keras_transformer: a Keras 3 Transformer model zoo for TensorFlow, JAX and PyTorch."""
+
+from keras_transformer.backend_check import check_backend_installed
+
+check_backend_installed()
+
+from keras_transformer import layers  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = ["layers", "__version__"]

@@ -1,0 +1,17 @@
+"""Transformer layers: attention, positions, feed-forward and the encoder/decoder blocks."""
+
+from keras_transformer.layers.feed_forward import FeedForward
+from keras_transformer.layers.multi_head_attention import MultiHeadAttention
+from keras_transformer.layers.positional_embedding import PositionalEmbedding
+from keras_transformer.layers.relative_position_bias import RelativePositionBias
+from keras_transformer.layers.transformer_decoder_block import TransformerDecoderBlock
+from keras_transformer.layers.transformer_encoder_block import TransformerEncoderBlock
+
+__all__ = [
+    "FeedForward",
+    "MultiHeadAttention",
+    "PositionalEmbedding",
+    "RelativePositionBias",
+    "TransformerDecoderBlock",
+    "TransformerEncoderBlock",
+]

@@ -1,0 +1,283 @@
+"""Multi-head scaled dot-product attention with masks, bias and a key/value cache.
+
+Axes: B batch, T query length, S key length, H query heads, Hkv key/value heads,
+Dh head size, D model width.
+"""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_transformer.layers.masks import causal_mask, merge_masks, mask_to_bias
+
+
+def _check_rate(name, value):
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"`{name}` must be in [0, 1). Received: {name}={value}")
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head attention as in "Attention Is All You Need", section 3.2.
+
+    softmax(scale * Q K^T + bias + mask) V for every head, then the output
+    projection W_O. Self- and cross-attention, padding and bottom-right causal
+    masks, an additive bias (T5's relative bias), grouped-query attention and a
+    static-size key/value cache for incremental decoding. When attention
+    probabilities are not requested (and no attention dropout is active) it
+    calls `keras.ops.dot_product_attention`, so GPUs get fused kernels.
+
+    Args:
+        num_heads: int, number of query heads H.
+        key_dim: int, size Dh of each head. Defaults to D // num_heads.
+        num_key_value_heads: int, number of key/value heads Hkv (grouped-query
+            attention). Must divide `num_heads`. Defaults to `num_heads`.
+        use_bias: bool, whether the projections have biases.
+        dropout: float in [0, 1), dropout on the attention probabilities.
+        scale: float, multiplier of the logits. Defaults to 1 / sqrt(Dh);
+            T5 uses 1.0.
+        kernel_initializer: initializer of the projection kernels.
+        bias_initializer: initializer of the projection biases.
+
+    Call arguments:
+        query: (B, T, D).
+        value: (B, S, Dv), defaults to `query` (self-attention).
+        key: (B, S, Dk), defaults to `value`.
+        attention_mask: (B, S) key padding mask or (B, T, S); True attends.
+        attention_bias: additive float, broadcastable to (B, H, T, S).
+        use_causal_mask: bool. Query i attends key j iff j <= i + (S - T),
+            or j <= cache_index + i with a cache.
+        cache: (B, 2, S_max, Hkv, Dh) projected keys ([:, 0]) and values
+            ([:, 1]). With `cache_index`, the new keys/values are written at
+            [cache_index, cache_index + T) and attention runs over the whole
+            cache; without it, the cache is used as fixed keys/values
+            (cross-attention) and `key`/`value` are ignored.
+        cache_index: int or scalar int tensor, where to write in the cache.
+        return_attention_scores: bool, also return the probabilities.
+        training: bool, whether dropout is active.
+
+    Returns:
+        output (B, T, D); `(output, scores)` with scores (B, H, T, S) when
+        `return_attention_scores`; the updated cache is appended when a cache
+        is given.
+
+    Example:
+    >>> layer = MultiHeadAttention(num_heads=2)
+    >>> x = keras.random.normal((1, 4, 8))
+    >>> layer(x, use_causal_mask=True).shape
+    (1, 4, 8)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim=None,
+        num_key_value_heads=None,
+        use_bias=True,
+        dropout=0.0,
+        scale=None,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if not isinstance(num_heads, int) or num_heads < 1:
+            raise ValueError(f"`num_heads` must be a positive int. Received: num_heads={num_heads}")
+        if key_dim is not None and (not isinstance(key_dim, int) or key_dim < 1):
+            raise ValueError(f"`key_dim` must be a positive int. Received: key_dim={key_dim}")
+        if num_key_value_heads is not None and (
+            not isinstance(num_key_value_heads, int)
+            or num_key_value_heads < 1
+            or num_heads % num_key_value_heads
+        ):
+            raise ValueError(
+                "`num_key_value_heads` must be a positive divisor of `num_heads`. "
+                f"Received: num_key_value_heads={num_key_value_heads}, num_heads={num_heads}"
+            )
+        _check_rate("dropout", dropout)
+        if scale is not None and scale <= 0:
+            raise ValueError(f"`scale` must be positive. Received: scale={scale}")
+        self.num_heads = num_heads
+        self.key_dim = key_dim
+        self.num_key_value_heads = num_key_value_heads
+        self.use_bias = use_bias
+        self.dropout = dropout
+        self.scale = scale
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = False
+
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        hidden_dim = query_shape[-1]
+        if self.key_dim is None and hidden_dim % self.num_heads:
+            raise ValueError(
+                "The model width must be divisible by `num_heads` when `key_dim` is not set. "
+                f"Received: hidden_dim={hidden_dim}, num_heads={self.num_heads}"
+            )
+        self._head_dim = self.key_dim or hidden_dim // self.num_heads
+        self._kv_heads = self.num_key_value_heads or self.num_heads
+        self._scale = self.scale if self.scale is not None else 1.0 / math.sqrt(self._head_dim)
+        value_shape = value_shape or query_shape
+        key_shape = key_shape or value_shape
+        H, Hkv, Dh = self.num_heads, self._kv_heads, self._head_dim
+
+        def projection(name, equation, output_shape, bias_axes):
+            return keras.layers.EinsumDense(
+                equation,
+                output_shape=output_shape,
+                bias_axes=bias_axes if self.use_bias else None,
+                kernel_initializer=self.kernel_initializer,
+                bias_initializer=self.bias_initializer,
+                dtype=self.dtype_policy,
+                name=name,
+            )
+
+        # (B, T, D) x (D, H, Dh) -> (B, T, H, Dh)
+        self.query_dense = projection("query", "btd,dhk->bthk", (None, H, Dh), "hk")
+        self.query_dense.build(query_shape)
+        self.key_dense = projection("key", "bsd,dhk->bshk", (None, Hkv, Dh), "hk")
+        self.key_dense.build(key_shape)
+        self.value_dense = projection("value", "bsd,dhk->bshk", (None, Hkv, Dh), "hk")
+        self.value_dense.build(value_shape)
+        # (B, T, H, Dh) x (H, Dh, D) -> (B, T, D)
+        self.output_dense = projection("attention_output", "bthk,hkd->btd", (None, hidden_dim), "d")
+        self.output_dense.build((query_shape[0], query_shape[1], H, Dh))
+        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.built = True
+
+    def compute_cache(self, value, key=None):
+        """Projected keys and values of `value` (B, S, D) -> (B, 2, S, Hkv, Dh), for cross-attention."""
+        key = value if key is None else key
+        return ops.stack([self.key_dense(key), self.value_dense(value)], axis=1)
+
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        attention_mask=None,
+        attention_bias=None,
+        use_causal_mask=False,
+        cache=None,
+        cache_index=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        value = query if value is None else value
+        key = value if key is None else key
+        q = self.query_dense(query)  # (B, T, H, Dh)
+
+        if cache is not None and cache_index is None:
+            k, v = cache[:, 0], cache[:, 1]  # fixed (cross-attention) keys/values
+        else:
+            k = self.key_dense(key)  # (B, S, Hkv, Dh)
+            v = self.value_dense(value)
+            if cache is not None:
+                k = _write(cache[:, 0], k, cache_index)  # (B, S_max, Hkv, Dh)
+                v = _write(cache[:, 1], v, cache_index)
+                cache = ops.stack([k, v], axis=1)  # (B, 2, S_max, Hkv, Dh)
+
+        query_length, key_length = q.shape[1], k.shape[1]
+        if query_length is None or key_length is None:
+            query_length, key_length = ops.shape(q)[1], ops.shape(k)[1]
+        padding_mask, full_mask = _split_mask(attention_mask, query, query_length, key_length)
+        causal = None
+        if use_causal_mask:
+            query_start = cache_index if cache is not None and cache_index is not None else None
+            causal = causal_mask(query_length, key_length, query_start)
+        mask = merge_masks(padding_mask, full_mask, causal)
+
+        output, scores = self._attend(q, k, v, mask, attention_bias, return_attention_scores, training)
+        output = self.output_dense(output)  # (B, T, H, Dh) -> (B, T, D)
+
+        outputs = (output,)
+        if return_attention_scores:
+            outputs += (scores,)
+        if cache is not None:
+            outputs += (cache,)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def _attend(self, q, k, v, mask, attention_bias, return_scores, training):
+        """q (B, T, H, Dh), k/v (B, S, Hkv, Dh) -> (B, T, H, Dh) and probabilities (B, H, T, S) or None."""
+        bias = None
+        if mask is not None:
+            bias = mask_to_bias(mask, "float32")  # (B|1, 1, T, S)
+        if attention_bias is not None:
+            attention_bias = ops.cast(attention_bias, "float32")
+            bias = attention_bias if bias is None else bias + attention_bias
+        if self._kv_heads != self.num_heads:
+            repeats = self.num_heads // self._kv_heads
+            k = ops.repeat(k, repeats, axis=2)  # (B, S, Hkv, Dh) -> (B, S, H, Dh)
+            v = ops.repeat(v, repeats, axis=2)
+        use_dropout = training and self.dropout > 0
+        if not return_scores and not use_dropout:
+            if bias is not None:
+                bias = ops.cast(bias, q.dtype)
+            output = ops.dot_product_attention(q, k, v, bias=bias, scale=self._scale)
+            return output, None
+        # Logits and softmax in float32 whatever the compute dtype.
+        logits = ops.einsum("bthk,bshk->bhts", ops.cast(q, "float32"), ops.cast(k, "float32"))
+        logits = logits * self._scale  # (B, H, T, S)
+        if bias is not None:
+            logits = logits + bias
+        scores = ops.softmax(logits, axis=-1)
+        probs = ops.cast(self.dropout_layer(scores, training=training), v.dtype)
+        output = ops.einsum("bhts,bshk->bthk", probs, v)  # (B, H, T, S) x (B, S, H, Dh) -> (B, T, H, Dh)
+        return output, ops.cast(scores, self.compute_dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "key_dim": self.key_dim,
+                "num_key_value_heads": self.num_key_value_heads,
+                "use_bias": self.use_bias,
+                "dropout": self.dropout,
+                "scale": self.scale,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            }
+        )
+        return config
+
+
+def _write(cache, update, index):
+    """Write `update` (B, T, Hkv, Dh) into `cache` (B, S_max, Hkv, Dh) at [index, index + T).
+
+    One-token steps use a `where` over the positions instead of a dynamic
+    update slice: it exports to plain ONNX Equal/Where nodes (tf2onnx cannot
+    convert XlaDynamicUpdateSlice) and costs one pass over a cache the step
+    reads anyway.
+    """
+    update = ops.cast(update, cache.dtype)
+    if update.shape[1] == 1:
+        positions = ops.arange(ops.shape(cache)[1], dtype="int32")[None, :, None, None]  # (1, S_max, 1, 1)
+        return ops.where(positions == ops.cast(index, "int32"), update, cache)
+    zero = ops.zeros((), "int32")
+    return ops.slice_update(cache, (zero, ops.cast(index, "int32"), zero, zero), update)
+
+
+def _split_mask(attention_mask, query, query_length, key_length):
+    """Validate a (B, S) or (B, T, S) mask; return (padding_mask, full_mask)."""
+    if attention_mask is None:
+        return None, None
+    shape = tuple(attention_mask.shape)
+    batch = query.shape[0]
+    if len(shape) == 2:
+        expected = (batch, key_length)
+    elif len(shape) == 3:
+        expected = (batch, query_length, key_length)
+    else:
+        raise ValueError(
+            "`attention_mask` must have shape (B, S) or (B, T, S). "
+            f"Received: attention_mask.shape={shape}"
+        )
+    for got, want in zip(shape, expected):
+        if isinstance(got, int) and isinstance(want, int) and got != want:
+            raise ValueError(
+                f"`attention_mask` has shape {shape} but the attention needs {expected} "
+                "(B batch, T queries, S keys)."
+            )
+    return (attention_mask, None) if len(shape) == 2 else (None, attention_mask)

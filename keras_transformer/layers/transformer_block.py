@@ -1,0 +1,131 @@
+"""The residual sub-layer machinery shared by the encoder and decoder blocks (private).
+
+Axes: B batch, T sequence length, D model width.
+"""
+
+import keras
+from keras import ops
+
+from keras_transformer.layers.feed_forward import FeedForward
+from keras_transformer.layers.multi_head_attention import MultiHeadAttention
+
+NORM_TYPES = ("layer_norm", "rms_norm")
+
+
+class TransformerBlock(keras.layers.Layer):
+    """Base of the encoder and decoder blocks: arguments, sub-layer factories, residual rule.
+
+    Post-norm (the paper, BERT): x = Norm(x + Dropout(Sublayer(x))).
+    Pre-norm (GPT-2, T5):        x = x + Dropout(Sublayer(Norm(x))).
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        intermediate_dim,
+        activation="relu",
+        dropout=0.0,
+        norm_type="layer_norm",
+        norm_first=False,
+        norm_epsilon=1e-5,
+        use_bias=True,
+        key_dim=None,
+        num_key_value_heads=None,
+        attention_scale=None,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if norm_type not in NORM_TYPES:
+            raise ValueError(f"`norm_type` must be one of {NORM_TYPES}. Received: norm_type={norm_type!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={dropout}")
+        if norm_epsilon <= 0:
+            raise ValueError(f"`norm_epsilon` must be positive. Received: norm_epsilon={norm_epsilon}")
+        self.num_heads = num_heads
+        self.intermediate_dim = intermediate_dim
+        self.activation = activation
+        self.dropout = dropout
+        self.norm_type = norm_type
+        self.norm_first = norm_first
+        self.norm_epsilon = norm_epsilon
+        self.use_bias = use_bias
+        self.key_dim = key_dim
+        self.num_key_value_heads = num_key_value_heads
+        self.attention_scale = attention_scale
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        # Sub-layers are created here so that bad arguments fail eagerly.
+        self._attention_kwargs = dict(
+            num_heads=num_heads,
+            key_dim=key_dim,
+            num_key_value_heads=num_key_value_heads,
+            use_bias=use_bias,
+            dropout=dropout,
+            scale=attention_scale,
+            kernel_initializer=kernel_initializer,
+            dtype=self.dtype_policy,
+        )
+        self.feed_forward = FeedForward(
+            intermediate_dim,
+            activation=activation,
+            use_bias=use_bias,
+            kernel_initializer=kernel_initializer,
+            dtype=self.dtype_policy,
+            name="feed_forward",
+        )
+        self.feed_forward_norm = self._norm("feed_forward_norm")
+        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+
+    def _attention(self, name):
+        return MultiHeadAttention(name=name, **self._attention_kwargs)
+
+    def _norm(self, name):
+        if self.norm_type == "rms_norm":
+            return keras.layers.RMSNormalization(epsilon=self.norm_epsilon, dtype=self.dtype_policy, name=name)
+        return keras.layers.LayerNormalization(epsilon=self.norm_epsilon, dtype=self.dtype_policy, name=name)
+
+    def _pre(self, x, norm):
+        """The sub-layer's input: normalised first in pre-norm blocks."""
+        return ops.cast(norm(x), self.compute_dtype) if self.norm_first else x
+
+    def _post(self, residual, output, norm, training):
+        """Residual connection, then the norm in post-norm blocks."""
+        x = residual + self.dropout_layer(output, training=training)
+        return x if self.norm_first else ops.cast(norm(x), self.compute_dtype)
+
+    def _feed_forward_sublayer(self, x, training):
+        h = self.feed_forward(self._pre(x, self.feed_forward_norm), training=training)
+        return self._post(x, h, self.feed_forward_norm, training)
+
+    def compute_output_shape(self, inputs_shape, *args, **kwargs):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "intermediate_dim": self.intermediate_dim,
+                "activation": self.activation,
+                "dropout": self.dropout,
+                "norm_type": self.norm_type,
+                "norm_first": self.norm_first,
+                "norm_epsilon": self.norm_epsilon,
+                "use_bias": self.use_bias,
+                "key_dim": self.key_dim,
+                "num_key_value_heads": self.num_key_value_heads,
+                "attention_scale": self.attention_scale,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            }
+        )
+        return config
+
+
+def combine_masks(padding_mask, attention_mask):
+    """(B, S) key mask and (B, T, S) mask -> one mask for MultiHeadAttention, or None."""
+    if padding_mask is None:
+        return attention_mask
+    if attention_mask is None:
+        return padding_mask
+    # (B, S) -> (B, 1, S), broadcast against (B, T, S)
+    return ops.logical_and(ops.cast(attention_mask, "bool"), ops.cast(padding_mask, "bool")[:, None, :])

@@ -1,0 +1,395 @@
+"""Tokenizer: the base of our thin wrappers over the Hugging Face `tokenizers` library.
+
+A tokenizer here is plain Python (not a Keras layer): preprocessing runs in numpy, outside the
+graph, so this subpackage imports neither Keras nor any backend. The heavy lifting (normalising,
+pre-tokenising, the subword model, decoding, training) is done by `tokenizers`; this class adds a
+small, uniform API, named special tokens, and a save format (`tokenizer.json` + `tokenizer_config.json`).
+"""
+
+import json
+import operator
+import os
+
+import numpy as np
+import tokenizers
+
+# The roles a special token can play; the names match Hugging Face's `tokenizer_config.json` keys.
+SPECIAL_TOKEN_NAMES = (
+    "pad_token",
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "mask_token",
+    "cls_token",
+    "sep_token",
+)
+TOKENIZER_FILE = "tokenizer.json"
+CONFIG_FILE = "tokenizer_config.json"
+
+# class name -> class, filled by `Tokenizer.__init_subclass__`, read by `Tokenizer.load`.
+_REGISTRY = {}
+
+
+class Tokenizer:
+    """A tokenizer wrapping a Hugging Face `tokenizers.Tokenizer`.
+
+    `tokenize` turns text into token ids without adding any special token (preprocessors add
+    BOS/EOS/CLS/SEP themselves, where each model wants them); `detokenize` turns ids back into
+    text, dropping special tokens (padding included). Every special token is registered as such
+    with the wrapped tokenizer, so that its string in the input text becomes its id (as with
+    Hugging Face `transformers`) and `detokenize` skips it.
+
+    This base class works with any `tokenizers.Tokenizer`; the subclasses `WordPieceTokenizer`
+    (BERT), `BytePairTokenizer` (GPT-2) and `UnigramTokenizer` (T5) fix the model kind and the
+    default special tokens, and can `train` a new vocabulary.
+
+    Args:
+        tokenizer: a `tokenizers.Tokenizer`. The special tokens below are registered with it
+            (their ids do not change).
+        **special_tokens: the token string for any of `pad_token`, `bos_token`, `eos_token`,
+            `unk_token`, `mask_token`, `cls_token`, `sep_token`; `None` where the tokenizer has no
+            such token. Each string must be in the vocabulary. Roles not given take the class's
+            `default_special_tokens` (none for this base class).
+
+    Example:
+
+    >>> import tokenizers
+    >>> backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+    ...     {"<unk>": 0, "hello": 1, "world": 2}, unk_token="<unk>"))
+    >>> backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    >>> tokenizer = Tokenizer(backend, unk_token="<unk>")
+    >>> tokenizer.tokenize(["hello world", "world"])
+    [[1, 2], [2]]
+    >>> tokenizer.unk_token_id, tokenizer.pad_token_id
+    (0, None)
+    """
+
+    # Role -> token string used where the constructor is not given that role.
+    default_special_tokens = {}
+    # The `tokenizers.models` class a subclass wraps (checked by the constructor); None: any.
+    model_type = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        _REGISTRY[cls.__name__] = cls
+
+    def __init__(self, tokenizer, **special_tokens):
+        if not isinstance(tokenizer, tokenizers.Tokenizer):
+            raise ValueError(
+                "`tokenizer` must be a `tokenizers.Tokenizer` (to read a tokenizer.json file, use "
+                f"`{type(self).__name__}.from_file`). Received: tokenizer of type "
+                f"{type(tokenizer).__name__}"
+            )
+        if self.model_type is not None and not isinstance(tokenizer.model, self.model_type):
+            raise ValueError(
+                f"{type(self).__name__} wraps a {self.model_type.__name__} model, but the tokenizer "
+                f"given has a {type(tokenizer.model).__name__} model."
+            )
+        unknown = sorted(set(special_tokens) - set(SPECIAL_TOKEN_NAMES))
+        if unknown:
+            raise ValueError(
+                f"Unknown special token argument(s) {unknown}; expected some of "
+                f"{list(SPECIAL_TOKEN_NAMES)}."
+            )
+        self.backend_tokenizer = tokenizer
+        # Role -> token string (or None), for every role.
+        self.special_tokens = {
+            name: special_tokens.get(name, self.default_special_tokens.get(name))
+            for name in SPECIAL_TOKEN_NAMES
+        }
+        self._special_token_ids = {}
+        for name, token in self.special_tokens.items():
+            if token is None:
+                self._special_token_ids[name] = None
+                continue
+            if not isinstance(token, str):
+                raise ValueError(
+                    f"`{name}` must be a string or None. Received: {name}={token!r} of type "
+                    f"{type(token).__name__}"
+                )
+            token_id = tokenizer.token_to_id(token)
+            if token_id is None:
+                raise ValueError(
+                    f"`{name}` is not in the vocabulary of this tokenizer (pass {name}=None if it "
+                    f"has no such token). Received: {name}={token!r}"
+                )
+            self._special_token_ids[name] = token_id
+        # Registering tokens that are already in the vocabulary keeps their ids.
+        tokens = [t for t in self.special_tokens.values() if t is not None]
+        tokenizer.add_special_tokens(list(dict.fromkeys(tokens)))
+
+    # === Text <-> ids ===
+
+    def tokenize(self, inputs):
+        """Turns text into token ids, adding no special token and no padding.
+
+        Args:
+            inputs: a string, or a list (or tuple, or 1-D numpy array) of strings.
+
+        Returns:
+            A `list[int]` for a string; a `list[list[int]]` (rows of different lengths) for a list.
+        """
+        if isinstance(inputs, str):
+            return self.backend_tokenizer.encode(inputs, add_special_tokens=False).ids
+        if isinstance(inputs, np.ndarray) and inputs.ndim == 1:
+            inputs = inputs.tolist()
+        if not isinstance(inputs, (list, tuple)):
+            raise ValueError(
+                "`tokenize` expects a string or a list of strings. Received: inputs of type "
+                f"{type(inputs).__name__}"
+            )
+        for index, text in enumerate(inputs):
+            if not isinstance(text, str):
+                raise ValueError(
+                    "`tokenize` expects a string or a list of strings. Received: a list whose "
+                    f"element {index} has type {type(text).__name__}"
+                )
+        encodings = self.backend_tokenizer.encode_batch(list(inputs), add_special_tokens=False)
+        return [encoding.ids for encoding in encodings]
+
+    def detokenize(self, ids):
+        """Turns token ids back into text, skipping special tokens (padding included).
+
+        `detokenize(tokenize(text))` gives back `text` up to what the tokenizer normalises: see
+        each subclass for what that is.
+
+        Args:
+            ids: one sequence of ids (a list of ints or a 1-D integer array), or a batch of them
+                (a list of such sequences, possibly of different lengths, or a 2-D integer array).
+
+        Returns:
+            A `str` for one sequence; a `list[str]` for a batch.
+        """
+        if isinstance(ids, (list, tuple)) and any(
+            isinstance(row, (list, tuple, np.ndarray)) for row in ids
+        ):
+            rows = [self._check_ids(row) for row in ids]
+            return self.backend_tokenizer.decode_batch(rows, skip_special_tokens=True)
+        array = np.asarray(ids)
+        if array.ndim == 1:
+            return self.backend_tokenizer.decode(self._check_ids(array), skip_special_tokens=True)
+        if array.ndim == 2:
+            rows = [self._check_ids(row) for row in array]
+            return self.backend_tokenizer.decode_batch(rows, skip_special_tokens=True)
+        raise ValueError(
+            "`detokenize` expects a 1-D sequence of ids or a 2-D batch of them. Received: ids "
+            f"with {array.ndim} dimension(s) (shape {array.shape})"
+        )
+
+    def _check_ids(self, row):
+        """Returns `row` as a list of ints after checking that each is a valid id."""
+        row = np.asarray(row)
+        if row.size == 0:
+            return []
+        if row.ndim != 1 or row.dtype.kind not in "iu":
+            raise ValueError(
+                "`detokenize` expects integer token ids. Received: a row of dtype "
+                f"{row.dtype} and shape {row.shape}"
+            )
+        bad = row[(row < 0) | (row >= self.vocabulary_size)]
+        if bad.size:
+            raise ValueError(
+                f"`detokenize` got an id outside [0, {self.vocabulary_size}). Received: id {bad[0]}"
+            )
+        return row.tolist()
+
+    # === Vocabulary ===
+
+    @property
+    def vocabulary_size(self):
+        """Number of token ids, special tokens included."""
+        return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token):
+        """Returns the id of `token`; raises `ValueError` when it is not in the vocabulary."""
+        token_id = self.backend_tokenizer.token_to_id(token) if isinstance(token, str) else None
+        if token_id is None:
+            raise ValueError(f"`token` is not in the vocabulary. Received: token={token!r}")
+        return token_id
+
+    def id_to_token(self, token_id):
+        """Returns the token string of `token_id`; raises `ValueError` when there is none."""
+        try:
+            index = operator.index(token_id)
+        except TypeError:
+            index = None
+        token = None
+        if index is not None and 0 <= index < self.vocabulary_size:
+            token = self.backend_tokenizer.id_to_token(index)
+        if token is None:
+            raise ValueError(
+                f"`token_id` must be an integer id in [0, {self.vocabulary_size}). Received: "
+                f"token_id={token_id!r}"
+            )
+        return token
+
+    @property
+    def pad_token_id(self):
+        """Id of the padding token, or None."""
+        return self._special_token_ids["pad_token"]
+
+    @property
+    def bos_token_id(self):
+        """Id of the beginning-of-sequence token, or None."""
+        return self._special_token_ids["bos_token"]
+
+    @property
+    def eos_token_id(self):
+        """Id of the end-of-sequence token, or None."""
+        return self._special_token_ids["eos_token"]
+
+    @property
+    def unk_token_id(self):
+        """Id of the unknown token, or None."""
+        return self._special_token_ids["unk_token"]
+
+    @property
+    def mask_token_id(self):
+        """Id of the mask token (masked language modelling), or None."""
+        return self._special_token_ids["mask_token"]
+
+    @property
+    def cls_token_id(self):
+        """Id of the classification token that starts a BERT input, or None."""
+        return self._special_token_ids["cls_token"]
+
+    @property
+    def sep_token_id(self):
+        """Id of the separator token that ends each BERT segment, or None."""
+        return self._special_token_ids["sep_token"]
+
+    # === Saving and loading ===
+
+    def save(self, directory):
+        """Writes `tokenizer.json` (the `tokenizers` JSON) and `tokenizer_config.json` to `directory`.
+
+        `tokenizer_config.json` holds our class name and the special token strings under the keys
+        Hugging Face uses, so `transformers.PreTrainedTokenizerFast.from_pretrained(directory)`
+        also reads the directory. The directory is created if needed.
+
+        Args:
+            directory: path of the directory to write.
+        """
+        directory = os.fspath(directory)
+        os.makedirs(directory, exist_ok=True)
+        self.backend_tokenizer.save(os.path.join(directory, TOKENIZER_FILE))
+        config = {"class_name": type(self).__name__, **self.special_tokens}
+        with open(os.path.join(directory, CONFIG_FILE), "w", encoding="utf-8") as file:
+            json.dump(config, file, indent=2, ensure_ascii=False)
+            file.write("\n")
+
+    @classmethod
+    def load(cls, directory):
+        """Reads a directory written by `save`, returning an instance of the class that saved it.
+
+        Args:
+            directory: path of a directory holding `tokenizer.json` and `tokenizer_config.json`.
+
+        Returns:
+            A `Tokenizer` of the saved subclass (which must be `cls` or a subclass of it).
+        """
+        config_path = os.path.join(os.fspath(directory), CONFIG_FILE)
+        if not os.path.isfile(config_path):
+            raise ValueError(
+                f"No {CONFIG_FILE} in the directory (to read a tokenizer.json alone, use "
+                f"`from_file`). Received: directory={os.fspath(directory)!r}, missing file "
+                f"{config_path!r}"
+            )
+        try:
+            with open(config_path, encoding="utf-8") as file:
+                config = json.load(file)
+        except (OSError, ValueError) as error:
+            raise ValueError(f"Could not read {config_path!r}: {error}") from error
+        class_name = config.get("class_name") if isinstance(config, dict) else None
+        if class_name not in _REGISTRY:
+            raise ValueError(
+                f"{config_path!r} was not written by `Tokenizer.save`: its class_name must be one "
+                f"of {sorted(_REGISTRY)} (for a Hugging Face checkpoint, load its tokenizer.json "
+                f"with `from_file`). Received: class_name={class_name!r}"
+            )
+        target = _REGISTRY[class_name]
+        if not issubclass(target, cls):
+            raise ValueError(
+                f"The directory holds a {class_name}, not a {cls.__name__} (use `Tokenizer.load` "
+                f"to load any kind). Received: directory={os.fspath(directory)!r}"
+            )
+        special_tokens = {name: config.get(name) for name in SPECIAL_TOKEN_NAMES}
+        return target.from_file(os.path.join(os.fspath(directory), TOKENIZER_FILE), **special_tokens)
+
+    @classmethod
+    def from_file(cls, path, **special_tokens):
+        """Reads a `tokenizers` JSON file, e.g. the `tokenizer.json` of a Hugging Face checkpoint.
+
+        Args:
+            path: path of the `tokenizer.json` file.
+            **special_tokens: as in the constructor; roles not given take the class defaults.
+
+        Returns:
+            An instance of `cls`.
+        """
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise ValueError(f"No tokenizer file at this path. Received: path={path!r}")
+        try:
+            backend = tokenizers.Tokenizer.from_file(path)
+        except Exception as error:  # the Rust side raises a bare Exception
+            raise ValueError(
+                f"Could not read a `tokenizers` JSON file from path={path!r}: {error}"
+            ) from error
+        return cls(backend, **special_tokens)
+
+    # === Training (used by the subclasses' `train`) ===
+
+    @staticmethod
+    def _train_backend(backend, trainer, texts, vocabulary_size, minimum_size):
+        """Trains `backend` in place with `trainer` on `texts`; checks the inputs and the result."""
+        if isinstance(vocabulary_size, bool) or not isinstance(vocabulary_size, int):
+            raise ValueError(
+                "`vocabulary_size` must be an integer. Received: "
+                f"vocabulary_size={vocabulary_size!r} of type {type(vocabulary_size).__name__}"
+            )
+        if vocabulary_size < minimum_size:
+            raise ValueError(
+                f"`vocabulary_size` must be at least {minimum_size} for this tokenizer (its "
+                f"special tokens and base symbols). Received: vocabulary_size={vocabulary_size}"
+            )
+        if isinstance(texts, (str, bytes)) or not hasattr(texts, "__iter__"):
+            raise ValueError(
+                "`texts` must be an iterable of strings (e.g. a list, or a generator). Received: "
+                f"texts of type {type(texts).__name__}"
+            )
+
+        def checked_texts():
+            for index, text in enumerate(texts):
+                if not isinstance(text, str):
+                    raise ValueError(
+                        "`texts` must yield strings. Received: an element "
+                        f"{index} of type {type(text).__name__}"
+                    )
+                yield text
+
+        try:
+            backend.train_from_iterator(checked_texts(), trainer)
+        except ValueError:
+            raise
+        except Exception as error:  # the Rust trainers raise a bare Exception
+            if "not large enough" not in str(error):
+                raise
+            raise ValueError(
+                "`vocabulary_size` is too small for the characters of the training text. "
+                f"Received: vocabulary_size={vocabulary_size}"
+            ) from error
+        # Trainers keep every character they saw, even past the requested size.
+        if backend.get_vocab_size(with_added_tokens=True) > vocabulary_size:
+            raise ValueError(
+                "`vocabulary_size` is too small for the training text: its special tokens and "
+                f"distinct characters alone need {backend.get_vocab_size(with_added_tokens=True)} "
+                f"entries. Received: vocabulary_size={vocabulary_size}"
+            )
+        return backend
+
+    def __repr__(self):
+        return f"{type(self).__name__}(vocabulary_size={self.vocabulary_size})"
+
+
+_REGISTRY[Tokenizer.__name__] = Tokenizer
