@@ -4,8 +4,9 @@ from keras_transformer.backend_check import check_backend_installed
 
 check_backend_installed()
 
-from keras_transformer import layers  # noqa: E402
+from keras_transformer import layers, metrics, models, tokenizers  # noqa: E402
+from keras_transformer.presets import list_presets  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["layers", "__version__"]
+__all__ = ["layers", "list_presets", "metrics", "models", "tokenizers", "__version__"]

@@ -1,0 +1,54 @@
+"""Backbone: the base of every family's functional body (embeddings + blocks)."""
+
+import keras
+
+from keras_transformer import presets
+
+
+class Backbone(keras.Model):
+    """A functional Keras model from token ids (and masks) to hidden states.
+
+    Subclasses build their layers and functional graph in `__init__` and
+    store every constructor argument under the same name for `get_config`.
+    Presets: `from_preset(name_or_dir)` and `save_to_preset(dir)`.
+    """
+
+    def __setattr__(self, name, value):
+        functional_setattr(self, name, value, super().__setattr__)
+
+    def get_config(self):
+        # The functional graph is rebuilt from the constructor arguments.
+        return {"name": self.name, "trainable": self.trainable, "dtype": keras.dtype_policies.serialize(self.dtype_policy)}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    @classmethod
+    def from_preset(cls, preset, load_weights=True, **kwargs):
+        """Build the backbone of `preset` (a registered name or a directory) and load its weights."""
+        return presets.load_backbone(cls, preset, load_weights=load_weights, **kwargs)
+
+    def save_to_preset(self, preset_dir, overwrite=True):
+        """Write `config.json`, `model.weights.h5` and `metadata.json` to `preset_dir` (atomically)."""
+        presets.save_backbone(self, preset_dir, overwrite=overwrite)
+
+
+def check_positive_ints(**values):
+    """Raise a ValueError naming the first argument that is not a positive int."""
+    for name, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
+
+
+def functional_setattr(model, name, value, default_setattr):
+    """Let functional subclasses assign layers before `Model.__init__`, on every backend.
+
+    torch.nn.Module refuses attributes before its __init__; everything such a
+    model holds is reachable through its functional graph, so plain object
+    attributes are enough until then.
+    """
+    if not hasattr(model, "_tracker") and keras.config.backend() == "torch":
+        object.__setattr__(model, name, value)
+    else:
+        default_setattr(name, value)

@@ -1,0 +1,52 @@
+"""GPTCausalLM: a GPT backbone with the tied language-model head.
+
+Axes: B batch, T sequence length, D model width, V vocabulary.
+"""
+
+import keras
+from keras import ops
+
+from keras_transformer.models.causal_lm import CausalLM
+from keras_transformer.models.gpt.gpt_backbone import GPTBackbone
+from keras_transformer.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class GPTCausalLM(CausalLM):
+    """Next-token prediction with a GPT backbone; logits use the transposed token embedding.
+
+    Args:
+        backbone: a `GPTBackbone`.
+        preprocessor: a `GPTCausalLMPreprocessor` or None (then inputs are id arrays).
+
+    Inputs: {"token_ids": (B, T), "padding_mask": (B, T)}. Outputs: logits (B, T, V) float32.
+
+    Example:
+    >>> lm = GPTCausalLM.from_preset("gpt_tiny")
+    >>> lm.fit(["def f(x):\\n    return x\\n"] * 8, epochs=1)
+    """
+
+    backbone_cls = GPTBackbone
+    preprocessor_cls = GPTCausalLMPreprocessor
+
+    def __init__(self, backbone, preprocessor=None, **kwargs):
+        # === Layers ===
+        self.backbone = backbone
+        self.preprocessor = preprocessor
+        if preprocessor is not None and preprocessor.sequence_length > backbone.max_sequence_length:
+            raise ValueError(
+                f"The preprocessor's sequence_length={preprocessor.sequence_length} is longer than the "
+                f"backbone's max_sequence_length={backbone.max_sequence_length}."
+            )
+
+        # === Functional model ===
+        inputs = backbone.input
+        hidden = backbone(inputs)  # (B, T, D)
+        logits = backbone.token_embedding(hidden, reverse=True)  # (B, T, D) -> (B, T, V)
+        super().__init__(inputs=inputs, outputs=ops.cast(logits, "float32"), **kwargs)
+
+    def call_with_cache(self, token_ids, cache, cache_index, padding_mask=None):
+        """Logits (B, T, V) float32 for T new tokens and the updated cache (see GPTBackbone.call_with_cache)."""
+        hidden, cache = self.backbone.call_with_cache(token_ids, cache, cache_index, padding_mask)
+        logits = self.backbone.token_embedding(hidden, reverse=True)
+        return ops.cast(logits, "float32"), cache

@@ -1,0 +1,159 @@
+"""Task: a backbone plus a head, trained with plain `fit` on raw strings or arrays."""
+
+import keras
+import numpy as np
+
+from keras_transformer import presets
+from keras_transformer.models.backbone import functional_setattr
+
+
+class Task(keras.Model):
+    """Base of the task models (causal LM, masked LM, classifier, seq2seq LM).
+
+    A task is a functional Keras model over its backbone. When it has a
+    preprocessor, `fit`, `evaluate` and `predict` also accept raw strings (a
+    list, a `tf.data.Dataset` or a `keras.utils.PyDataset` of strings); they
+    are tokenized in numpy, outside the compiled graph, on every backend.
+    """
+
+    backbone_cls = None
+    preprocessor_cls = None
+
+    def __setattr__(self, name, value):
+        functional_setattr(self, name, value, super().__setattr__)
+
+    # --- compile defaults -------------------------------------------------
+
+    def compile(self, optimizer="auto", loss="auto", metrics="auto", weighted_metrics="auto", **kwargs):
+        """Compile with this task's defaults; any argument can be overridden as in Keras."""
+        if optimizer == "auto":
+            optimizer = keras.optimizers.AdamW(learning_rate=self.default_learning_rate, weight_decay=0.01)
+        if loss == "auto":
+            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        if metrics == "auto":
+            metrics = self.default_metrics()
+        if weighted_metrics == "auto":
+            weighted_metrics = self.default_weighted_metrics()
+        super().compile(optimizer=optimizer, loss=loss, metrics=metrics, weighted_metrics=weighted_metrics, **kwargs)
+
+    default_learning_rate = 1e-3
+
+    def default_metrics(self):
+        return None
+
+    def default_weighted_metrics(self):
+        return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+
+    # --- raw inputs -------------------------------------------------------
+
+    def fit(self, x=None, y=None, batch_size=None, sample_weight=None, validation_data=None, **kwargs):
+        if not self.compiled:
+            self.compile()
+        x, y, sample_weight = self._preprocess(x, y, sample_weight, batch_size)
+        if validation_data is not None and self._is_raw(validation_data):
+            validation_data = self._preprocess(validation_data, None, None, batch_size)
+        elif isinstance(validation_data, tuple) and validation_data and self._is_raw(validation_data[0]):
+            validation_data = self._preprocess(*validation_data, batch_size=batch_size)
+        return super().fit(x, y, batch_size=batch_size, sample_weight=sample_weight, validation_data=validation_data, **kwargs)
+
+    def evaluate(self, x=None, y=None, batch_size=None, sample_weight=None, **kwargs):
+        if not self.compiled:
+            self.compile()
+        x, y, sample_weight = self._preprocess(x, y, sample_weight, batch_size)
+        return super().evaluate(x, y, batch_size=batch_size, sample_weight=sample_weight, **kwargs)
+
+    def predict(self, x, batch_size=None, **kwargs):
+        x, _, _ = self._preprocess(x, None, None, batch_size, predict=True)
+        return super().predict(x, batch_size=batch_size, **kwargs)
+
+    def _is_raw(self, x):
+        return self.preprocessor is not None and _first_leaf_is_text(x)
+
+    def _preprocess(self, x, y=None, sample_weight=None, batch_size=None, predict=False):
+        if not self._is_raw(x):
+            return x, y, sample_weight
+
+        def preprocess(batch_x, batch_y=None, batch_w=None):
+            return self.preprocessor(batch_x, batch_y, batch_w, predict=predict)
+
+        if _is_dataset(x):
+            return _PreprocessedDataset(x, preprocess), None, None
+        return preprocess(x, y, sample_weight)
+
+    # --- presets ----------------------------------------------------------
+
+    @classmethod
+    def from_preset(cls, preset, load_weights=True, **kwargs):
+        """Build the task from a registered preset name or a preset directory."""
+        return presets.load_task(cls, preset, load_weights=load_weights, **kwargs)
+
+    def save_to_preset(self, preset_dir, overwrite=True):
+        """Write the backbone, the task head, the tokenizer and metadata to `preset_dir` (atomically)."""
+        presets.save_task(self, preset_dir, overwrite=overwrite)
+
+    # --- config -----------------------------------------------------------
+
+    def get_config(self):
+        return {
+            "backbone": keras.saving.serialize_keras_object(self.backbone),
+            "preprocessor": presets.serialize_preprocessor(self.preprocessor),
+            "name": self.name,
+            "trainable": self.trainable,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["backbone"] = presets.deserialize_backbone(config["backbone"])
+        config["preprocessor"] = presets.deserialize_preprocessor(config.get("preprocessor"))
+        return cls(**config)
+
+
+def _first_leaf_is_text(x):
+    if isinstance(x, (str, bytes)):
+        return True
+    if isinstance(x, np.ndarray):
+        return x.dtype.kind in "USO" and x.size > 0 and isinstance(x.reshape(-1)[0], (str, bytes))
+    if isinstance(x, (list, tuple)):
+        return len(x) > 0 and _first_leaf_is_text(x[0])
+    if _is_dataset(x):
+        return True  # datasets given to a task with a preprocessor are expected to hold text
+    return False
+
+
+def _is_dataset(x):
+    if isinstance(x, keras.utils.PyDataset):
+        return True
+    return type(x).__module__.startswith("tensorflow") and hasattr(x, "as_numpy_iterator")
+
+
+class _PreprocessedDataset(keras.utils.PyDataset):
+    """Batches of raw text (tf.data or PyDataset) -> preprocessed numpy batches."""
+
+    def __init__(self, source, preprocess):
+        super().__init__()
+        if isinstance(source, keras.utils.PyDataset):
+            self._batches = source
+        else:  # tf.data.Dataset: read once into host memory (notebook-scale text data)
+            self._batches = list(source.as_numpy_iterator())
+            if self._batches and not isinstance(self._batches[0], tuple) and np.ndim(self._batches[0]) == 0:
+                raise ValueError(
+                    "The tf.data.Dataset yields single strings: batch it first, e.g. `dataset.batch(16)`."
+                )
+        self._preprocess = preprocess
+
+    def __len__(self):
+        return len(self._batches)
+
+    def __getitem__(self, index):
+        batch = self._batches[index]
+        if isinstance(batch, tuple):  # (x, y) or (x, y, sample_weight); seq2seq: (sources, targets)
+            return _drop_none(self._preprocess(*batch))
+        return _drop_none(self._preprocess(batch))
+
+
+def _drop_none(batch):
+    x, y, w = batch
+    if w is not None:
+        return x, y, w
+    return (x, y) if y is not None else (x,)

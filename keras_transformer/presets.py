@@ -1,0 +1,314 @@
+"""Preset registry: the zoo in `models/` (shipped as package data), `from_preset` and `save_to_preset`.
+
+A preset is a directory:
+    config.json         {"name", "family", "description", "parameter_count",
+                         "backbone": {"class_name", "config"},
+                         "task": {"class_name", "config"} (optional),
+                         "preprocessor": {"class_name", "config"} (optional)}
+    tokenizer.json, tokenizer_config.json
+    model.weights.h5    backbone weights (optional: presets without it start from random weights)
+    task.weights.h5     the whole task, head included (optional)
+    metadata.json       versions, backend saved from, parameter count
+    README.md           the model card
+Only classes registered by this library can be named in a config (safe loading).
+"""
+
+import datetime
+import difflib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import h5py
+import keras
+
+CONFIG_FILE = "config.json"
+BACKBONE_WEIGHTS_FILE = "model.weights.h5"
+TASK_WEIGHTS_FILE = "task.weights.h5"
+METADATA_FILE = "metadata.json"
+PACKAGE = "keras_transformer"
+
+
+def zoo_dir():
+    """The folder of registered presets: package data when installed, the repository's `models/` otherwise."""
+    installed = Path(__file__).parent / "zoo"
+    return installed if installed.is_dir() else Path(__file__).parent.parent / "models"
+
+
+def _read_json(path):
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"Missing preset file: {path}")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"Corrupt preset file {path}: {error}") from None
+
+
+def list_presets():
+    """Every registered preset: name, family, parameter count, description, whether it ships weights."""
+    rows = []
+    for config_path in sorted(zoo_dir().glob(f"*/{CONFIG_FILE}")):
+        config = _read_json(config_path)
+        rows.append(
+            {
+                "name": config_path.parent.name,
+                "family": config.get("family"),
+                "parameter_count": config.get("parameter_count"),
+                "description": config.get("description", ""),
+                "trained": (config_path.parent / BACKBONE_WEIGHTS_FILE).is_file(),
+                "path": str(config_path.parent),
+            }
+        )
+    return rows
+
+
+def resolve(preset):
+    """A preset name or directory -> the directory (Path). Unknown names list close matches."""
+    preset = os.fspath(preset)
+    path = Path(preset).expanduser()
+    if path.is_dir():
+        return path
+    registered = [row["name"] for row in list_presets()]
+    if preset in registered:
+        return zoo_dir() / preset
+    close = difflib.get_close_matches(preset, registered, n=3, cutoff=0.5)
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    raise ValueError(
+        f"Unknown preset {preset!r}: not a registered name nor a directory.{hint} "
+        f"Registered presets: {', '.join(registered)}"
+    )
+
+
+def get_class(class_name, base=None):
+    """A class registered by this library (never an arbitrary import path)."""
+    cls = keras.saving.get_registered_object(f"{PACKAGE}>{class_name}")
+    if cls is None or (base is not None and not issubclass(cls, base)):
+        kind = base.__name__ if base is not None else "class"
+        raise ValueError(f"{class_name!r} is not a keras_transformer {kind}.")
+    return cls
+
+
+def load_config(preset):
+    """Read a preset's config.json. Hugging Face checkpoint directories are converted on the fly."""
+    path = resolve(preset)
+    config = _read_json(path / CONFIG_FILE)
+    if "model_type" in config and "backbone" not in config:
+        from keras_transformer.convert import hugging_face  # converting needs the optional converter
+
+        return path, hugging_face.convert_config(path, config)
+    if "backbone" not in config:
+        raise ValueError(f"{path / CONFIG_FILE} has no 'backbone' entry: not a keras_transformer preset.")
+    return path, config
+
+
+def load_backbone(cls, preset, load_weights=True, **overrides):
+    from keras_transformer.models.backbone import Backbone
+
+    path, config = load_config(preset)
+    spec = config["backbone"]
+    backbone_cls = get_class(spec["class_name"], Backbone)
+    if cls is not Backbone and not issubclass(backbone_cls, cls):
+        raise ValueError(f"Preset {str(preset)!r} holds a {backbone_cls.__name__}, not a {cls.__name__}.")
+    backbone = backbone_cls(**{**spec["config"], **overrides})
+    if load_weights:
+        _load_weights(backbone, path, config, BACKBONE_WEIGHTS_FILE)
+    return backbone
+
+
+def load_tokenizer(preset):
+    from keras_transformer.tokenizers import Tokenizer
+
+    path, config = load_config(preset)
+    if "tokenizer" in config and not (path / "tokenizer_config.json").is_file():
+        return config["tokenizer"]  # already built by a converter
+    if not (path / "tokenizer.json").is_file():
+        raise ValueError(f"Missing preset file: {path / 'tokenizer.json'}")
+    return Tokenizer.load(path)
+
+
+def load_task(cls, preset, load_weights=True, preprocessor="auto", **kwargs):
+    from keras_transformer.models.preprocessor import Preprocessor
+
+    path, config = load_config(preset)
+    backbone_cls = cls.backbone_cls
+    backbone = load_backbone(backbone_cls, preset, load_weights=False)
+    task_spec = config.get("task") or {}
+    task_kwargs = dict(task_spec.get("config", {})) if task_spec.get("class_name") == cls.__name__ else {}
+    if preprocessor == "auto":
+        preprocessor = None
+        if cls.preprocessor_cls is not None:
+            spec = config.get("preprocessor") or {}
+            pre_config = spec.get("config", {}) if spec.get("class_name") == cls.preprocessor_cls.__name__ else {}
+            preprocessor = cls.preprocessor_cls.from_config(pre_config, tokenizer=load_tokenizer(preset))
+    elif preprocessor is not None and not isinstance(preprocessor, Preprocessor):
+        raise ValueError(f"`preprocessor` must be a Preprocessor, None or 'auto'. Received: {preprocessor!r}")
+    task = cls(backbone=backbone, preprocessor=preprocessor, **{**task_kwargs, **kwargs})
+    if load_weights:
+        if task_kwargs == {**task_kwargs, **kwargs} and (path / TASK_WEIGHTS_FILE).is_file():
+            _load_weights(task, path, config, TASK_WEIGHTS_FILE)
+        else:  # a new head (e.g. another num_classes): only the backbone is pretrained
+            _load_weights(backbone, path, config, BACKBONE_WEIGHTS_FILE)
+    return task
+
+
+def _load_weights(model, path, config, filename):
+    weights = path / filename
+    if not weights.is_file():
+        if "weights" in config:  # a converter supplied them in memory
+            config["weights"](model)
+        return
+    _check_weight_shapes(model, weights)
+    model.load_weights(str(weights))
+
+
+def _check_weight_shapes(model, weights_path):
+    """Compare every saved array shape with the model's variables before touching any variable."""
+    try:
+        with h5py.File(weights_path, "r") as f:
+            saved = []
+            f.visititems(lambda name, obj: saved.append(tuple(obj.shape)) if isinstance(obj, h5py.Dataset) else None)
+    except OSError as error:
+        raise ValueError(f"Corrupt or truncated weights file {weights_path}: {error}") from None
+    expected = [tuple(v.shape) for v in model.weights]
+    if sorted(saved) != sorted(expected):
+        missing = sorted(set(expected) - set(saved))
+        extra = sorted(set(saved) - set(expected))
+        raise ValueError(
+            f"The weights in {weights_path} do not match the model built from its config "
+            f"({len(saved)} arrays saved, {len(expected)} expected; shapes only in the model: {missing[:5]}, "
+            f"only in the file: {extra[:5]}). Nothing was loaded."
+        )
+
+
+# --- saving ---------------------------------------------------------------
+
+
+def _atomic_dir(target, overwrite, write):
+    """Run write(tmp_dir), then move tmp_dir to `target`; on any failure nothing is left behind."""
+    target = Path(target)
+    if target.exists() and not overwrite:
+        raise ValueError(f"{target} already exists. Pass overwrite=True to replace it.")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        write(tmp)
+        if target.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+            os.replace(target, old / "x")
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _metadata(model):
+    from keras_transformer import __version__
+
+    return {
+        "keras_transformer_version": __version__,
+        "keras_version": keras.__version__,
+        "backend": keras.config.backend(),
+        "parameter_count": int(model.count_params()),
+        "saved_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _backbone_spec(backbone):
+    config = backbone.get_config()
+    for key in ("name", "trainable"):
+        config.pop(key, None)
+    return {"class_name": type(backbone).__name__, "config": config}
+
+
+def _write_json(path, data):
+    Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def save_backbone(backbone, preset_dir, overwrite=True, extra=None):
+    def write(tmp):
+        config = {
+            "family": getattr(backbone, "family", None),
+            "parameter_count": int(backbone.count_params()),
+            "backbone": _backbone_spec(backbone),
+            **(extra or {}),
+        }
+        _write_json(tmp / CONFIG_FILE, config)
+        backbone.save_weights(str(tmp / BACKBONE_WEIGHTS_FILE))
+        _write_json(tmp / METADATA_FILE, _metadata(backbone))
+
+    _atomic_dir(preset_dir, overwrite, write)
+
+
+def save_task(task, preset_dir, overwrite=True):
+    def write(tmp):
+        task_config = task.get_config()
+        for key in ("backbone", "preprocessor", "name", "trainable"):
+            task_config.pop(key, None)
+        config = {
+            "family": getattr(task.backbone, "family", None),
+            "parameter_count": int(task.backbone.count_params()),
+            "backbone": _backbone_spec(task.backbone),
+            "task": {"class_name": type(task).__name__, "config": task_config},
+        }
+        if task.preprocessor is not None:
+            config["preprocessor"] = {
+                "class_name": type(task.preprocessor).__name__,
+                "config": task.preprocessor.get_config(),
+            }
+            task.preprocessor.tokenizer.save(tmp)
+        _write_json(tmp / CONFIG_FILE, config)
+        task.backbone.save_weights(str(tmp / BACKBONE_WEIGHTS_FILE))
+        task.save_weights(str(tmp / TASK_WEIGHTS_FILE))
+        _write_json(tmp / METADATA_FILE, _metadata(task))
+
+    _atomic_dir(preset_dir, overwrite, write)
+
+
+# --- config helpers for .keras saving ----------------------------------------
+
+
+def serialize_preprocessor(preprocessor):
+    if preprocessor is None:
+        return None
+    return {
+        "class_name": type(preprocessor).__name__,
+        "config": preprocessor.get_config(),
+        "tokenizer": preprocessor.tokenizer.to_config(),
+    }
+
+
+def deserialize_preprocessor(spec):
+    if spec is None or not isinstance(spec, dict):
+        return spec
+    from keras_transformer.models.preprocessor import Preprocessor
+    from keras_transformer.tokenizers import Tokenizer
+
+    cls = _PREPROCESSORS.get(spec["class_name"])
+    if cls is None or not issubclass(cls, Preprocessor):
+        raise ValueError(f"{spec['class_name']!r} is not a keras_transformer preprocessor.")
+    return cls.from_config(spec["config"], tokenizer=Tokenizer.from_config(spec["tokenizer"]))
+
+
+def deserialize_backbone(spec):
+    from keras_transformer.models.backbone import Backbone
+
+    if isinstance(spec, Backbone):
+        return spec
+    cls = get_class(spec["class_name"], Backbone)
+    config = spec["config"]
+    return cls.from_config(config)
+
+
+_PREPROCESSORS = {}
+
+
+def register_preprocessor(cls):
+    """Class decorator: make a preprocessor loadable by name from configs."""
+    _PREPROCESSORS[cls.__name__] = cls
+    return cls
