@@ -300,21 +300,58 @@ class Tokenizer:
                 config = json.load(file)
         except (OSError, ValueError) as error:
             raise ValueError(f"Could not read {config_path!r}: {error}") from error
+        target = cls._class_named(config, source=repr(config_path))
+        special_tokens = {name: config.get(name) for name in SPECIAL_TOKEN_NAMES}
+        return target.from_file(os.path.join(os.fspath(directory), TOKENIZER_FILE), **special_tokens)
+
+    def to_config(self):
+        """Returns the whole tokenizer as a JSON-serialisable dict (e.g. to embed in a model config).
+
+        The dict holds what `save` writes: the `tokenizer_config.json` entries, plus the
+        `tokenizers` JSON as a string under `"tokenizer_json"`.
+        """
+        return {
+            "class_name": type(self).__name__,
+            **self.special_tokens,
+            "tokenizer_json": self.backend_tokenizer.to_str(),
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        """Rebuilds a tokenizer from `to_config`'s dict, as an instance of the class that wrote it.
+
+        Args:
+            config: a dict returned by `to_config`.
+
+        Returns:
+            A `Tokenizer` of the saved subclass (which must be `cls` or a subclass of it).
+        """
+        target = cls._class_named(config, source="the config")
+        try:
+            backend = tokenizers.Tokenizer.from_str(config["tokenizer_json"])
+        except Exception as error:  # a missing key, or the Rust side's bare Exception
+            raise ValueError(
+                f"The config holds no readable `tokenizers` JSON under 'tokenizer_json': {error!r}"
+            ) from error
+        return target(backend, **{name: config.get(name) for name in SPECIAL_TOKEN_NAMES})
+
+    @classmethod
+    def _class_named(cls, config, source):
+        """The class a saved config names, checked to be `cls` or a subclass of it."""
         class_name = config.get("class_name") if isinstance(config, dict) else None
         if class_name not in _REGISTRY:
             raise ValueError(
-                f"{config_path!r} was not written by `Tokenizer.save`: its class_name must be one "
-                f"of {sorted(_REGISTRY)} (for a Hugging Face checkpoint, load its tokenizer.json "
-                f"with `from_file`). Received: class_name={class_name!r}"
+                f"{source} was not written by a keras_transformer tokenizer: its class_name must "
+                f"be one of {sorted(_REGISTRY)} (for a Hugging Face checkpoint, load its "
+                f"tokenizer.json with `from_file`). Received: class_name={class_name!r}"
             )
         target = _REGISTRY[class_name]
         if not issubclass(target, cls):
             raise ValueError(
-                f"The directory holds a {class_name}, not a {cls.__name__} (use `Tokenizer.load` "
-                f"to load any kind). Received: directory={os.fspath(directory)!r}"
+                f"{source} holds a {class_name}, not a {cls.__name__} (use `Tokenizer` to load "
+                "any kind)."
             )
-        special_tokens = {name: config.get(name) for name in SPECIAL_TOKEN_NAMES}
-        return target.from_file(os.path.join(os.fspath(directory), TOKENIZER_FILE), **special_tokens)
+        return target
 
     @classmethod
     def from_file(cls, path, **special_tokens):
@@ -341,8 +378,8 @@ class Tokenizer:
     # === Training (used by the subclasses' `train`) ===
 
     @staticmethod
-    def _train_backend(backend, trainer, texts, vocabulary_size, minimum_size):
-        """Trains `backend` in place with `trainer` on `texts`; checks the inputs and the result."""
+    def _check_vocabulary_size(vocabulary_size, minimum_size):
+        """Raises a `ValueError` unless `vocabulary_size` is an int of at least `minimum_size`."""
         if isinstance(vocabulary_size, bool) or not isinstance(vocabulary_size, int):
             raise ValueError(
                 "`vocabulary_size` must be an integer. Received: "
@@ -353,6 +390,10 @@ class Tokenizer:
                 f"`vocabulary_size` must be at least {minimum_size} for this tokenizer (its "
                 f"special tokens and base symbols). Received: vocabulary_size={vocabulary_size}"
             )
+
+    @staticmethod
+    def _train_backend(backend, trainer, texts, vocabulary_size):
+        """Trains `backend` in place with `trainer` on `texts`; checks the inputs and the result."""
         if isinstance(texts, (str, bytes)) or not hasattr(texts, "__iter__"):
             raise ValueError(
                 "`texts` must be an iterable of strings (e.g. a list, or a generator). Received: "
