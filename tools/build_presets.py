@@ -1,0 +1,117 @@
+"""Write the preset zoo in models/: one folder per preset with config.json, tokenizer and model card.
+
+Tokenizers are trained on the Python standard library's source (offline). Untrained presets ship no
+weights (they start from random initialisation); trained presets are written by the recipes in
+tools/train_*.py, which add model.weights.h5 and metrics to the card.
+
+    KERAS_BACKEND=jax python tools/build_presets.py            # all presets
+    KERAS_BACKEND=jax python tools/build_presets.py gpt_tiny   # some
+"""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from corpus import stdlib_texts  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+ZOO = ROOT / "models"
+
+GPT_TINY = dict(vocabulary_size=8000, num_layers=4, num_heads=4, hidden_dim=256, intermediate_dim=1024, max_sequence_length=512)
+GPT_SMALL = dict(vocabulary_size=50257, num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072, max_sequence_length=1024)
+GPT_MEDIUM = dict(vocabulary_size=50257, num_layers=24, num_heads=16, hidden_dim=1024, intermediate_dim=4096, max_sequence_length=1024)
+BERT_TINY = dict(vocabulary_size=8000, num_layers=2, num_heads=2, hidden_dim=128, intermediate_dim=512, max_sequence_length=512)
+BERT_SMALL = dict(vocabulary_size=30522, num_layers=4, num_heads=8, hidden_dim=512, intermediate_dim=2048, max_sequence_length=512)
+BERT_BASE = dict(vocabulary_size=30522, num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072, max_sequence_length=512)
+T5_TINY = dict(vocabulary_size=8000, num_layers=2, num_heads=4, hidden_dim=128, intermediate_dim=512, key_dim=32)
+T5_SMALL = dict(vocabulary_size=32128, num_layers=6, num_heads=8, hidden_dim=512, intermediate_dim=2048, key_dim=64)
+T5_BASE = dict(vocabulary_size=32128, num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072, key_dim=64)
+TRANSFORMER_BASE = dict(vocabulary_size=37000, num_layers=6, num_heads=8, hidden_dim=512, intermediate_dim=2048, max_sequence_length=512)
+
+# name: (family, tokenizer class, backbone class, backbone config, task class, preprocessor class, preprocessor config, description)
+PRESETS = {
+    "gpt_tiny": ("gpt", "BytePairTokenizer", "GPTBackbone", GPT_TINY, "GPTCausalLM", "GPTCausalLMPreprocessor",
+                 {"sequence_length": 128}, "GPT-style decoder, 4 layers, d 256, 4 heads, byte-level BPE 8k."),
+    "gpt_small": ("gpt", "BytePairTokenizer", "GPTBackbone", GPT_SMALL, "GPTCausalLM", "GPTCausalLMPreprocessor",
+                  {"sequence_length": 1024}, "GPT-2 small shape (124M): 12 layers, d 768, 12 heads, BPE 50257."),
+    "gpt_medium": ("gpt", "BytePairTokenizer", "GPTBackbone", GPT_MEDIUM, "GPTCausalLM", "GPTCausalLMPreprocessor",
+                   {"sequence_length": 1024}, "GPT-2 medium shape (355M): 24 layers, d 1024, 16 heads, BPE 50257."),
+    "bert_tiny": ("bert", "WordPieceTokenizer", "BertBackbone", BERT_TINY, "BertMaskedLM", "BertMaskedLMPreprocessor",
+                  {"sequence_length": 128}, "BERT-style encoder, 2 layers, d 128, 2 heads, WordPiece 8k."),
+    "bert_small": ("bert", "WordPieceTokenizer", "BertBackbone", BERT_SMALL, "BertMaskedLM", "BertMaskedLMPreprocessor",
+                   {"sequence_length": 512}, "BERT-style encoder, 4 layers, d 512, 8 heads, WordPiece 30522."),
+    "bert_base": ("bert", "WordPieceTokenizer", "BertBackbone", BERT_BASE, "BertMaskedLM", "BertMaskedLMPreprocessor",
+                  {"sequence_length": 512}, "BERT-base shape (110M): 12 layers, d 768, 12 heads, WordPiece 30522."),
+    "t5_tiny": ("t5", "UnigramTokenizer", "T5Backbone", T5_TINY, "T5Seq2SeqLM", "T5Seq2SeqLMPreprocessor",
+                {"encoder_sequence_length": 128, "decoder_sequence_length": 128},
+                "T5-style encoder-decoder, 2+2 layers, d 128, 4 heads, Unigram 8k."),
+    "t5_small": ("t5", "UnigramTokenizer", "T5Backbone", T5_SMALL, "T5Seq2SeqLM", "T5Seq2SeqLMPreprocessor",
+                 {"encoder_sequence_length": 512, "decoder_sequence_length": 512},
+                 "T5-small shape (60M): 6+6 layers, d 512, 8 heads, Unigram 32128."),
+    "t5_base": ("t5", "UnigramTokenizer", "T5Backbone", T5_BASE, "T5Seq2SeqLM", "T5Seq2SeqLMPreprocessor",
+                {"encoder_sequence_length": 512, "decoder_sequence_length": 512},
+                "T5-base shape (220M): 12+12 layers, d 768, 12 heads, Unigram 32128."),
+    "transformer_base": ("transformer", "BytePairTokenizer", "TransformerBackbone", TRANSFORMER_BASE,
+                         "TransformerSeq2SeqLM", "TransformerSeq2SeqLMPreprocessor",
+                         {"encoder_sequence_length": 256, "decoder_sequence_length": 256},
+                         "The original Transformer base (Vaswani et al. 2017): 6+6 post-norm layers, d 512, 8 heads, "
+                         "d_ff 2048, ReLU, sinusoidal positions, shared BPE 37000."),
+}
+
+
+def train_tokenizer(class_name, vocabulary_size, cache={}):
+    from keras_transformer import tokenizers
+
+    key = (class_name, vocabulary_size)
+    if key not in cache:
+        print(f"training {class_name} with {vocabulary_size} tokens on the standard library ...", flush=True)
+        cache[key] = getattr(tokenizers, class_name).train(stdlib_texts("train"), vocabulary_size)
+    return cache[key]
+
+
+def parameter_count(backbone_class, config):
+    import keras_transformer as kt
+
+    try:
+        cls = getattr(kt.models, backbone_class)
+    except AttributeError:
+        return None
+    return int(cls(**config).count_params())
+
+
+def model_card(name, family, description, config, count):
+    lines = [f"# {name}", "", description, "", f"- family: {family}",
+             f"- parameters: {count:,}" if count else "- parameters: (computed when the family is installed)",
+             "- weights: none shipped; the model starts from random initialisation (train it with `fit`).",
+             "- tokenizer: trained on the Python standard library's source files (tools/build_presets.py).",
+             "", "## Config", "", "```json", json.dumps(config, indent=2), "```", ""]
+    return "\n".join(lines)
+
+
+def build(name):
+    family, tok_cls, bb_cls, bb_config, task_cls, pre_cls, pre_config, description = PRESETS[name]
+    folder = ZOO / name
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer(tok_cls, bb_config["vocabulary_size"])
+    tokenizer.save(folder)
+    count = parameter_count(bb_cls, bb_config)
+    config = {
+        "name": name,
+        "family": family,
+        "description": description,
+        "parameter_count": count,
+        "backbone": {"class_name": bb_cls, "config": bb_config},
+        "task": {"class_name": task_cls, "config": {}},
+        "preprocessor": {"class_name": pre_cls, "config": pre_config},
+    }
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if not (folder / "model.weights.h5").exists():
+        (folder / "README.md").write_text(model_card(name, family, description, bb_config, count))
+    print(f"wrote {folder} ({count} parameters)", flush=True)
+
+
+if __name__ == "__main__":
+    for preset in sys.argv[1:] or PRESETS:
+        build(preset)
