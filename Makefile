@@ -5,6 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BACKENDS ?= tensorflow jax torch
 PYTEST_ARGS ?=
+export TF_CPP_MIN_LOG_LEVEL := 3
 
 .PHONY: install demo test test-fast test-tensorflow test-jax test-torch bench gpu-check clean
 
@@ -23,7 +24,7 @@ demo: install
 test: install
 	@status=0; for b in $(BACKENDS); do \
 	  echo "=== KERAS_BACKEND=$$b ==="; \
-	  KERAS_BACKEND=$$b $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests || status=1; \
+	  KERAS_BACKEND=$$b $(PY) -m pytest -q -p no:cacheprovider --durations=10 $(PYTEST_ARGS) tests || status=1; \
 	done; exit $$status
 
 # Local iteration: skip the tests marked slow.
