@@ -12,9 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from corpus import stdlib_texts  # noqa: E402
+from keras_transformer.corpus import stdlib_texts
 
 ROOT = Path(__file__).resolve().parent.parent
 ZOO = ROOT / "models"
@@ -94,8 +92,8 @@ def build(name):
     family, tok_cls, bb_cls, bb_config, task_cls, pre_cls, pre_config, description = PRESETS[name]
     folder = ZOO / name
     folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(tok_cls, bb_config["vocabulary_size"])
-    tokenizer.save(folder)
+    if not (folder / "tokenizer.json").exists():  # training the 32k Unigram takes minutes: keep existing ones
+        train_tokenizer(tok_cls, bb_config["vocabulary_size"]).save(folder)
     count = parameter_count(bb_cls, bb_config)
     config = {
         "name": name,

@@ -1,4 +1,4 @@
-"""The offline text corpus: the Python standard library's own source files.
+"""An offline text corpus for demos, tests and trained presets: the Python standard library's own source files.
 
 Read from the running interpreter's installation, so nothing is downloaded.
 Files are split deterministically into train / held-out sets by a hash of their path.
