@@ -70,7 +70,9 @@ class FeedForward(keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self._gated = activation.startswith("gated-")
-        self._activation_fn = _ACTIVATIONS[activation.removeprefix("gated-")]
+        # "gated-gelu" is T5 v1.1's GEGLU, whose gelu is the tanh approximation (gelu_new).
+        base = "gelu_approximate" if activation == "gated-gelu" else activation.removeprefix("gated-")
+        self._activation_fn = _ACTIVATIONS[base]
 
     def _dense(self, units, name):
         return keras.layers.Dense(

@@ -1,0 +1,143 @@
+"""Seq2SeqLM: the task base of encoder-decoder language models (T5, the original Transformer).
+
+Axes: B batch, S_enc encoder length, T decoder (query) length, S_max decoder cache length,
+L decoder layers, Hkv key/value heads, Dh head size, D model width, V vocabulary.
+"""
+
+import keras
+from keras import ops
+
+from keras_transformer import samplers
+from keras_transformer.metrics import Perplexity
+from keras_transformer.models.task import Task
+
+
+class Seq2SeqLM(Task):
+    """Encoder-decoder language model: logits (B, T, V) for the target given the source.
+
+    A subclass creates its head layers, then calls this constructor, and defines
+    `compute_logits(decoder_hidden)`. The backbone must output
+    `{"encoder_sequence_output", "decoder_sequence_output"}` and provide `encode`,
+    `compute_cross_cache`, `cache_shape` and `call_with_cache`.
+
+    Trained with plain `fit((sources, targets))` on raw strings when it has a
+    preprocessor; compiled by default with AdamW, masked sparse cross-entropy
+    (the preprocessor's sample weights drop padded labels), token accuracy and
+    perplexity.
+
+    Cached decoding (what a generation loop calls):
+        encoder_outputs = task.encode(encoder_token_ids, encoder_padding_mask)   # (B, S_enc, D)
+        cross_cache = task.compute_cross_cache(encoder_outputs)                   # (B, L, 2, S_enc, Hkv, Dh)
+        self_cache = zeros(task.backbone.cache_shape(B, S_max))                   # (B, L, 2, S_max, Hkv, Dh)
+        logits, self_cache = task.call_with_cache(ids, self_cache, index, cross_cache, encoder_padding_mask)
+
+    Args:
+        backbone: an encoder-decoder backbone.
+        preprocessor: the matching seq2seq preprocessor, or None (inputs are then id arrays).
+
+    Inputs: {"encoder_token_ids": (B, S_enc), "encoder_padding_mask": (B, S_enc),
+             "decoder_token_ids": (B, T), "decoder_padding_mask": (B, T)}.
+    Outputs: logits (B, T, V) float32.
+    """
+
+    default_learning_rate = 1e-3
+
+    def __init__(self, backbone, preprocessor=None, **kwargs):
+        # === Layers ===
+        self.backbone = backbone
+        self.preprocessor = preprocessor
+        if preprocessor is not None:
+            for name in ("encoder_sequence_length", "decoder_sequence_length"):
+                length = getattr(preprocessor, name)
+                if length > backbone.max_sequence_length:
+                    raise ValueError(
+                        f"The preprocessor's {name}={length} is longer than the backbone's "
+                        f"max_sequence_length={backbone.max_sequence_length}."
+                    )
+
+        # === Functional model ===
+        inputs = backbone.input
+        hidden = backbone(inputs)["decoder_sequence_output"]  # (B, T, D)
+        logits = self.compute_logits(hidden)  # (B, T, D) -> (B, T, V)
+        super().__init__(inputs=inputs, outputs=ops.cast(logits, "float32"), **kwargs)
+
+    def compute_logits(self, decoder_hidden):
+        """Decoder hidden states (B, T, D) -> logits (B, T, V). Defined by each family."""
+        raise NotImplementedError(f"{type(self).__name__} must define `compute_logits`.")
+
+    def default_weighted_metrics(self):
+        return [keras.metrics.SparseCategoricalAccuracy(name="accuracy"), Perplexity()]
+
+    # --- cached decoding --------------------------------------------------
+
+    def encode(self, encoder_token_ids, encoder_padding_mask):
+        """Run the encoder once: ids (B, S_enc), mask (B, S_enc) -> encoder outputs (B, S_enc, D)."""
+        return self.backbone.encode(encoder_token_ids, encoder_padding_mask)
+
+    def compute_cross_cache(self, encoder_outputs):
+        """Cross-attention keys/values of every decoder layer: (B, S_enc, D) -> (B, L, 2, S_enc, Hkv, Dh)."""
+        return self.backbone.compute_cross_cache(encoder_outputs)
+
+    def call_with_cache(
+        self,
+        decoder_token_ids,
+        self_cache,
+        cache_index,
+        cross_cache,
+        encoder_padding_mask,
+        decoder_padding_mask=None,
+    ):
+        """Logits for T new decoder tokens at positions [cache_index, cache_index + T).
+
+        Args:
+            decoder_token_ids: (B, T) int.
+            self_cache: (B, L, 2, S_max, Hkv, Dh) decoder self-attention keys/values.
+            cache_index: int or scalar int tensor, position of the first new token.
+            cross_cache: (B, L, 2, S_enc, Hkv, Dh) from `compute_cross_cache`.
+            encoder_padding_mask: (B, S_enc), True for real source tokens.
+            decoder_padding_mask: (B, S_max) key mask over the cache, or None.
+
+        Returns:
+            (logits (B, T, V) float32, updated self_cache).
+        """
+        hidden, self_cache = self.backbone.call_with_cache(
+            decoder_token_ids, self_cache, cache_index, cross_cache, encoder_padding_mask, decoder_padding_mask
+        )
+        return ops.cast(self.compute_logits(hidden), "float32"), self_cache
+
+    # --- generation ---------------------------------------------------------
+
+    def compile(self, *args, sampler=None, **kwargs):
+        """Compile as `Task.compile`; `sampler` (a name or a `Sampler`) sets the default of `generate`."""
+        super().compile(*args, **kwargs)
+        if sampler is not None:
+            self.sampler = samplers.get(sampler)
+
+    def generate(
+        self,
+        inputs,
+        max_new_tokens=32,
+        sampler=None,
+        stop_token_ids="auto",
+        min_new_tokens=0,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        streamer=None,
+        return_dict=False,
+    ):
+        """Transduce sources: encode once, then decode one token per step with cached keys/values.
+
+        The encoder output and every layer's cross-attention keys/values are computed
+        once (and repeated per beam); the decoder starts from the preprocessor's
+        `decoder_start_token_id`. Arguments as `CausalLM.generate`, with `inputs` the
+        sources: strings (results are strings) or encoder token ids (results are the
+        decoder's ids: the start token, then the generated tokens).
+
+        Example:
+        >>> lm.generate(["1 2 3", "3 2 1"], max_new_tokens=8, sampler="beam")
+        """
+        return samplers.generate(
+            self, inputs, max_new_tokens=max_new_tokens, sampler=sampler, stop_token_ids=stop_token_ids,
+            min_new_tokens=min_new_tokens, repetition_penalty=repetition_penalty,
+            no_repeat_ngram_size=no_repeat_ngram_size, streamer=streamer, return_dict=return_dict,
+        )
