@@ -1,0 +1,18 @@
+"""GreedySampler: the most likely token at every step."""
+
+import keras
+from keras import ops
+
+from keras_transformer.samplers.sampler import Sampler
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class GreedySampler(Sampler):
+    """Picks the argmax of the logits at every step (deterministic).
+
+    Example:
+    >>> lm.generate("The teacher", max_new_tokens=20, sampler=GreedySampler())
+    """
+
+    def get_next_token(self, logits, uniform):
+        return ops.argmax(logits, axis=-1)  # (R, V) -> (R,)

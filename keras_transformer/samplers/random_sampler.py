@@ -1,0 +1,82 @@
+"""RandomSampler: sampling with temperature, top-k and top-p (nucleus) filtering."""
+
+import numbers
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_transformer.samplers.sampler import NEG, Sampler
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class RandomSampler(Sampler):
+    """Samples the next token from softmax(logits / temperature), optionally restricted.
+
+    Filters apply in Hugging Face's order: temperature, then top-k, then top-p. The
+    randomness is one uniform number per row and step, drawn on the host from `seed`
+    and fed to the compiled loop, so the same seed gives the same tokens on every call
+    (and the loop is never retraced for a new seed).
+
+    Args:
+        temperature: float > 0; lower is greedier.
+        top_k: int >= 1 or None, keep only the k most likely tokens.
+        top_p: float in (0, 1] or None, keep the smallest set of most likely tokens whose
+            probability reaches top_p (the nucleus).
+        seed: int or None. None draws a new seed from numpy's global generator at every
+            call (seeded by `keras.utils.set_random_seed`).
+
+    Example:
+    >>> lm.generate(["a", "longer prompt"], max_new_tokens=50,
+    ...             sampler=RandomSampler(temperature=0.8, top_p=0.9, seed=1))
+    """
+
+    def __init__(self, temperature=1.0, top_k=None, top_p=None, seed=None):
+        if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not temperature > 0:
+            raise ValueError(f"`temperature` must be a number > 0. Received: temperature={temperature!r}")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1):
+            raise ValueError(f"`top_k` must be an int >= 1 or None. Received: top_k={top_k!r}")
+        if top_p is not None and (
+            isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1
+        ):
+            raise ValueError(f"`top_p` must be in (0, 1] or None. Received: top_p={top_p!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+            raise ValueError(f"`seed` must be an int or None. Received: seed={seed!r}")
+        self.temperature = float(temperature)
+        self.top_k = None if top_k is None else int(top_k)
+        self.top_p = None if top_p is None else float(top_p)
+        self.seed = None if seed is None else int(seed)
+
+    def get_config(self):
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed}
+
+    def draw_noise(self, shape):
+        seed = self.seed if self.seed is not None else np.random.randint(2**31)
+        return (1.0 - np.random.default_rng(seed).random(shape)).astype("float32")  # in (0, 1]
+
+    def get_next_token(self, logits, uniform):
+        logits = logits / self.temperature  # (R, V)
+        vocabulary_size = logits.shape[-1]
+        if self.top_k is not None and self.top_k < vocabulary_size:
+            kth = ops.top_k(logits, self.top_k)[0][:, -1:]  # (R, 1), the k-th largest logit
+            logits = ops.where(logits < kth, NEG, logits)
+        if self.top_p is not None and self.top_p < 1:
+            descending = ops.flip(ops.sort(logits, axis=-1), axis=-1)  # (R, V)
+            probabilities = ops.softmax(descending, axis=-1)
+            before = ops.cumsum(probabilities, axis=-1) - probabilities  # mass of the more likely tokens
+            # The nucleus: tokens whose more likely tokens hold less than top_p (the first always).
+            threshold = ops.min(ops.where(before < self.top_p, descending, -NEG), axis=-1, keepdims=True)
+            logits = ops.where(logits < threshold, NEG, logits)
+        return sample_categorical(logits, uniform)
+
+
+def sample_categorical(logits, uniform):
+    """Inverse-CDF sampling: logits (R, V), uniform (R,) in (0, 1] -> (R,) int32.
+
+    Returns the first token whose cumulative probability reaches uniform * total. Tokens with
+    zero probability are excluded from the search, so filtered tokens can never come out.
+    """
+    probabilities = ops.softmax(logits, axis=-1)  # (R, V)
+    cdf = ops.where(probabilities > 0, ops.cumsum(probabilities, axis=-1), -1.0)
+    target = ops.cast(uniform, "float32")[:, None] * ops.max(cdf, axis=-1, keepdims=True)  # (R, 1)
+    return ops.cast(ops.argmax(ops.cast(cdf >= target, "int32"), axis=-1), "int32")

@@ -1,0 +1,380 @@
+"""Sampler base class and the compiled, key/value-cached decoding loop.
+
+Axes: B inputs, K beams (1 unless beam search), R = B * K decoded rows, L token buffer
+(and self-attention cache) length, P prefill length, V vocabulary.
+
+The loop, one compiled function per (sampler settings, options) and input shapes:
+- prefill: the first P prompt positions run through the model at once, filling the cache;
+- step i (from the shortest prompt's length): feed token i - 1 at cache index i - 1, get
+  the logits of position i, let the sampler pick token i. Rows whose prompt is longer than
+  i keep their own prompt token, so ragged (right-padded) prompts need no attention mask:
+  position i is written before any query at >= i reads it, so a pad key is never attended.
+
+This module is the only place with backend checks: `jax.jit` (model variables passed as
+state through a `keras.StatelessScope`) with `lax.while_loop`, `tf.function(jit_compile=True)`
+with `tf.while_loop`, and an eager loop under `torch.no_grad()` on PyTorch.
+"""
+
+import keras
+import numpy as np
+from keras import ops
+
+# Score of impossible tokens and beams: finite, so that sums never make inf - inf = NaN.
+NEG = -1.0e9
+
+
+class Sampler:
+    """Base of the samplers: picks each row's next token from its (processed) logits.
+
+    A sampler overrides `get_next_token`; beam search (`BeamSampler`) also overrides the
+    loop hooks `_initial_state`, `_step`, `_is_running` and `_outputs`. Samplers are
+    serialisable (`get_config` / `from_config`).
+    """
+
+    num_beams = 1
+    num_return_sequences = 1
+    reorders_rows = False  # True for beam search: rows follow their beams, results come from a store
+
+    def get_next_token(self, logits, uniform):
+        """Choose one token per row.
+
+        Args:
+            logits: (R, V) float32, after the logits processors.
+            uniform: (R,) float32 noise in (0, 1], fresh at every step (see `draw_noise`).
+
+        Returns:
+            (R,) int token ids.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must define `get_next_token`.")
+
+    def draw_noise(self, shape):
+        """Host-side noise for one `generate` call, (L, R) in (0, 1]; deterministic samplers need none."""
+        return np.ones(shape, "float32")
+
+    def get_config(self):
+        return {}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    def __repr__(self):
+        arguments = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
+        return f"{type(self).__name__}({arguments})"
+
+    # --- loop hooks (one token per row) ------------------------------------
+
+    def _prepare_scores(self, logits):
+        """Logits (R, V) -> the scores the processors and `_step` work on."""
+        return logits
+
+    def _initial_state(self, ctx):
+        rows = ctx.num_rows
+        return {"done": ops.zeros((rows,), "bool"), "emitted": ops.full((rows,), -1, "int32")}
+
+    def _step(self, i, scores, state, ctx):
+        """Write token i of every row; a row is done at a stop token or after max_new_tokens."""
+        rows, done = dict(state["rows"]), state["done"]
+        picked = ops.cast(self.get_next_token(scores, ops.take(ctx.noise, i, axis=0)), "int32")  # (R,)
+        in_prompt = i < ctx.prompt_lengths  # (R,)
+        emitted = ops.logical_and(ops.logical_not(in_prompt), ops.logical_not(done))
+        token = ops.where(in_prompt, column(rows["tokens"], i), ops.where(done, ctx.pad_id, picked))
+        rows["tokens"] = write_column(rows["tokens"], i, token)
+        stopped = ops.logical_and(emitted, is_stop_token(token, ctx.stop_token_ids))
+        done = ops.logical_or(ops.logical_or(done, stopped), i + 1 >= ctx.limits)
+        return {**state, "rows": rows, "done": done, "emitted": ops.where(emitted, token, -1)}
+
+    def _is_running(self, state):
+        return ops.logical_not(ops.all(state["done"]))
+
+    def _outputs(self, state):
+        outputs = {"token_ids": state["rows"]["tokens"]}  # (R, L)
+        if "logits" in state["rows"]:
+            outputs["logits"] = state["rows"]["logits"]  # (R, L, V)
+        return outputs
+
+    def _trace_key(self):
+        """What the compiled loop depends on: the config without the seed (noise comes from the host)."""
+        config = {k: v for k, v in self.get_config().items() if k != "seed"}
+        return (type(self).__name__, tuple(sorted((k, repr(v)) for k, v in config.items())))
+
+
+# --- small tensor helpers shared by the samplers ---------------------------
+
+
+def column(tokens, i):
+    """tokens (R, L), scalar i -> tokens[:, i] (R,)."""
+    return ops.slice(tokens, (0, i), (ops.shape(tokens)[0], 1))[:, 0]
+
+
+def write_column(tokens, i, values):
+    """tokens (R, L) with column i replaced by values (R,)."""
+    positions = ops.arange(ops.shape(tokens)[1], dtype="int32")[None, :]  # (1, L)
+    return ops.where(positions == i, ops.cast(values, tokens.dtype)[:, None], tokens)
+
+
+def is_stop_token(tokens, stop_token_ids):
+    """Boolean mask of the same shape as `tokens`: which ones are stop tokens (a static tuple)."""
+    hit = ops.zeros(ops.shape(tokens), "bool")
+    for token_id in stop_token_ids:
+        hit = ops.logical_or(hit, tokens == token_id)
+    return hit
+
+
+# --- the loop ---------------------------------------------------------------
+
+
+class DecodeOptions:
+    """Static settings of one compiled loop (part of its cache key)."""
+
+    def __init__(self, stop_token_ids=(), pad_id=0, repetition=False, no_repeat_ngram_size=0,
+                 return_logits=False, streaming=False):
+        self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
+        self.pad_id = int(pad_id)
+        self.repetition = bool(repetition)
+        self.no_repeat_ngram_size = int(no_repeat_ngram_size)
+        self.return_logits = bool(return_logits)
+        self.streaming = bool(streaming)
+
+    def key(self):
+        return tuple(sorted(vars(self).items()))
+
+
+class _Context:
+    """Per-call tensors and static settings the loop body reads (never changed by the loop)."""
+
+    def __init__(self, inputs, options, sampler, vocabulary_size):
+        self.num_rows = inputs["token_ids"].shape[0]
+        self.num_beams = sampler.num_beams
+        self.batch_size = self.num_rows // self.num_beams
+        self.vocabulary_size = vocabulary_size
+        self.prompt_lengths = inputs["prompt_lengths"]  # (R,)
+        self.max_new_tokens = inputs["max_new_tokens"]  # scalar
+        self.limits = self.prompt_lengths + self.max_new_tokens  # (R,) position after each row's last token
+        self.min_new_tokens = inputs["min_new_tokens"]
+        self.repetition_penalty = inputs["repetition_penalty"]
+        self.noise = inputs["noise"]  # (L, R)
+        self.stop_token_ids = options.stop_token_ids
+        self.pad_id = options.pad_id
+        self.options = options
+
+
+def _is_seq2seq(task):
+    return hasattr(task, "compute_cross_cache")
+
+
+def _model_step(task, token_ids, cache, index, context):
+    """(R, T) ids at positions [index, index + T) -> logits (R, T, V) float32, updated cache."""
+    if _is_seq2seq(task):
+        return task.call_with_cache(
+            token_ids, cache, index, context["cross_cache"], context["encoder_padding_mask"]
+        )
+    return task.call_with_cache(token_ids, cache, index)
+
+
+def _prepare(task, inputs):
+    """Encode (seq2seq) and prefill the cache, once per input (not per beam): shared by every sampler.
+
+    inputs: prompt_token_ids (B, L), prefill_token_ids (B, P), and for seq2seq
+    encoder_token_ids / encoder_padding_mask (B, S_enc). Returns {"cache", "context"}.
+    """
+    batch_size, length = inputs["prompt_token_ids"].shape
+    context = {}
+    if _is_seq2seq(task):
+        encoder_outputs = task.encode(inputs["encoder_token_ids"], inputs["encoder_padding_mask"])  # (B, S_enc, D)
+        context = {
+            "cross_cache": task.compute_cross_cache(encoder_outputs),  # (B, L, 2, S_enc, Hkv, Dh)
+            "encoder_padding_mask": inputs["encoder_padding_mask"],
+        }
+    cache = ops.zeros(task.backbone.cache_shape(batch_size, length), task.compute_dtype)
+    prefill = inputs["prefill_token_ids"]  # (B, P)
+    if prefill.shape[1]:
+        _, cache = _model_step(task, prefill, cache, 0, context)
+    return {"cache": cache, "context": context}
+
+
+def _start(task, sampler, options, inputs, prepared):
+    """Loop state from the prepared cache: rows repeated per beam. Returns (i, state)."""
+    ctx = _Context(inputs, options, sampler, task.backbone.vocabulary_size)
+    tokens = inputs["token_ids"]  # (R, L)
+    num_rows, length = tokens.shape
+
+    def per_row(x):  # (B, ...) -> (R, ...): every beam of an input starts from the same cache and encoder
+        return x if sampler.num_beams == 1 else ops.repeat(x, sampler.num_beams, axis=0)
+
+    rows = {"tokens": tokens, "cache": per_row(prepared["cache"])}
+    if options.repetition:
+        rows["seen"] = inputs["seen"]  # (R, V) bool: tokens before the first step
+    if options.return_logits:
+        rows["logits"] = ops.zeros((num_rows, length, ctx.vocabulary_size), "float32")
+    context = {name: per_row(value) for name, value in prepared["context"].items()}
+    state = {"rows": rows, "context": context, **sampler._initial_state(ctx)}
+    return ops.cast(inputs["start"], "int32"), state
+
+
+def _body(task, sampler, options, inputs, i, state):
+    """One step: feed token i - 1, process the logits of position i, let the sampler write token i."""
+    ctx = _Context(inputs, options, sampler, task.backbone.vocabulary_size)
+    rows = dict(state["rows"])
+    token = ops.slice(rows["tokens"], (0, i - 1), (ctx.num_rows, 1))  # (R, 1)
+    logits, rows["cache"] = _model_step(task, token, rows["cache"], i - 1, state["context"])
+    logits = logits[:, 0, :]  # (R, 1, V) -> (R, V)
+    if options.return_logits:
+        rows["logits"] = ops.slice_update(rows["logits"], (0, i, 0), logits[:, None, :])
+    scores = _process(sampler._prepare_scores(logits), rows, i, ctx)
+    state = sampler._step(i, scores, {**state, "rows": rows}, ctx)
+    if options.repetition:
+        rows = dict(state["rows"])
+        written = ops.one_hot(column(rows["tokens"], i), ctx.vocabulary_size, dtype="int32") > 0  # (R, V)
+        rows["seen"] = ops.logical_or(rows["seen"], written)
+        state = {**state, "rows": rows}
+    return i + 1, state
+
+
+def _process(scores, rows, i, ctx):
+    """The logits processors, in Hugging Face's order: repetition penalty, n-gram ban, min length."""
+    options = ctx.options
+    if options.repetition:
+        penalty = ctx.repetition_penalty
+        penalized = ops.where(scores < 0, scores * penalty, scores / penalty)
+        scores = ops.where(rows["seen"], penalized, scores)
+    if options.no_repeat_ngram_size:
+        banned = banned_ngram_tokens(rows["tokens"], i, options.no_repeat_ngram_size, ctx.vocabulary_size)
+        scores = ops.where(banned, NEG, scores)
+    if ctx.stop_token_ids:
+        too_early = (i - ctx.prompt_lengths) < ctx.min_new_tokens  # (R,) fewer than min_new_tokens so far
+        stop = is_stop_token(ops.arange(ctx.vocabulary_size, dtype="int32"), ctx.stop_token_ids)  # (V,)
+        scores = ops.where(ops.logical_and(too_early[:, None], stop[None, :]), NEG, scores)
+    return scores
+
+
+def banned_ngram_tokens(tokens, i, n, vocabulary_size):
+    """(R, V) mask of the tokens that would repeat an n-gram already in tokens[:, :i].
+
+    Token v is banned at position i when some earlier n-gram tokens[j : j + n] (ending before
+    i) starts with the last n - 1 tokens tokens[i - n + 1 : i] and ends with v.
+    """
+    num_rows, length = tokens.shape
+    starts = ops.arange(length, dtype="int32")  # j
+    match = ops.logical_and(starts + n - 1 < i, i - n + 1 >= 0)[None, :]  # (1, L)
+    padded = ops.pad(tokens, ((0, 0), (0, n)))  # (R, L + n): tokens[:, j + k] exists for every j
+    for k in range(n - 1):
+        earlier = padded[:, k : k + length]  # (R, L): tokens[:, j + k]
+        current = column(padded, ops.maximum(i - n + 1 + k, 0))[:, None]  # (R, 1)
+        match = ops.logical_and(match, earlier == current)
+    following = padded[:, n - 1 : n - 1 + length]  # (R, L): tokens[:, j + n - 1]
+    # Scatter the matches into (R, V + 1); non-matches land in the extra column V.
+    target = ops.where(match, following, vocabulary_size)  # (R, L)
+    row_index = ops.broadcast_to(ops.arange(num_rows, dtype="int32")[:, None], (num_rows, length))
+    indices = ops.stack([ops.reshape(row_index, (-1,)), ops.reshape(target, (-1,))], axis=1)  # (R * L, 2)
+    banned = ops.scatter_update(
+        ops.zeros((num_rows, vocabulary_size + 1), "int32"), indices, ops.ones((num_rows * length,), "int32")
+    )
+    return banned[:, :vocabulary_size] > 0
+
+
+def _run(task, sampler, options, inputs, prepared):
+    """The whole decoding loop in one traced function."""
+    i, state = _start(task, sampler, options, inputs, prepared)
+    length = inputs["token_ids"].shape[1]
+
+    def cond(i, state):
+        return ops.logical_and(i < length, sampler._is_running(state))
+
+    def body(i, state):
+        return _body(task, sampler, options, inputs, i, state)
+
+    _, state = ops.while_loop(cond, body, (i, state))
+    return sampler._outputs(state)
+
+
+# --- compilation, per backend ------------------------------------------------
+
+
+class _Compiled:
+    """A function of tensors compiled for the current backend; counts its traces."""
+
+    def __init__(self, task, fn):
+        self.traces = 0
+
+        def traced(*args):
+            self.traces += 1
+            return fn(*args)
+
+        backend = keras.config.backend()
+        if backend == "jax":
+            import jax
+
+            variables = list(task.trainable_variables) + list(task.non_trainable_variables)
+
+            @jax.jit
+            def stateless(values, *args):
+                with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+                    return traced(*args)
+
+            self._call = lambda *args: stateless([v.value for v in variables], *args)
+        elif backend == "tensorflow":
+            import tensorflow as tf
+
+            self._call = tf.function(traced, jit_compile=True, autograph=False, reduce_retracing=False)
+        elif backend == "torch":
+            import torch
+
+            def eager(*args):
+                with torch.no_grad():
+                    return traced(*args)
+
+            self._call = eager
+        else:
+            self._call = traced
+
+    def __call__(self, *args):
+        return self._call(*args)
+
+
+def _compiled(task, key, build):
+    functions = task.__dict__.get("_generate_functions")
+    if functions is None:
+        functions = {}
+        object.__setattr__(task, "_generate_functions", functions)
+    if key not in functions:
+        functions[key] = _Compiled(task, build())
+    return functions[key]
+
+
+def decode(task, sampler, options, inputs, streamer=None):
+    """Run the compiled prefill and loop on numpy `inputs`; returns the sampler's outputs as numpy.
+
+    Args:
+        task: a `CausalLM` or `Seq2SeqLM`.
+        sampler: a `Sampler`.
+        options: `DecodeOptions`.
+        inputs: dict of numpy arrays. Per input: prompt_token_ids (B, L), prefill_token_ids
+            (B, P), and encoder_token_ids / encoder_padding_mask (B, S_enc) for seq2seq. Per row
+            (R = B * num_beams): token_ids (R, L), prompt_lengths (R,), seen (R, V) with a
+            repetition penalty, noise (L, R). Scalars: start, max_new_tokens, min_new_tokens,
+            repetition_penalty.
+        streamer: None, or a callable receiving after every step the (R,) numpy array of
+            the token each row produced (-1 where a row produced none).
+    """
+    inputs = {k: ops.convert_to_tensor(v) for k, v in inputs.items()}
+    prepare_names = ("prompt_token_ids", "prefill_token_ids", "encoder_token_ids", "encoder_padding_mask")
+    prepare_inputs = {k: v for k, v in inputs.items() if k in prepare_names}
+    loop_inputs = {k: v for k, v in inputs.items() if k not in prepare_names}
+    prepared = _compiled(task, ("prepare",), lambda: lambda x: _prepare(task, x))(prepare_inputs)
+    key = (sampler._trace_key(), options.key())
+    if streamer is None:
+        run = _compiled(task, ("run",) + key, lambda: lambda x, p: _run(task, sampler, options, x, p))
+        outputs = run(loop_inputs, prepared)
+    else:
+        start = _compiled(task, ("start",) + key, lambda: lambda x, p: _start(task, sampler, options, x, p))
+        step = _compiled(task, ("step",) + key, lambda: lambda x, i, s: _body(task, sampler, options, x, i, s))
+        length = inputs["token_ids"].shape[1]
+        i, state = start(loop_inputs, prepared)
+        while int(ops.convert_to_numpy(i)) < length and bool(ops.convert_to_numpy(sampler._is_running(state))):
+            i, state = step(loop_inputs, i, state)
+            emitted = ops.convert_to_numpy(state["emitted"])
+            if np.any(emitted >= 0):
+                streamer(emitted)
+        outputs = sampler._outputs(state)
+    return {k: ops.convert_to_numpy(v) for k, v in outputs.items()}
