@@ -1,0 +1,69 @@
+"""Shared pytest setup: backend banner, numpy conversion, seeds.
+
+The backend comes from KERAS_BACKEND (tensorflow, jax or torch); every test runs on all three,
+nothing here skips a backend.
+"""
+
+import random
+
+import keras
+import numpy as np
+import pytest
+
+
+def pytest_report_header(config):
+    return f"keras {keras.__version__}, KERAS_BACKEND={keras.config.backend()}"
+
+
+def pytest_sessionstart(session):
+    print(f"\n[keras_transformer tests] backend: {keras.config.backend()}")
+
+
+def to_numpy(x):
+    """Backend tensor (or nested tuple/list of them) -> numpy."""
+    if isinstance(x, (tuple, list)):
+        return type(x)(to_numpy(t) for t in x)
+    return keras.ops.convert_to_numpy(x)
+
+
+@pytest.fixture(name="to_numpy")
+def to_numpy_fixture():
+    return to_numpy
+
+
+SEED = 1234
+
+
+@pytest.fixture(autouse=True)
+def seed():
+    """Seeds Python, numpy and the backend's own generator before every test.
+
+    The layer tests draw inputs and weights from numpy (`rng`), so their expected values never
+    depend on a backend's random stream. Not keras.utils.set_random_seed: it imports TensorFlow
+    even under JAX and PyTorch, seconds per session for nothing these tests need.
+    """
+    random.seed(SEED)
+    np.random.seed(SEED)
+    if keras.config.backend() == "torch":
+        import torch
+
+        torch.manual_seed(SEED)
+    elif keras.config.backend() == "tensorflow":
+        import tensorflow as tf
+
+        tf.random.set_seed(SEED)
+    return SEED
+
+
+@pytest.fixture
+def rng(seed):
+    """A fresh numpy Generator per test, for inputs and weights."""
+    return np.random.default_rng(seed)
+
+
+@pytest.fixture(autouse=True)
+def float32_policy():
+    """Each test starts and ends under the float32 policy, even if it changed the global one."""
+    keras.config.set_dtype_policy("float32")
+    yield
+    keras.config.set_dtype_policy("float32")
