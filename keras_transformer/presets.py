@@ -91,14 +91,17 @@ def get_class(class_name, base=None):
     return cls
 
 
-def load_config(preset):
-    """Read a preset's config.json. Hugging Face checkpoint directories are converted on the fly."""
+def load_config(preset, allow_pickle=False):
+    """Read a preset's config.json. Hugging Face checkpoint directories are converted on the fly.
+
+    `allow_pickle` (Hugging Face checkpoints only) accepts weights stored only in pytorch_model.bin.
+    """
     path = resolve(preset)
     config = _read_json(path / CONFIG_FILE)
     if "model_type" in config and "backbone" not in config:
         from keras_transformer.convert import hugging_face  # converting needs the optional converter
 
-        return path, hugging_face.convert_config(path, config)
+        return path, hugging_face.convert_config(path, config, allow_pickle=allow_pickle)
     if "backbone" not in config:
         raise ValueError(f"{path / CONFIG_FILE} has no 'backbone' entry: not a keras_transformer preset.")
     return path, config
@@ -107,7 +110,7 @@ def load_config(preset):
 def load_backbone(cls, preset, load_weights=True, **overrides):
     from keras_transformer.models.backbone import Backbone
 
-    path, config = load_config(preset)
+    path, config = load_config(preset, allow_pickle=overrides.pop("allow_pickle", False))
     spec = config["backbone"]
     backbone_cls = get_class(spec["class_name"], Backbone)
     if cls is not Backbone and not issubclass(backbone_cls, cls):
@@ -122,7 +125,7 @@ def load_tokenizer(preset):
     from keras_transformer.tokenizers import Tokenizer
 
     path, config = load_config(preset)
-    if "tokenizer" in config and not (path / "tokenizer_config.json").is_file():
+    if "tokenizer" in config:
         return config["tokenizer"]  # already built by a converter
     if not (path / "tokenizer.json").is_file():
         raise ValueError(f"Missing preset file: {path / 'tokenizer.json'}")
@@ -132,7 +135,7 @@ def load_tokenizer(preset):
 def load_task(cls, preset, load_weights=True, preprocessor="auto", **kwargs):
     from keras_transformer.models.preprocessor import Preprocessor
 
-    path, config = load_config(preset)
+    path, config = load_config(preset, allow_pickle=kwargs.pop("allow_pickle", False))
     backbone_cls = cls.backbone_cls
     backbone = load_backbone(backbone_cls, preset, load_weights=False)
     task_spec = config.get("task") or {}
@@ -149,6 +152,8 @@ def load_task(cls, preset, load_weights=True, preprocessor="auto", **kwargs):
     if load_weights:
         if task_kwargs == {**task_kwargs, **kwargs} and (path / TASK_WEIGHTS_FILE).is_file():
             _load_weights(task, path, config, TASK_WEIGHTS_FILE)
+        elif "weights" in config and not (path / BACKBONE_WEIGHTS_FILE).is_file():
+            config["weights"](task)  # a converter: the backbone and whatever head weights it has
         else:  # a new head (e.g. another num_classes): only the backbone is pretrained
             _load_weights(backbone, path, config, BACKBONE_WEIGHTS_FILE)
     return task

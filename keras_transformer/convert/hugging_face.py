@@ -1,0 +1,115 @@
+"""Hugging Face checkpoint directories (config.json, model.safetensors, tokenizer.json) as presets.
+
+`from_preset(hf_dir)` reaches `convert_config` through `presets.load_config` when a directory's
+config.json has a `model_type` and no `backbone` entry; `convert(hf_dir, preset_dir)` writes our
+own preset format (the `keras-transformer convert` command).
+
+Supported model types: "gpt2" (GPT2Model, GPT2LMHeadModel), "bert" (BertModel, BertForMaskedLM,
+BertForPreTraining) and "t5" (T5ForConditionalGeneration, T5Model). Every config option that
+changes the computation is mapped or refused with a ValueError naming it.
+
+Example:
+>>> lm = GPTCausalLM.from_preset("path/to/hf/gpt2")        # converted on the fly
+>>> lm.save_to_preset("gpt2_preset")                        # our format
+>>> keras_transformer.convert.convert("path/to/hf/bert", "bert_preset")
+"""
+
+from pathlib import Path
+
+from keras_transformer.convert import hf_bert, hf_gpt2, hf_t5
+from keras_transformer.convert.checkpoint import CheckpointWeights
+
+FAMILIES = {module.MODEL_TYPE: module for module in (hf_gpt2, hf_bert, hf_t5)}
+
+
+def is_hugging_face_config(config):
+    """Whether a config.json dict is a Hugging Face one (not a keras_transformer preset)."""
+    return isinstance(config, dict) and "model_type" in config and "backbone" not in config
+
+
+def _family(hf_config):
+    model_type = hf_config.get("model_type")
+    if model_type not in FAMILIES:
+        raise ValueError(
+            f"Unsupported Hugging Face model_type={model_type!r}: keras_transformer converts "
+            f"{sorted(FAMILIES)}."
+        )
+    return FAMILIES[model_type]
+
+
+def convert_config(path, hf_config, allow_pickle=False):
+    """A Hugging Face checkpoint's config.json -> a preset config dict (see `keras_transformer.presets`).
+
+    Args:
+        path: the checkpoint directory.
+        hf_config: its config.json, as a dict.
+        allow_pickle: bool, accept a checkpoint whose weights are only in `pytorch_model.bin`
+            (read with `torch.load(weights_only=True)`); only for sources you trust.
+
+    Returns:
+        {"family", "backbone", "task", "preprocessor", "tokenizer" (when the directory has a
+        tokenizer.json), "weights": callable(model)}. The weights are read when the callable is
+        called, with a backbone or a task of the family: it assigns every weight the checkpoint
+        has for that model and warns about any left out on either side.
+    """
+    family = _family(hf_config)
+    config = family.convert_config(hf_config, Path(path))
+    tokenizer = family.tokenizer(Path(path), hf_config)
+    if tokenizer is not None:
+        config["tokenizer"] = tokenizer
+    weights = CheckpointWeights(path, allow_pickle=allow_pickle)
+
+    def load_weights(model):
+        family.load_weights(model, weights, hf_config)
+        weights.report(model, known_unused=family.KNOWN_UNUSED + _head_tensors(family, model))
+
+    config["weights"] = load_weights
+    return config
+
+
+def _head_tensors(family, model):
+    """Checkpoint tensors of task heads that `model` does not have (e.g. the LM head, for a backbone)."""
+    return tuple(
+        pattern for task_name, pattern in family.HEAD_TENSORS.items() if type(model).__name__ != task_name
+    )
+
+
+def convert(hf_dir, preset_dir, allow_pickle=False, overwrite=False):
+    """Convert a Hugging Face checkpoint directory into a keras_transformer preset directory.
+
+    The task model of the checkpoint (e.g. GPTCausalLM for GPT2LMHeadModel) is saved with its
+    preprocessor and tokenizer (when the checkpoint has a tokenizer.json); a checkpoint without a
+    task head (BertModel) is saved as a backbone, with its tokenizer.
+
+    Args:
+        hf_dir: the Hugging Face checkpoint directory.
+        preset_dir: the directory to write.
+        allow_pickle: bool, see `convert_config`.
+        overwrite: bool, replace an existing `preset_dir`.
+
+    Returns:
+        The converted model (a Task or a Backbone).
+    """
+    from keras_transformer import presets
+    from keras_transformer.models.backbone import Backbone
+    from keras_transformer.models.task import Task
+
+    path, config = presets.load_config(hf_dir, allow_pickle=allow_pickle)
+    if not is_hugging_face_config(presets._read_json(Path(path) / presets.CONFIG_FILE)):
+        raise ValueError(f"{hf_dir} is not a Hugging Face checkpoint (its config.json has no model_type).")
+    if Path(preset_dir).exists() and not overwrite:
+        raise ValueError(f"{preset_dir} already exists. Pass overwrite=True to replace it.")
+    task_spec = config.get("task")
+    if task_spec:
+        preprocessor = "auto" if "tokenizer" in config else None
+        model = presets.get_class(task_spec["class_name"], Task).from_preset(
+            hf_dir, allow_pickle=allow_pickle, preprocessor=preprocessor
+        )
+    else:
+        model = presets.get_class(config["backbone"]["class_name"], Backbone).from_preset(
+            hf_dir, allow_pickle=allow_pickle
+        )
+    model.save_to_preset(preset_dir, overwrite=overwrite)
+    if isinstance(model, Backbone) and "tokenizer" in config:
+        config["tokenizer"].save(preset_dir)
+    return model
