@@ -91,6 +91,24 @@ class Task(keras.Model):
         """Write the backbone, the task head, the tokenizer and metadata to `preset_dir` (atomically)."""
         presets.save_task(self, preset_dir, overwrite=overwrite)
 
+    # --- export -----------------------------------------------------------
+
+    def export(self, filepath, format="onnx", overwrite=False, **kwargs):
+        """Export for deployment from any backend: an ONNX bundle or a TensorFlow SavedModel.
+
+        Args:
+            filepath: the directory to write.
+            format: "onnx" (graphs, tokenizer and a Keras-free runner) or "tf_saved_model".
+            overwrite: bool, replace an existing directory.
+
+        See `keras_transformer.export.export_model`.
+        """
+        from keras_transformer.export import export_model
+
+        if kwargs:
+            raise ValueError(f"Unexpected arguments for export: {sorted(kwargs)}")
+        return export_model(self, filepath, format=format, overwrite=overwrite)
+
     # --- config -----------------------------------------------------------
 
     def get_config(self):

@@ -1,0 +1,557 @@
+"""Run an exported keras_transformer bundle with numpy, onnxruntime and tokenizers only.
+
+Every ONNX bundle carries a copy of this file. From the command line:
+
+    python BUNDLE/generate.py --prompt "def add(" --sampler greedy --max-new-tokens 32
+    python BUNDLE/generate.py --prompt "def add(" --sampler beam --num-beams 4
+    python BUNDLE/generate.py --prompt "def add(" --sampler random --temperature 0.8 --top-p 0.9 --seed 0
+
+From Python (with the bundle directory on `sys.path`, or this file imported by path):
+
+    from generate import Generator
+    Generator("BUNDLE").generate(["def add("], max_new_tokens=32, sampler="beam", num_beams=4)
+
+Axes: B inputs, K beams, R = B * K rows, L token buffer length, V vocabulary.
+
+The decoding loop is the one of `keras_transformer.samplers`, step for step, so the same
+model gives the same tokens: greedy and beam search exactly, and random sampling too for
+the same seed (the noise is drawn the same way). Prompts of different lengths share a
+batch: the prefill graph runs the positions every prompt has, then the decode graph runs
+one position at a time, feeding a row its own prompt token until its prompt ends and its
+chosen token afterwards; no padding enters the key/value caches. A row stops at its end
+token (kept) or after `max_new_tokens`.
+
+Seq2seq LMs run the encoder graph once (it also returns the cross-attention keys/values),
+then the decoder graph from the decoder start token.
+
+Samplers:
+    greedy: the most likely token.
+    random: a draw from softmax(logits / temperature), restricted to the `top_k` most
+        likely tokens, then to the smallest set whose probability reaches `top_p`.
+    beam:   Hugging Face's beam search: `num_beams` running beams scored by summed
+        log-probabilities, finished hypotheses scored `sum / length ** length_penalty`,
+        stopping as `early_stopping` says; the best hypothesis is returned.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+import onnxruntime
+
+SAMPLERS = ("greedy", "random", "beam")
+NEG = np.float32(-1.0e9)  # score of impossible tokens and beams (finite: no inf - inf)
+
+
+class Generator:
+    """Generate with the ONNX graphs of a causal or seq2seq LM bundle.
+
+    Args:
+        bundle_dir: the bundle directory (defaults to the directory of this file).
+        providers: ONNX Runtime execution providers (default: CPU).
+        num_threads: int, ONNX Runtime intra-op threads (default: ONNX Runtime's choice).
+
+    Example:
+    >>> generator = Generator("out/gpt_onnx")
+    >>> generator.generate(["def add("], max_new_tokens=16)
+    ['def add(a, b):\\n    return a + b\\n']
+    """
+
+    def __init__(self, bundle_dir=None, providers=None, num_threads=None):
+        self.bundle_dir = os.path.abspath(bundle_dir or os.path.dirname(os.path.abspath(__file__)))
+        self.bundle = _read_json(os.path.join(self.bundle_dir, "bundle.json"))
+        self.kind = self.bundle["kind"]
+        if self.kind not in ("decoder", "encoder_decoder"):
+            raise ValueError(
+                f"This bundle holds a {self.bundle['task']} ({self.kind}): it does not generate; use "
+                f"`Encoder`. Received: bundle_dir={bundle_dir!r}"
+            )
+        self.config = _read_json(os.path.join(self.bundle_dir, "generation_config.json"))
+        cache = self.bundle["cache"]
+        self.num_layers = cache["num_layers"]
+        self._cache_shape = (cache["num_key_value_heads"], cache["head_dim"])
+        self._past_names = [f"past_key_values.{i}.{p}" for i in range(self.num_layers) for p in ("key", "value")]
+        self._present_names = [f"present.{i}.{p}" for i in range(self.num_layers) for p in ("key", "value")]
+        self._cross_names = [f"cross_key_values.{i}.{p}" for i in range(self.num_layers) for p in ("key", "value")]
+        self.sessions = {
+            name: _session(os.path.join(self.bundle_dir, graph["file"]), providers, num_threads)
+            for name, graph in self.bundle["graphs"].items()
+        }
+        self.tokenizer = None
+        if os.path.isfile(os.path.join(self.bundle_dir, "tokenizer.json")):
+            import tokenizers
+
+            self.tokenizer = tokenizers.Tokenizer.from_file(os.path.join(self.bundle_dir, "tokenizer.json"))
+
+    # --- text in, text out ------------------------------------------------
+
+    def generate(self, prompts, max_new_tokens=32, sampler="greedy", num_beams=4, temperature=1.0, top_k=None,
+                 top_p=None, seed=None, length_penalty=1.0, early_stopping=False, stop_token_ids="auto"):
+        """Prompts (a string or a list of strings) -> generated texts.
+
+        Causal LMs return each prompt followed by its continuation; seq2seq LMs return
+        the target, cut at the end token. Special tokens are dropped. See `generate_ids`
+        for the arguments.
+        """
+        if self.tokenizer is None:
+            raise ValueError("This bundle has no tokenizer.json: use `generate_ids` with token ids.")
+        single = isinstance(prompts, str)
+        prompts = [prompts] if single else list(prompts)
+        if not prompts or not all(isinstance(p, str) for p in prompts):
+            raise ValueError(f"`prompts` must be a string or a non-empty list of strings. Received: {prompts!r}")
+        prompt_ids = [self.encode(p) for p in prompts]
+        outputs = self.generate_ids(prompt_ids, max_new_tokens, sampler=sampler, num_beams=num_beams,
+                                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                                    length_penalty=length_penalty, early_stopping=early_stopping,
+                                    stop_token_ids=stop_token_ids)
+        if self.kind == "decoder":
+            rows = [list(p) + list(o) for p, o in zip(prompt_ids, outputs)]
+        else:
+            eos = self.config.get("eos_token_id")
+            rows = [list(o[: o.index(eos)]) if eos in o else list(o) for o in outputs]
+        texts = self.tokenizer.decode_batch(rows, skip_special_tokens=True)
+        return texts[0] if single else texts
+
+    def encode(self, text):
+        """A prompt -> the ids the model reads: the start token first (causal LMs), the end token last (seq2seq sources)."""
+        ids = self.tokenizer.encode(text, add_special_tokens=True).ids
+        if self.kind == "decoder":
+            return ([self.config["bos_token_id"]] if self.config.get("add_start_token") else []) + ids
+        return ids + ([self.config["eos_token_id"]] if self.config.get("add_end_token") else [])
+
+    # --- ids in, ids out --------------------------------------------------
+
+    def generate_ids(self, prompt_ids, max_new_tokens=32, sampler="greedy", num_beams=4, temperature=1.0,
+                     top_k=None, top_p=None, seed=None, length_penalty=1.0, early_stopping=False,
+                     stop_token_ids="auto"):
+        """Prompt id lists -> each row's new ids (int lists; the end token included when reached).
+
+        Args:
+            prompt_ids: a list of B id lists (start token included, see `encode`); for
+                seq2seq LMs, the source ids.
+            max_new_tokens: int, the most tokens generated per row.
+            sampler: "greedy", "random" or "beam".
+            num_beams, length_penalty, early_stopping: beam search (see the module docstring;
+                early_stopping is True, False or "never" as in Hugging Face).
+            temperature, top_k, top_p, seed: random sampling.
+            stop_token_ids: "auto" (the end token), None (never stop early) or a list of ids,
+                as in `lm.generate`.
+        """
+        _check_arguments(max_new_tokens, sampler, num_beams, temperature, top_k, top_p, early_stopping)
+        rows = [np.asarray(row, dtype=np.int64).reshape(-1) for row in prompt_ids]
+        if not rows or any(row.size == 0 for row in rows):
+            raise ValueError("Every prompt must hold at least one token id (the start token counts).")
+        vocabulary_size = self.bundle["vocabulary_size"]
+        for row in rows:
+            if row.min() < 0 or row.max() >= vocabulary_size:
+                raise ValueError(f"Token ids must be in [0, {vocabulary_size}). Received: {row.tolist()}")
+        max_length = self.config["max_length"]
+        if self.kind == "encoder_decoder":
+            if max(row.size for row in rows) > max_length:
+                raise ValueError(f"A source has more tokens than max_length={max_length}.")
+            encoder_state = self._encode(rows)
+            rows = [np.array([self.config["decoder_start_token_id"]], np.int64)] * len(rows)
+        lengths = np.array([row.size for row in rows])
+        if lengths.max() + max_new_tokens > max_length:
+            raise ValueError(
+                f"The longest prompt ({lengths.max()} tokens) plus max_new_tokens={max_new_tokens} is longer "
+                f"than the model's max_length={max_length}."
+            )
+        beams = num_beams if sampler == "beam" else 1
+        pad = self.config.get("pad_token_id") or 0
+        length = int(lengths.max()) + max_new_tokens  # L: every position a row can reach
+        tokens = np.full((len(rows), length), pad, np.int64)  # (B, L) prompts, right-padded
+        for b, row in enumerate(rows):
+            tokens[b, : row.size] = row
+        start = int(lengths.min())
+        if self.kind == "decoder":
+            logits, state = self._prefill(tokens[:, :start])
+        else:
+            logits, state = self._step(tokens[:, 0], {**encoder_state, "past": self._empty_past(len(rows)), "position": 0})
+        stop = _stop_tokens(stop_token_ids, self.config.get("eos_token_id"), vocabulary_size)
+        loop = _Loop(self, np.repeat(tokens, beams, axis=0), np.repeat(lengths, beams), max_new_tokens, pad, stop)
+        if beams == 1:
+            noise = None
+            if sampler == "random":
+                noise = _noise(seed, (min(_round_up(length, self.config.get("noise_length_bucket", 64)), max_length),
+                                      len(rows)))
+            pick = _Picker(sampler, temperature, top_k, top_p)
+            found = loop.sample(start, logits, state, pick, noise)
+        else:
+            found = loop.beam_search(start, np.repeat(logits, beams, axis=0), _tile_state(state, beams), beams,
+                                     float(length_penalty), early_stopping)
+        return [[int(t) for t in row] for row in found]
+
+    # --- the graphs -------------------------------------------------------
+
+    def _prefill(self, tokens):
+        """Positions [0, T) of every row: tokens (B, T) -> (logits of position T (B, V), state)."""
+        outputs = self._run("prefill", {"input_ids": tokens, "attention_mask": np.ones(tokens.shape, np.int64)})
+        state = {"past": [outputs[name] for name in self._present_names], "position": tokens.shape[1]}
+        return outputs["logits"][:, -1], state
+
+    def _encode(self, rows):
+        width = max(row.size for row in rows)
+        ids = np.full((len(rows), width), self.config.get("pad_token_id") or 0, np.int64)
+        mask = np.zeros((len(rows), width), np.int64)
+        for b, row in enumerate(rows):
+            ids[b, : row.size], mask[b, : row.size] = row, 1
+        encoded = self._run("encoder", {"input_ids": ids, "attention_mask": mask})
+        return {"cross": [encoded[name] for name in self._cross_names], "encoder_mask": mask}
+
+    def _empty_past(self, batch):
+        return [np.zeros((batch, 0) + self._cache_shape, np.float32)] * len(self._past_names)
+
+    def _step(self, tokens, state):
+        """Feed one token per row (R,) at `state["position"]` -> (logits of the next position (R, V), new state)."""
+        feeds = {"input_ids": tokens.reshape(-1, 1).astype(np.int64), **dict(zip(self._past_names, state["past"]))}
+        if self.kind == "decoder":
+            feeds["attention_mask"] = np.ones((tokens.shape[0], state["position"] + 1), np.int64)
+            outputs = self._run("decode", feeds)
+        else:
+            feeds.update(zip(self._cross_names, state["cross"]))
+            feeds["encoder_attention_mask"] = state["encoder_mask"]
+            outputs = self._run("decoder", feeds)
+        state = {**state, "past": [outputs[name] for name in self._present_names], "position": state["position"] + 1}
+        return outputs["logits"][:, -1], state
+
+    def _run(self, graph, feeds):
+        session = self.sessions[graph]
+        names = [output.name for output in session.get_outputs()]
+        return dict(zip(names, session.run(names, feeds)))
+
+
+class _Loop:
+    """The decoding loop over a token buffer (R, L): at position i, choose token i, then feed it.
+
+    A row reads its prompt up to its length; rows may finish at different steps but stay in
+    the batch until all are done.
+    """
+
+    def __init__(self, generator, tokens, lengths, max_new_tokens, pad, stop):
+        self.generator = generator
+        self.tokens = tokens  # (R, L)
+        self.lengths = lengths  # (R,)
+        self.max_new_tokens = max_new_tokens
+        self.pad = pad
+        self.stop = stop  # tuple of stop token ids
+
+    def sample(self, i, logits, state, pick, noise):
+        """Greedy or random: one token per row per step. Returns each row's new tokens."""
+        tokens, lengths = self.tokens, self.lengths
+        done = np.zeros(tokens.shape[0], bool)
+        limits = lengths + self.max_new_tokens
+        while True:
+            picked = pick(logits, None if noise is None else noise[i])
+            in_prompt = i < lengths
+            emitted = ~in_prompt & ~done
+            token = np.where(in_prompt, tokens[:, i], np.where(done, self.pad, picked))
+            tokens[:, i] = token
+            done = done | (emitted & np.isin(token, self.stop)) | (i + 1 >= limits)
+            if i + 1 >= tokens.shape[1] or done.all():
+                break
+            logits, state = self.generator._step(tokens[:, i], state)
+            i += 1
+        return [_cut(tokens[r, lengths[r]: lengths[r] + self.max_new_tokens], self.stop) for r in range(len(tokens))]
+
+    def beam_search(self, i, logits, state, beams, length_penalty, early_stopping):
+        """Beam search exactly as `keras_transformer.samplers.BeamSampler` (finished store, length penalty)."""
+        tokens, K = self.tokens, beams
+        R, L = tokens.shape
+        B, V = R // K, logits.shape[-1]
+        lengths = self.lengths.reshape(B, K)[:, 0]
+        beam_scores = np.concatenate([np.zeros((B, 1), np.float32), np.full((B, K - 1), NEG, np.float32)], axis=1)
+        done = np.zeros(B, bool)
+        finished_tokens = np.full((B, K, L), self.pad, np.int64)
+        finished_scores = np.full((B, K), 2 * NEG, np.float32)
+        finished_valid = np.zeros((B, K), bool)
+        finished_ends = np.zeros((B, K), np.int64)
+        num_candidates = min(max(2, 1 + len(self.stop)) * K, K * V)
+        rank = np.arange(num_candidates)[None, :]
+        while True:
+            scores = _log_softmax(logits)  # (R, V)
+            generated = i + 1 - lengths  # (B,)
+            in_prompt = i < lengths
+            active = ~in_prompt & ~done
+            at_limit = generated >= self.max_new_tokens
+            total = (scores.reshape(B, K, V) + beam_scores[:, :, None]).reshape(B, K * V)
+            top_scores, top_index = _top_k(total, num_candidates)  # (B, C)
+            top_beam, top_token = top_index // V, top_index % V
+            finishes = np.isin(top_token, self.stop) | at_limit[:, None]
+            full = finished_valid.all(axis=1)
+            accepting = active & ~full if early_stopping is True else active
+            new_valid = finishes & (rank < K) & accepting[:, None] & (top_scores > NEG / 2)
+            length = np.maximum(generated, 1).astype(np.float32)[:, None]
+            new_scores = np.where(new_valid, top_scores / length ** np.float32(length_penalty), 2 * NEG)
+            candidate_tokens = np.take_along_axis(tokens.reshape(B, K, L), top_beam[:, :, None], axis=1).copy()
+            candidate_tokens[:, :, i] = top_token
+            merged_scores = np.concatenate([finished_scores, new_scores.astype(np.float32)], axis=1)
+            finished_scores, keep = _top_k(merged_scores, K)
+            finished_valid = np.take_along_axis(np.concatenate([finished_valid, new_valid], axis=1), keep, axis=1)
+            finished_tokens = np.take_along_axis(np.concatenate([finished_tokens, candidate_tokens], axis=1),
+                                                 keep[:, :, None], axis=1)
+            ends = np.concatenate([finished_ends, np.full((B, num_candidates), i + 1)], axis=1)
+            finished_ends = np.take_along_axis(ends, keep, axis=1)
+
+            running = np.where(finishes, top_scores + NEG, top_scores)
+            new_beam_scores, pick = _top_k(running, K)
+            next_beam = np.take_along_axis(top_beam, pick, axis=1)
+            next_token = np.take_along_axis(top_token, pick, axis=1)
+
+            if early_stopping == "never" and length_penalty > 0:
+                best_length = np.float32(self.max_new_tokens)
+            else:
+                best_length = np.maximum(generated, 1).astype(np.float32)
+            best_possible = new_beam_scores[:, 0] / best_length ** np.float32(length_penalty)
+            all_valid = finished_valid.all(axis=1)
+            worst = np.where(all_valid, finished_scores.min(axis=1), NEG)
+            now_done = at_limit | (best_possible <= worst)
+            if early_stopping is True:
+                now_done = now_done | all_valid
+            done = np.where(active, now_done, done)
+
+            keep_beam = np.broadcast_to(np.arange(K)[None, :], (B, K))
+            next_beam = np.where(active[:, None], next_beam, keep_beam)
+            order = (np.arange(B)[:, None] * K + next_beam).reshape(-1)  # (R,)
+            tokens = tokens[order]
+            token = np.where(in_prompt[:, None], tokens[:, i].reshape(B, K),
+                             np.where(active[:, None], next_token, self.pad))
+            tokens[:, i] = token.reshape(-1)
+            beam_scores = np.where(active[:, None], new_beam_scores, beam_scores)
+            if i + 1 >= L or done.all():
+                break
+            if not np.array_equal(order, np.arange(R)):
+                state = _reorder_state(state, order)
+            logits, state = self.generator._step(tokens[:, i], state)
+            i += 1
+        return [finished_tokens[b, 0, lengths[b]: finished_ends[b, 0]] for b in range(B)]
+
+
+def _stop_tokens(stop_token_ids, eos, vocabulary_size):
+    if isinstance(stop_token_ids, str):
+        if stop_token_ids != "auto":
+            raise ValueError(f"`stop_token_ids` must be 'auto', None or a list of ids. Received: {stop_token_ids!r}")
+        return () if eos is None else (int(eos),)
+    if stop_token_ids is None:
+        return ()
+    ids = [stop_token_ids] if isinstance(stop_token_ids, (int, np.integer)) else list(stop_token_ids)
+    if not all(isinstance(t, (int, np.integer)) and 0 <= t < vocabulary_size for t in ids):
+        raise ValueError(f"`stop_token_ids` must hold ids in [0, {vocabulary_size}). Received: {stop_token_ids!r}")
+    return tuple(int(t) for t in ids)
+
+
+def _cut(row, stop):
+    """New tokens up to and including the first stop token."""
+    row = list(row)
+    for index, token in enumerate(row):
+        if token in stop:
+            return row[: index + 1]
+    return row
+
+
+def _top_k(values, k):
+    """The k largest of each row, best first; ties keep the lower index first (as `ops.top_k`)."""
+    index = np.argsort(-values, axis=-1, kind="stable")[:, :k]
+    return np.take_along_axis(values, index, axis=-1), index
+
+
+def _log_softmax(logits):
+    logits = logits.astype(np.float32)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def _softmax(logits):
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    exp = np.exp(shifted)
+    return exp / exp.sum(axis=-1, keepdims=True)
+
+
+def _tile_state(state, beams):
+    """Every row becomes K rows: (B, ...) -> (B * K, ...)."""
+    tiled = {**state, "past": [np.repeat(array, beams, axis=0) for array in state["past"]]}
+    if "cross" in state:
+        tiled["cross"] = [np.repeat(array, beams, axis=0) for array in state["cross"]]
+        tiled["encoder_mask"] = np.repeat(state["encoder_mask"], beams, axis=0)
+    return tiled
+
+
+def _reorder_state(state, rows):
+    # Only the self-attention caches differ between the beams of an input; cross-attention ones do not.
+    return {**state, "past": [array[rows] for array in state["past"]]}
+
+
+def _round_up(value, multiple):
+    return -(-value // multiple) * multiple
+
+
+def _noise(seed, shape):
+    """The uniform numbers of `RandomSampler.draw_noise`: (L, B) in (0, 1], one per position and row."""
+    seed = seed if seed is not None else np.random.randint(2**31)
+    return (1.0 - np.random.default_rng(seed).random(shape)).astype(np.float32)
+
+
+class _Picker:
+    """Chooses one token per row from logits (R, V): greedy, or random as `RandomSampler`."""
+
+    def __init__(self, sampler, temperature, top_k, top_p):
+        self.sampler = sampler
+        self.temperature = np.float32(temperature)
+        self.top_k = top_k
+        self.top_p = top_p
+
+    def __call__(self, logits, uniform):
+        if self.sampler != "random":
+            return np.argmax(logits, axis=-1)
+        logits = logits.astype(np.float32) / self.temperature
+        vocabulary_size = logits.shape[-1]
+        if self.top_k is not None and self.top_k < vocabulary_size:
+            kth = -np.sort(-logits, axis=-1)[:, self.top_k - 1: self.top_k]  # the k-th largest logit
+            logits = np.where(logits < kth, NEG, logits)
+        if self.top_p is not None and self.top_p < 1:
+            descending = -np.sort(-logits, axis=-1)
+            probabilities = _softmax(descending)
+            before = np.cumsum(probabilities, axis=-1) - probabilities  # mass of the more likely tokens
+            threshold = np.where(before < np.float32(self.top_p), descending, -NEG).min(axis=-1, keepdims=True)
+            logits = np.where(logits < threshold, NEG, logits)
+        # Inverse CDF: the first token whose cumulative probability reaches uniform * total.
+        probabilities = _softmax(logits)
+        cdf = np.where(probabilities > 0, np.cumsum(probabilities, axis=-1), np.float32(-1.0))
+        target = uniform[:, None] * cdf.max(axis=-1, keepdims=True)
+        return np.argmax(cdf >= target, axis=-1)
+
+
+def _check_arguments(max_new_tokens, sampler, num_beams, temperature, top_k, top_p, early_stopping):
+    if sampler not in SAMPLERS:
+        raise ValueError(f"`sampler` must be one of {SAMPLERS}. Received: sampler={sampler!r}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+        raise ValueError(f"`max_new_tokens` must be a positive int. Received: max_new_tokens={max_new_tokens!r}")
+    if sampler == "beam":
+        if isinstance(num_beams, bool) or not isinstance(num_beams, (int, np.integer)) or num_beams < 1:
+            raise ValueError(f"`num_beams` must be a positive int. Received: num_beams={num_beams!r}")
+        if early_stopping not in (True, False, "never"):
+            raise ValueError(f"`early_stopping` must be True, False or 'never'. Received: early_stopping={early_stopping!r}")
+    if sampler == "random":
+        if not temperature > 0:
+            raise ValueError(f"`temperature` must be positive. Received: temperature={temperature!r}")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1):
+            raise ValueError(f"`top_k` must be a positive int or None. Received: top_k={top_k!r}")
+        if top_p is not None and not 0.0 < top_p <= 1.0:
+            raise ValueError(f"`top_p` must be in (0, 1] or None. Received: top_p={top_p!r}")
+
+
+class Encoder:
+    """Run the graph of an encoder bundle (BERT tasks) on texts or text pairs.
+
+    Texts are packed as BERT reads them: [CLS] a [SEP] (b [SEP]), segment ids 0 then 1,
+    right-padded to the longest; a masked LM's `mask_positions` are where the [MASK]
+    tokens are.
+
+    Args:
+        bundle_dir: the bundle directory (defaults to the directory of this file).
+        providers, num_threads: as `Generator`.
+
+    Example:
+    >>> Encoder("out/bert_onnx")(["a good film"])["logits"].shape
+    (1, 2)
+    """
+
+    def __init__(self, bundle_dir=None, providers=None, num_threads=None):
+        self.bundle_dir = os.path.abspath(bundle_dir or os.path.dirname(os.path.abspath(__file__)))
+        self.bundle = _read_json(os.path.join(self.bundle_dir, "bundle.json"))
+        if self.bundle["kind"] != "encoder":
+            raise ValueError(f"This bundle holds a {self.bundle['task']}: use `Generator`. Received: bundle_dir={bundle_dir!r}")
+        self.config = _read_json(os.path.join(self.bundle_dir, "preprocessor_config.json"))
+        self.session = _session(os.path.join(self.bundle_dir, self.bundle["graphs"]["encoder"]["file"]), providers,
+                                num_threads)
+        import tokenizers
+
+        self.tokenizer = tokenizers.Tokenizer.from_file(os.path.join(self.bundle_dir, "tokenizer.json"))
+
+    def pack(self, texts, pairs=None):
+        """Texts (and second segments) -> the graph's inputs {token_ids, segment_ids, padding_mask}, int64."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        pairs = None if pairs is None else ([pairs] if isinstance(pairs, str) else list(pairs))
+        cls, sep, pad = self.config["cls_token_id"], self.config["sep_token_id"], self.config["pad_token_id"]
+        rows = []
+        for i, text in enumerate(texts):
+            ids = [cls] + self._ids(text) + [sep]
+            types = [0] * len(ids)
+            if pairs is not None:
+                second = self._ids(pairs[i]) + [sep]
+                ids, types = ids + second, types + [1] * len(second)
+            if len(ids) > self.config["max_length"]:
+                raise ValueError(f"Text {i} has {len(ids)} tokens, more than max_length={self.config['max_length']}.")
+            rows.append((ids, types))
+        width = max(len(ids) for ids, _ in rows)
+        feeds = {
+            "token_ids": np.full((len(rows), width), pad, np.int64),
+            "segment_ids": np.zeros((len(rows), width), np.int64),
+            "padding_mask": np.zeros((len(rows), width), np.int64),
+        }
+        for i, (ids, types) in enumerate(rows):
+            feeds["token_ids"][i, : len(ids)] = ids
+            feeds["segment_ids"][i, : len(ids)] = types
+            feeds["padding_mask"][i, : len(ids)] = 1
+        return feeds
+
+    def __call__(self, texts, pairs=None):
+        """Texts -> {output name: array}: sequence_output (B, T, D), pooled_output (B, D), logits."""
+        feeds = self.pack(texts, pairs)
+        names = [i.name for i in self.session.get_inputs()]
+        if "mask_positions" in names:
+            mask_id = self.tokenizer.token_to_id("[MASK]")
+            positions = [np.flatnonzero(row == mask_id) for row in feeds["token_ids"]]
+            feeds["mask_positions"] = np.zeros((len(positions), max(1, max(len(p) for p in positions))), np.int64)
+            for i, p in enumerate(positions):
+                feeds["mask_positions"][i, : len(p)] = p
+        outputs = [o.name for o in self.session.get_outputs()]
+        return dict(zip(outputs, self.session.run(outputs, {n: feeds[n] for n in names})))
+
+    def _ids(self, text):
+        return self.tokenizer.encode(text, add_special_tokens=True).ids
+
+
+def _session(path, providers, num_threads):
+    options = onnxruntime.SessionOptions()
+    if num_threads:
+        options.intra_op_num_threads = int(num_threads)
+    return onnxruntime.InferenceSession(path, options, providers=providers or ["CPUExecutionProvider"])
+
+
+def _read_json(path):
+    if not os.path.isfile(path):
+        raise ValueError(f"Not a keras_transformer bundle: missing {path}")
+    with open(path, encoding="utf-8") as file:
+        return json.load(file)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Generate text with this keras_transformer bundle.")
+    parser.add_argument("--bundle", default=os.path.dirname(os.path.abspath(__file__)), help="bundle directory")
+    parser.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for a batch)")
+    parser.add_argument("--sampler", default="greedy", choices=SAMPLERS)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--num-beams", type=int, default=4)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args(argv)
+    if _read_json(os.path.join(args.bundle, "bundle.json"))["kind"] == "encoder":
+        outputs = Encoder(args.bundle)(args.prompt)
+        print(json.dumps({"logits": outputs["logits"].tolist()}))
+        return 0
+    generator = Generator(args.bundle)
+    texts = generator.generate(args.prompt, max_new_tokens=args.max_new_tokens, sampler=args.sampler,
+                               num_beams=args.num_beams, temperature=args.temperature, top_k=args.top_k,
+                               top_p=args.top_p, seed=args.seed)
+    for text in texts:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

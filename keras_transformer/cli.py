@@ -1,0 +1,172 @@
+"""The `keras-transformer` command line.
+
+    keras-transformer presets
+    keras-transformer export PRESET_OR_DIR OUT_DIR --format onnx|tf_saved_model [--overwrite]
+    keras-transformer generate BUNDLE_OR_PRESET --prompt "..." [--sampler greedy|random|beam]
+    keras-transformer convert HF_DIR OUT_PRESET_DIR [--allow-pickle] [--overwrite]
+
+Each subcommand is one function decorated with `@command(name, help)`: it receives the
+subparser to add its arguments to and returns the function that runs it. Adding a
+subcommand (e.g. `convert`) is one more such function.
+"""
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+SAMPLERS = ("greedy", "random", "beam")
+_COMMANDS = {}  # name -> (help, setup(parser) -> run(args))
+
+
+def command(name, help):
+    """Register `setup(parser)` as the subcommand `name`; `setup` returns the function that runs it."""
+
+    def register(setup):
+        _COMMANDS[name] = (help, setup)
+        return setup
+
+    return register
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="keras-transformer", description="A Keras 3 Transformer model zoo.")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (help, setup) in _COMMANDS.items():
+        subparser = subparsers.add_parser(name, help=help, description=help)
+        subparser.set_defaults(run=setup(subparser))
+    return parser
+
+
+def main(argv=None):
+    """Entry point of the `keras-transformer` script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args) or 0
+    except (ValueError, ImportError, RuntimeError) as error:
+        print(f"keras-transformer {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+# --- presets ----------------------------------------------------------------
+
+
+@command("presets", help="List the registered presets.")
+def _presets(parser):
+    def run(args):
+        from keras_transformer.presets import list_presets
+
+        rows = list_presets()
+        header = ("name", "family", "parameters", "weights", "description")
+        table = [header] + [
+            (r["name"], str(r["family"]), f"{r['parameter_count'] or 0:,}", "trained" if r["trained"] else "random",
+             r["description"])
+            for r in rows
+        ]
+        widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
+        for row in table:
+            print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+
+    return run
+
+
+# --- export -----------------------------------------------------------------
+
+
+@command("export", help="Export a preset to an ONNX bundle or a TensorFlow SavedModel.")
+def _export(parser):
+    parser.add_argument("preset", metavar="PRESET_OR_DIR", help="a registered preset name or a preset directory")
+    parser.add_argument("out_dir", metavar="OUT_DIR")
+    parser.add_argument("--format", default="onnx", choices=("onnx", "tf_saved_model"))
+    parser.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
+
+    def run(args):
+        from keras_transformer import export
+
+        task = export.load_preset_task(args.preset)
+        path = export.export_model(task, args.out_dir, format=args.format, overwrite=args.overwrite)
+        print(f"Exported {type(task).__name__} to {path} ({args.format}).")
+
+    return run
+
+
+# --- generate ---------------------------------------------------------------
+
+
+@command("generate", help="Generate text with an ONNX bundle (no Keras needed) or a preset.")
+def _generate(parser):
+    parser.add_argument("model", metavar="BUNDLE_OR_PRESET", help="an exported ONNX bundle, a preset name or directory")
+    parser.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for a batch)")
+    parser.add_argument("--sampler", default="greedy", choices=SAMPLERS)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--num-beams", type=int, default=4)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=None)
+
+    def run(args):
+        options = dict(max_new_tokens=args.max_new_tokens, sampler=args.sampler, num_beams=args.num_beams,
+                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+        if (Path(args.model) / "bundle.json").is_file():
+            texts = load_bundle_runtime(args.model).Generator(args.model).generate(args.prompt, **options)
+        else:
+            texts = _generate_with_keras(args.model, args.prompt, options)
+        for text in texts:
+            print(text)
+
+    return run
+
+
+def load_bundle_runtime(bundle_dir):
+    """The `generate.py` module a bundle carries (the runtime matching its format)."""
+    path = Path(bundle_dir) / "generate.py"
+    if not path.is_file():
+        raise ValueError(f"{bundle_dir} has no generate.py: not a keras_transformer ONNX bundle.")
+    spec = importlib.util.spec_from_file_location(f"_keras_transformer_bundle_{abs(hash(str(path)))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _generate_with_keras(preset, prompts, options):
+    from keras_transformer.export import load_preset_task
+
+    task = load_preset_task(preset)
+    if not hasattr(task, "generate"):
+        raise ValueError(f"The preset {preset!r} holds a {type(task).__name__}, which does not generate text.")
+    from keras_transformer.samplers import BeamSampler, GreedySampler, RandomSampler
+
+    if options["sampler"] == "beam":
+        sampler = BeamSampler(num_beams=options["num_beams"])
+    elif options["sampler"] == "random":
+        sampler = RandomSampler(temperature=options["temperature"], top_k=options["top_k"], top_p=options["top_p"],
+                                seed=options["seed"])
+    else:
+        sampler = GreedySampler()
+    return task.generate(prompts, max_new_tokens=options["max_new_tokens"], sampler=sampler)
+
+
+# --- convert ----------------------------------------------------------------
+
+
+@command("convert", help="Convert a Hugging Face checkpoint directory (BERT, GPT-2, T5) into a preset.")
+def _convert(parser):
+    parser.add_argument("hf_dir", metavar="HF_DIR", help="config.json, model.safetensors and tokenizer.json")
+    parser.add_argument("out_dir", metavar="OUT_PRESET_DIR")
+    parser.add_argument("--allow-pickle", action="store_true",
+                        help="read pytorch_model.bin when there is no safetensors file: pickle can run code, "
+                             "so only for sources you trust (read with torch.load(weights_only=True))")
+    parser.add_argument("--overwrite", action="store_true", help="replace OUT_PRESET_DIR if it exists")
+
+    def run(args):
+        from keras_transformer.convert import convert
+
+        model = convert(args.hf_dir, args.out_dir, allow_pickle=args.allow_pickle, overwrite=args.overwrite)
+        print(f"Converted {args.hf_dir} to a {type(model).__name__} preset in {args.out_dir}.")
+
+    return run
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""Export for deployment: ONNX bundles and TensorFlow SavedModels, from any backend.
+
+One path makes every artifact: the TensorFlow backend. Under TensorFlow the task is
+exported in this process; under JAX or PyTorch it is saved to a temporary preset and
+exported by a child process running `python -m keras_transformer.export` with
+`KERAS_BACKEND=tensorflow`, so the files do not depend on the backend a model was
+trained with.
+
+Formats:
+    "onnx": a deployment bundle (a directory): the ONNX graphs, `tokenizer.json`,
+        `bundle.json` (graphs, their inputs and outputs, cache layout), for language
+        models `generation_config.json`, and `generate.py`, the runner that needs only
+        numpy, onnxruntime and tokenizers (see export/README.md).
+    "tf_saved_model": a SavedModel with serving signatures for the forward pass and,
+        for language models, a `generate` signature with the decoding loop in the graph.
+
+Writes are atomic: the export goes to a temporary directory next to the target, which is
+renamed at the end; a failure leaves nothing behind, and an existing target is replaced
+only with `overwrite=True`.
+
+The exporters import tensorflow, tf2onnx and onnx only when they run, so this package
+imports without them.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import keras
+
+from keras_transformer import presets
+
+FORMATS = ("onnx", "tf_saved_model")
+INSTALL_HINT = "pip install 'keras-transformer[export]'"
+# What each format needs at export time (onnxruntime is what a bundle needs to run).
+_REQUIREMENTS = {
+    "onnx": ("tensorflow", "tf2onnx", "onnx", "onnxruntime"),
+    "tf_saved_model": ("tensorflow",),
+}
+
+
+def export_model(task, path, format="onnx", overwrite=False):
+    """Export `task` to `path` as an ONNX bundle or a TensorFlow SavedModel.
+
+    Args:
+        task: a `keras_transformer` task: a causal LM (GPT), an encoder task (BERT
+            masked LM or classifier) or a seq2seq LM (T5, Transformer).
+        path: the directory to write; it must not exist unless `overwrite=True`.
+        format: "onnx" or "tf_saved_model".
+        overwrite: bool, replace an existing directory (atomically, at the end).
+
+    Returns:
+        The `Path` of the written directory.
+
+    Example:
+    >>> lm.export("out/gpt_onnx", format="onnx")
+    >>> # python out/gpt_onnx/generate.py --prompt "def add(" --sampler greedy
+    """
+    from keras_transformer.export import graphs  # light: builds nothing until called
+
+    if format not in FORMATS:
+        raise ValueError(f"`format` must be one of {FORMATS}. Received: format={format!r}")
+    graphs.model_kind(task)  # an unsupported task is an error before any work
+    path = Path(os.fspath(path)).expanduser().resolve()
+    if path.exists() and not overwrite:
+        raise ValueError(f"{path} already exists. Pass overwrite=True to replace it. Received: path={str(path)!r}")
+    check_requirements(format)
+    if keras.config.backend() == "tensorflow":
+        presets._atomic_dir(path, overwrite, lambda tmp: write(task, tmp, format))
+    else:
+        presets._atomic_dir(path, overwrite, lambda tmp: _write_in_tensorflow_child(task, tmp, format))
+    return path
+
+
+def check_requirements(format):
+    """Raise one ImportError naming the `export` extra when a package `format` needs is missing."""
+    missing = [name for name in _REQUIREMENTS[format] if not _installed(name)]
+    if missing:
+        raise ImportError(
+            f"Exporting to format={format!r} needs {', '.join(missing)}, which "
+            f"{'is' if len(missing) == 1 else 'are'} not installed: {INSTALL_HINT}"
+        )
+
+
+def _installed(package):
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a blocked import, or a module whose __spec__ is None
+        return False
+
+
+def write(task, directory, format):
+    """Write the export of `task` into the existing empty `directory` (TensorFlow backend only)."""
+    if keras.config.backend() != "tensorflow":
+        raise RuntimeError("keras_transformer.export.write runs under the TensorFlow backend only.")
+    if format == "onnx":
+        from keras_transformer.export.onnx import write_onnx_bundle
+
+        write_onnx_bundle(task, directory)
+    else:
+        from keras_transformer.export.saved_model import write_saved_model
+
+        write_saved_model(task, directory)
+
+
+def _write_in_tensorflow_child(task, directory, format):
+    """Save `task` as a preset and export it from a child process under the TensorFlow backend."""
+    with tempfile.TemporaryDirectory(prefix="keras_transformer_export_") as scratch:
+        preset = Path(scratch) / "preset"
+        task.save_to_preset(preset)
+        env = {
+            **os.environ,
+            "KERAS_BACKEND": "tensorflow",
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            # The parent (JAX or PyTorch) may hold the GPU; exporting is CPU work.
+            "CUDA_VISIBLE_DEVICES": "-1",
+        }
+        command = [sys.executable, "-m", "keras_transformer.export", str(preset), str(directory),
+                   "--format", format, "--into-existing"]
+        result = subprocess.run(command, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-25:])
+        raise RuntimeError(
+            f"Exporting under the TensorFlow backend (in a child process) failed with exit code "
+            f"{result.returncode}:\n{tail}"
+        )
+
+
+def load_preset_task(preset, load_weights=True):
+    """The task a preset directory (or registered name) holds, with its preprocessor if it has one.
+
+    Presets written by `Task.save_to_preset` name their task class; presets holding only a
+    backbone get the task their family exports (the causal LM for GPT, ...).
+    """
+    from keras_transformer.models.task import Task
+
+    path, config = presets.load_config(preset)
+    class_name = (config.get("task") or {}).get("class_name") or _DEFAULT_TASKS.get(config.get("family"))
+    if class_name is None:
+        raise ValueError(
+            f"The preset {str(preset)!r} names no task and its family {config.get('family')!r} has no "
+            f"default task to export. Families with one: {sorted(_DEFAULT_TASKS)}"
+        )
+    task_cls = presets.get_class(class_name, Task)
+    has_tokenizer = "preprocessor" in config or (path / "tokenizer.json").is_file()
+    preprocessor = "auto" if has_tokenizer and task_cls.preprocessor_cls is not None else None
+    return task_cls.from_preset(str(path), load_weights=load_weights, preprocessor=preprocessor)
+
+
+# Family -> the task a backbone-only preset is exported as.
+_DEFAULT_TASKS = {
+    "gpt": "GPTCausalLM",
+    "bert": "BertMaskedLM",
+    "t5": "T5Seq2SeqLM",
+    "transformer": "TransformerSeq2SeqLM",
+}
+
+
+__all__ = ["FORMATS", "INSTALL_HINT", "check_requirements", "export_model", "load_preset_task", "write"]

@@ -1,0 +1,233 @@
+"""ONNX bundles: the task's graphs converted by tf2onnx, its tokenizer, configs and the runner.
+
+A bundle directory holds:
+    prefill.onnx, decode.onnx        (causal LMs)
+    encoder.onnx                     (encoder tasks)
+    encoder.onnx, decoder.onnx       (seq2seq LMs)
+    bundle.json                      kind, family, graphs with their inputs and outputs, cache layout
+    generation_config.json           (LMs) special token ids, max length, how prompts are built
+    tokenizer.json, tokenizer_config.json   (tasks with a preprocessor)
+    generate.py                      the runner: numpy + onnxruntime + tokenizers only
+Nothing in it records when or from which backend it was exported, so exports of the same
+weights are the same files.
+
+Runs under the TensorFlow backend (see `keras_transformer.export`).
+"""
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+from keras_transformer.export import graphs as graph_lib
+
+OPSET = 17  # tf2onnx 1.17 supports opsets up to 18; 17 is what ONNX Runtime >= 1.14 runs everywhere.
+BUNDLE_FILE = "bundle.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+RUNTIME_FILE = "generate.py"
+FORMAT_VERSION = 1
+
+
+def runtime_dir():
+    """The Keras-free runtime copied into every bundle: package data when installed, the repository's `export/runtime/` otherwise."""
+    installed = Path(__file__).parent / "runtime"
+    return installed if installed.is_dir() else Path(__file__).resolve().parents[2] / "export" / "runtime"
+
+
+def write_onnx_bundle(task, directory):
+    """Convert `task`'s graphs and write the bundle into the existing empty `directory`."""
+    directory = Path(directory)
+    kind = graph_lib.model_kind(task)
+    graph_entries = {}
+    for graph in graph_lib.build_graphs(task):
+        model = convert(graph)
+        filename = f"{graph.name}.onnx"
+        _save(model, directory / filename)
+        graph_entries[graph.name] = {
+            "file": filename,
+            "inputs": [_describe(value) for value in model.graph.input],
+            "outputs": [_describe(value) for value in model.graph.output],
+        }
+    bundle = {
+        "format": "keras_transformer.onnx_bundle",
+        "format_version": FORMAT_VERSION,
+        "kind": kind,
+        "family": getattr(task.backbone, "family", None),
+        "task": type(task).__name__,
+        "opset": OPSET,
+        "graphs": graph_entries,
+        "vocabulary_size": int(task.backbone.vocabulary_size),
+    }
+    if kind != "encoder":
+        layers, heads, head_dim = graph_lib.cache_dims(task)
+        bundle["cache"] = {
+            "num_layers": int(layers),
+            "num_key_value_heads": int(heads),
+            "head_dim": int(head_dim),
+            "layout": "one (batch, sequence, num_key_value_heads, head_dim) float32 array per layer for keys and one for values",
+        }
+    _write_json(directory / BUNDLE_FILE, bundle)
+    if task.preprocessor is not None:
+        task.preprocessor.tokenizer.save(directory)
+    if kind == "encoder":
+        _write_json(directory / "preprocessor_config.json", _encoder_preprocessing(task))
+    else:
+        _write_json(directory / GENERATION_CONFIG_FILE, generation_config(task))
+    shutil.copyfile(runtime_dir() / RUNTIME_FILE, directory / RUNTIME_FILE)
+
+
+def convert(graph):
+    """One `graphs.Graph` -> a checked ONNX ModelProto with named dynamic axes."""
+    import onnx
+    import tensorflow as tf
+    import tf2onnx
+
+    logging.getLogger("tf2onnx").setLevel(logging.ERROR)
+    function = graph.function.get_concrete_function(*graph.inputs)
+    # The graph inputs are the signature's; constants the layers captured (e.g. a sinusoid
+    # table) are further function inputs that freezing turns into initializers.
+    input_names = [tensor.name for tensor in function.inputs[: len(graph.inputs)]]
+    output_names = [tensor.name for tensor in function.outputs]
+    renames = tf2onnx.convert.tensor_names_from_structed(function, input_names, output_names)
+    with tf.device("/cpu:0"):
+        graph_def = tf2onnx.tf_loader.from_function(function, input_names, output_names)
+    model, _ = tf2onnx.convert.from_graph_def(
+        graph_def,
+        name=graph.name,
+        input_names=input_names,
+        output_names=output_names,
+        opset=OPSET,
+        custom_op_handlers=_CUSTOM_OP_HANDLERS,
+        tensors_to_rename=renames,
+    )
+    expected = [spec.name for spec in graph.inputs]
+    got = [value.name for value in model.graph.input]
+    if got != expected:
+        raise RuntimeError(f"The {graph.name} graph's inputs are {got}, expected {expected}.")
+    for value in list(model.graph.input) + list(model.graph.output):
+        for dim, axis in zip(value.type.tensor_type.shape.dim, graph.axes.get(value.name, ())):
+            if axis is not None:
+                dim.dim_param = axis
+    onnx.checker.check_model(model)
+    return model
+
+
+def _dynamic_update_slice(ctx, node, name, args):
+    """tf2onnx handler for XlaDynamicUpdateSlice (a multi-token cache write): Pad + Where.
+
+    ONNX has no dynamic-update-slice; writing `update` into `operand` at `starts` is
+    where(pad(ones_like(update)), pad(update), operand), padding by `starts` before and
+    the rest after. Starts are clamped as XLA does, so the update always fits.
+    """
+    import numpy as np
+    from onnx import TensorProto, helper
+    from tf2onnx import utils
+
+    operand, update, starts = node.input
+    operand_shape = ctx.make_node("Shape", [operand]).output[0]
+    update_shape = ctx.make_node("Shape", [update]).output[0]
+    starts = ctx.make_node("Cast", [starts], attr={"to": TensorProto.INT64}).output[0]
+    last_start = ctx.make_node("Sub", [operand_shape, update_shape]).output[0]
+    zero = ctx.make_const(utils.make_name("zero"), np.zeros([1], np.int64)).output[0]
+    starts = ctx.make_node("Min", [starts, last_start]).output[0]
+    starts = ctx.make_node("Max", [starts, zero]).output[0]
+    after = ctx.make_node("Sub", [last_start, starts]).output[0]
+    pads = ctx.make_node("Concat", [starts, after], attr={"axis": 0}).output[0]
+    padded = ctx.make_node("Pad", [update, pads]).output[0]
+    one = helper.make_tensor("value", TensorProto.UINT8, [1], [1])
+    inside = ctx.make_node("ConstantOfShape", [update_shape], attr={"value": one}).output[0]
+    inside = ctx.make_node("Pad", [inside, pads]).output[0]
+    inside = ctx.make_node("Cast", [inside], attr={"to": TensorProto.BOOL}).output[0]
+    node.type = "Where"
+    ctx.replace_inputs(node, [inside, padded, operand])
+
+
+def _erfc(ctx, node, name, args):
+    """tf2onnx handler for Erfc (TensorFlow's exact gelu): erfc(x) = 1 - erf(x)."""
+    import numpy as np
+    from tf2onnx import utils
+
+    dtype = utils.map_onnx_to_numpy_type(ctx.get_dtype(node.input[0]))
+    one = ctx.make_const(utils.make_name("one"), np.ones([], dtype)).output[0]
+    erf = ctx.make_node("Erf", [node.input[0]]).output[0]
+    node.type = "Sub"
+    ctx.replace_inputs(node, [one, erf])
+
+
+# TensorFlow ops tf2onnx 1.17 does not convert, and their ONNX equivalents.
+_CUSTOM_OP_HANDLERS = {
+    "XlaDynamicUpdateSlice": (_dynamic_update_slice, []),
+    "Erfc": (_erfc, []),
+}
+
+
+def generation_config(task):
+    """Special ids, lengths and prompt building of an LM, for the runtime."""
+    preprocessor = task.preprocessor
+    tokenizer = preprocessor.tokenizer if preprocessor is not None else None
+    config = {
+        "family": getattr(task.backbone, "family", None),
+        "kind": graph_lib.model_kind(task),
+        "max_length": int(task.backbone.max_sequence_length),
+        "bos_token_id": tokenizer.bos_token_id if tokenizer else None,
+        "eos_token_id": tokenizer.eos_token_id if tokenizer else None,
+        "pad_token_id": tokenizer.pad_token_id if tokenizer else None,
+    }
+    # The runner draws random-sampling noise as `RandomSampler` does, over a buffer of this bucket.
+    config["noise_length_bucket"] = _keras_length_bucket()
+    if config["kind"] == "decoder":
+        config["add_start_token"] = bool(getattr(preprocessor, "add_start_token", True)) if preprocessor else False
+    else:
+        config["decoder_start_token_id"] = _decoder_start_token_id(task)
+        config["add_end_token"] = bool(getattr(preprocessor, "add_end_token", True)) if preprocessor else False
+        config["encoder_sequence_length"] = getattr(preprocessor, "encoder_sequence_length", None)
+    return config
+
+
+def _decoder_start_token_id(task):
+    """The id `lm.generate` starts a seq2seq decoder from (the preprocessor's, else the task's, else 0)."""
+    preprocessor = task.preprocessor
+    start = getattr(preprocessor, "decoder_start_token_id", None) if preprocessor is not None else None
+    if start is None:
+        start = getattr(task, "decoder_start_token_id", None)
+    return 0 if start is None else int(start)
+
+
+def _keras_length_bucket():
+    from keras_transformer.samplers.generate import LENGTH_BUCKET
+
+    return int(LENGTH_BUCKET)
+
+
+def _encoder_preprocessing(task):
+    preprocessor = task.preprocessor
+    tokenizer = preprocessor.tokenizer if preprocessor is not None else None
+    return {
+        "family": getattr(task.backbone, "family", None),
+        "sequence_length": getattr(preprocessor, "sequence_length", None),
+        "max_length": int(task.backbone.max_sequence_length),
+        "cls_token_id": tokenizer.cls_token_id if tokenizer else None,
+        "sep_token_id": tokenizer.sep_token_id if tokenizer else None,
+        "pad_token_id": tokenizer.pad_token_id if tokenizer else None,
+    }
+
+
+def _describe(value):
+    from onnx import TensorProto
+
+    tensor = value.type.tensor_type
+    shape = [dim.dim_param or dim.dim_value for dim in tensor.shape.dim]
+    return {"name": value.name, "dtype": TensorProto.DataType.Name(tensor.elem_type).lower(), "shape": shape}
+
+
+def _save(model, path):
+    import onnx
+
+    if model.ByteSize() > 1_800_000_000:  # protobuf's 2 GB limit: weights go next to the graph
+        onnx.save(model, str(path), save_as_external_data=True, location=path.name + ".data")
+    else:
+        onnx.save(model, str(path))
+
+
+def _write_json(path, data):
+    Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

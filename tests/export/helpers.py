@@ -1,0 +1,182 @@
+"""Tiny tasks of every family, independent Keras references for generation, and subprocess helpers.
+
+The references here use only the tasks' full forward pass (no cache, no exporter code):
+greedy and beam search are written out in plain Python over those logits.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from keras_transformer.models import (
+    BertBackbone,
+    BertClassifier,
+    BertTextClassifierPreprocessor,
+    GPTBackbone,
+    GPTCausalLM,
+    GPTCausalLMPreprocessor,
+    T5Backbone,
+    T5Seq2SeqLM,
+    T5Seq2SeqLMPreprocessor,
+    TransformerBackbone,
+    TransformerSeq2SeqLM,
+    TransformerSeq2SeqLMPreprocessor,
+)
+from keras_transformer.tokenizers import BytePairTokenizer, UnigramTokenizer, WordPieceTokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = [
+    "def add(a, b):\n    return a + b\n",
+    "for i in range(10):\n    print(i)\n",
+    "the quick brown fox jumps over the lazy dog",
+    "translate english to german: the house is small",
+] * 10
+# What the runner must not import (and the SavedModel loader must not need).
+FRAMEWORKS = ("keras", "keras_transformer", "tensorflow", "jax", "torch")
+
+
+def to_numpy(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+def randomize(task, seed=0, std=0.3):
+    """Large random weights (norm scales around 1): peaked next-token distributions, so greedy and
+    beam choices are far from ties and float32 round-off cannot flip them."""
+    rng = np.random.default_rng(seed)
+    for variable in task.weights:
+        shape = tuple(variable.shape)
+        if variable.path.endswith(("gamma", "scale")):
+            values = 1.0 + 0.1 * rng.standard_normal(shape)
+        else:
+            values = std * rng.standard_normal(shape)
+        variable.assign(values.astype("float32"))
+    return task
+
+
+def tiny_gpt(seed=0):
+    tokenizer = BytePairTokenizer.train(CORPUS, vocabulary_size=300)
+    backbone = GPTBackbone(tokenizer.vocabulary_size, num_layers=2, num_heads=2, hidden_dim=16,
+                           intermediate_dim=32, max_sequence_length=48)
+    lm = randomize(GPTCausalLM(backbone, GPTCausalLMPreprocessor(tokenizer, sequence_length=32)), seed)
+    # A larger end-token embedding (tied to the output): some rows stop early, exercising the stop logic.
+    embeddings = to_numpy(backbone.token_embedding.embeddings)
+    embeddings[tokenizer.eos_token_id] *= 3.0
+    backbone.token_embedding.embeddings.assign(embeddings)
+    return lm
+
+
+def tiny_bert_classifier(seed=0):
+    tokenizer = WordPieceTokenizer.train(CORPUS, vocabulary_size=120)
+    backbone = BertBackbone(tokenizer.vocabulary_size, num_layers=2, num_heads=2, hidden_dim=16,
+                            intermediate_dim=32, max_sequence_length=32, dropout=0.0)
+    preprocessor = BertTextClassifierPreprocessor(tokenizer, sequence_length=16)
+    return randomize(BertClassifier(backbone, num_classes=3, preprocessor=preprocessor, dropout=0.0), seed)
+
+
+def tiny_t5(seed=0):
+    tokenizer = UnigramTokenizer.train(CORPUS, vocabulary_size=80)
+    backbone = T5Backbone(tokenizer.vocabulary_size, num_layers=2, num_heads=2, hidden_dim=16,
+                          intermediate_dim=32, dropout=0.0)
+    preprocessor = T5Seq2SeqLMPreprocessor(tokenizer, encoder_sequence_length=48, decoder_sequence_length=16)
+    return randomize(T5Seq2SeqLM(backbone, preprocessor), seed)
+
+
+def tiny_transformer(seed=0):
+    tokenizer = BytePairTokenizer.train(CORPUS, vocabulary_size=300)
+    backbone = TransformerBackbone(tokenizer.vocabulary_size, num_layers=1, num_heads=2, hidden_dim=16,
+                                   intermediate_dim=32, max_sequence_length=48, dropout=0.0)
+    preprocessor = TransformerSeq2SeqLMPreprocessor(tokenizer, encoder_sequence_length=48,
+                                                    decoder_sequence_length=16)
+    return randomize(TransformerSeq2SeqLM(backbone, preprocessor), seed)
+
+
+# --- references over the full forward pass ----------------------------------
+
+
+def _log_softmax(logits):
+    logits = np.asarray(logits, np.float64)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def causal_next_logits(lm, batch_size=4):
+    """sequences (equal lengths) -> logits of the next token (B, V), from the full forward pass.
+
+    Sequences are right-padded to the model's length and batches to `batch_size`, so the
+    compiled predict function sees one shape (causal attention: padding after a position
+    cannot change its logits).
+    """
+    length = lm.backbone.max_sequence_length
+
+    def next_logits(sequences):
+        sequences = [list(s) for s in sequences]
+        logits = []
+        for start in range(0, len(sequences), batch_size):
+            chunk = sequences[start: start + batch_size]
+            ids, mask = _pad(chunk, length, batch_size)
+            out = lm.predict_on_batch({"token_ids": ids, "padding_mask": mask})
+            logits += [out[i, len(s) - 1] for i, s in enumerate(chunk)]
+        return np.stack(logits)
+
+    return next_logits
+
+
+def seq2seq_next_logits(task, source_ids, batch_size=4, length=16):
+    """decoder sequences of one source -> next-token logits (B, V), from the full forward pass (padded as above)."""
+
+    def next_logits(sequences):
+        sequences = [list(s) for s in sequences]
+        logits = []
+        for start in range(0, len(sequences), batch_size):
+            chunk = sequences[start: start + batch_size]
+            ids, mask = _pad(chunk, length, batch_size)
+            out = task.predict_on_batch({
+                "encoder_token_ids": np.repeat(np.asarray([source_ids], "int32"), batch_size, 0),
+                "encoder_padding_mask": np.ones((batch_size, len(source_ids)), bool),
+                "decoder_token_ids": ids,
+                "decoder_padding_mask": mask,
+            })
+            logits += [out[i, len(s) - 1] for i, s in enumerate(chunk)]
+        return np.stack(logits)
+
+    return next_logits
+
+
+def _pad(sequences, length, batch_size):
+    ids = np.zeros((batch_size, length), "int32")
+    mask = np.zeros((batch_size, length), bool)
+    for i, sequence in enumerate(sequences):
+        if len(sequence) > length:
+            raise ValueError(f"reference sequence longer than {length}")
+        ids[i, : len(sequence)] = sequence
+        mask[i, : len(sequence)] = True
+    return ids, mask
+
+
+def reference_greedy(next_logits, prefix, max_new_tokens, eos):
+    """One row: argmax of the next-token logits, step by step; stops after the end token."""
+    sequence, new = list(prefix), []
+    for _ in range(max_new_tokens):
+        token = int(np.argmax(next_logits([sequence])[0]))
+        sequence.append(token)
+        new.append(token)
+        if token == eos:
+            break
+    return new
+
+
+# --- processes ----------------------------------------------------------------
+
+
+def run_python(code, *args, env=None, timeout=300):
+    """Run `code` in a fresh interpreter (cwd: the repository); returns the JSON it prints last."""
+    environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
+    result = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
+                            cwd=REPO, env=environment, timeout=timeout)
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return json.loads(result.stdout.strip().splitlines()[-1])

@@ -1,0 +1,177 @@
+"""The export entry point without real conversions: errors, missing dependencies, atomic writes, the CLI.
+
+Fast: the conversions are replaced by fakes where a test is about what surrounds them.
+"""
+
+import subprocess
+from pathlib import Path
+
+import keras
+import numpy as np
+import onnx
+import pytest
+
+from keras_transformer import cli, export
+from keras_transformer.export import onnx as onnx_export
+from keras_transformer.models import GPTBackbone, GPTCausalLM
+from keras_transformer.models.task import Task
+from tests.export.helpers import run_python
+
+
+@pytest.fixture(scope="module")
+def lm():
+    backbone = GPTBackbone(vocabulary_size=50, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16,
+                           max_sequence_length=16)
+    return GPTCausalLM(backbone)
+
+
+def _tiny_onnx_model():
+    node = onnx.helper.make_node("Identity", ["x"], ["y"])
+    graph = onnx.helper.make_graph([node], "g", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    return onnx.helper.make_model(graph)
+
+
+def test_unknown_format(lm, tmp_path):
+    with pytest.raises(ValueError, match="format='tflite'"):
+        lm.export(tmp_path / "out", format="tflite")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unsupported_models(lm, tmp_path):
+    with pytest.raises(ValueError, match="keras_transformer task"):
+        export.export_model(lm.backbone, tmp_path / "out")
+    bare = Task(inputs=lm.backbone.input, outputs=lm.backbone.output)  # a task no family defines
+    with pytest.raises(ValueError, match="not an exportable task"):
+        export.export_model(bare, tmp_path / "out")
+    with pytest.raises(ValueError, match="Unexpected arguments"):
+        lm.export(tmp_path / "out", input_signature=[])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_float32_only(tmp_path):
+    backbone = GPTBackbone(vocabulary_size=50, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16,
+                           dtype="bfloat16")
+    with pytest.raises(ValueError, match="float32 models.*bfloat16"):
+        GPTCausalLM(backbone).export(tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_directory_is_kept(lm, tmp_path):
+    target = tmp_path / "bundle"
+    target.mkdir()
+    (target / "mine.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="already exists"):
+        lm.export(target)
+    assert [p.name for p in target.iterdir()] == ["mine.txt"]
+
+
+def test_missing_dependency_names_the_extra(lm, tmp_path, monkeypatch):
+    monkeypatch.setattr(export, "_installed", lambda package: package not in ("tf2onnx", "onnx"))
+    with pytest.raises(ImportError, match=r"tf2onnx, onnx.*pip install 'keras-transformer\[export\]'"):
+        lm.export(tmp_path / "out", format="onnx")
+    assert list(tmp_path.iterdir()) == []
+
+
+BLOCKED_IMPORTS = """
+import importlib.abc, json, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("onnx", "tf2onnx", "onnxruntime"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, Block())
+import keras_transformer.cli, keras_transformer.export
+import keras_transformer.export.graphs, keras_transformer.export.onnx, keras_transformer.export.saved_model
+from keras_transformer.models import GPTBackbone, GPTCausalLM
+lm = GPTCausalLM(GPTBackbone(50, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16))
+try:
+    lm.export(sys.argv[1])
+except ImportError as error:
+    print(json.dumps({"error": str(error)}))
+"""
+
+
+@pytest.mark.slow
+def test_importable_without_export_dependencies(tmp_path):
+    result = run_python(BLOCKED_IMPORTS, tmp_path / "out")
+    assert result["error"].startswith("Exporting to format='onnx' needs tf2onnx, onnx, onnxruntime")
+    assert result["error"].endswith("pip install 'keras-transformer[export]'")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failure_mid_export_leaves_nothing(lm, tmp_path, monkeypatch):
+    """The first graph is written, the second fails: no bundle and no temporary directory remain."""
+    if keras.config.backend() == "tensorflow":
+        calls = []
+
+        def convert(graph):
+            calls.append(graph.name)
+            if len(calls) == 2:
+                raise RuntimeError("injected failure")
+            return _tiny_onnx_model()
+
+        monkeypatch.setattr(onnx_export, "convert", convert)
+    else:
+        calls = []
+
+        def run(command, **kwargs):  # the TensorFlow child writes one graph, then fails
+            calls.append(command)
+            (Path(command[4]) / "prefill.onnx").write_bytes(b"partial")
+            return subprocess.CompletedProcess(command, 1, "", "Traceback ...\nRuntimeError: injected failure")
+
+        monkeypatch.setattr(export.subprocess, "run", run)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        lm.export(tmp_path / "bundle")
+    assert calls, "the export did not reach the conversion"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_overwrite_replaces_atomically(lm, tmp_path, monkeypatch):
+    target = tmp_path / "bundle"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+
+    def write(task, directory, format):
+        (directory / "new.txt").write_text(format)
+
+    monkeypatch.setattr(export, "write", write)
+    monkeypatch.setattr(export, "_write_in_tensorflow_child", write)
+    lm.export(target, format="tf_saved_model", overwrite=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["bundle"]
+    assert [p.name for p in target.iterdir()] == ["new.txt"]
+    assert (target / "new.txt").read_text() == "tf_saved_model"
+
+
+def test_cli_presets_and_errors(capsys, tmp_path):
+    assert cli.main(["presets"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[:3] == ["name", "family", "parameters"]
+    assert any(line.startswith("gpt_tiny ") for line in out.splitlines())
+    assert cli.main(["export", "no_such_preset", str(tmp_path / "out")]) == 2
+    assert "Unknown preset 'no_such_preset'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["export", "gpt_tiny", str(tmp_path / "out"), "--format", "tflite"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_commands_are_pluggable(capsys):
+    @cli.command("hello", help="Say hello.")
+    def _hello(parser):
+        parser.add_argument("--name", default="world")
+        return lambda args: print(f"hello {args.name}")
+
+    try:
+        assert cli.main(["hello", "--name", "keras"]) == 0
+        assert capsys.readouterr().out == "hello keras\n"
+    finally:
+        cli._COMMANDS.pop("hello")
+
+
+def test_load_preset_task_defaults_to_the_family_task(lm, tmp_path):
+    lm.backbone.save_to_preset(tmp_path / "backbone_only")
+    task = export.load_preset_task(tmp_path / "backbone_only")
+    assert type(task).__name__ == "GPTCausalLM" and task.preprocessor is None
+    ids = np.array([[1, 2, 3]], "int32")
+    inputs = {"token_ids": ids, "padding_mask": np.ones_like(ids, bool)}
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(task(inputs)), keras.ops.convert_to_numpy(lm(inputs)),
+                               atol=1e-6)

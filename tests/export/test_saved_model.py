@@ -1,0 +1,151 @@
+"""SavedModels of every family, exported from the current backend and loaded by TensorFlow alone.
+
+One child process (which never imports keras_transformer) loads the four SavedModels and runs
+their signatures; each test compares one family's results with the Keras model here.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.export.helpers import (
+    causal_next_logits,
+    reference_greedy,
+    run_python,
+    seq2seq_next_logits,
+    to_numpy,
+)
+
+pytestmark = pytest.mark.slow
+ATOL = 1e-4
+NEW_TOKENS = 8
+SOURCES = ["translate english to german: the house", "the lazy dog", "def add(a, b):"]
+
+LOAD_SAVED_MODELS = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+
+spec = json.load(open(sys.argv[1]))
+results = {}
+
+def generate(model, ids, mask, temperature=0.0, top_k=0, seed=0):
+    ids, mask = np.array(ids, np.int32), np.array(mask, bool)
+    names = ("token_ids", "padding_mask") if "token_ids" in model.signatures["generate"].structured_input_signature[1] \\
+        else ("encoder_token_ids", "encoder_padding_mask")
+    out = model.signatures["generate"](**{names[0]: ids, names[1]: mask}, max_new_tokens=tf.constant(%(new)d),
+        temperature=tf.constant(float(temperature)), top_k=tf.constant(top_k), top_p=tf.constant(1.0),
+        seed=tf.constant(seed))
+    return {"ids": out["token_ids"].numpy().tolist(), "mask": out["padding_mask"].numpy().tolist()}
+
+gpt = tf.saved_model.load(spec["gpt"]["path"])
+ids, mask = spec["gpt"]["ids"], spec["gpt"]["mask"]
+results["gpt"] = {
+    "greedy": generate(gpt, ids, mask),
+    "sampled": [generate(gpt, ids, mask, 3.0, 0, seed)["ids"] for seed in (1, 1, 2)],
+    "top1": generate(gpt, ids, mask, 1.0, 1, 3)["ids"],
+    "logits": gpt.signatures["serving_default"](token_ids=np.array(ids, np.int32),
+                                                padding_mask=np.array(mask, bool))["logits"].numpy().tolist(),
+    "signatures": sorted(gpt.signatures),
+}
+bert = tf.saved_model.load(spec["bert"]["path"])
+inputs = {k: np.array(v, bool if k == "padding_mask" else np.int32) for k, v in spec["bert"]["inputs"].items()}
+results["bert"] = {k: v.numpy().tolist() for k, v in bert.signatures["serving_default"](**inputs).items()}
+results["bert"]["signatures"] = sorted(bert.signatures)
+for name in ("t5", "transformer"):
+    model = tf.saved_model.load(spec[name]["path"])
+    results[name] = {"greedy": generate(model, spec[name]["ids"], spec[name]["mask"]), "signatures": sorted(model.signatures)}
+results["keras_transformer_imported"] = "keras_transformer" in sys.modules
+json.dump(results, open(sys.argv[2], "w"))
+print(json.dumps({"ok": True}))
+""" % {"new": NEW_TOKENS}
+
+
+def _gpt_prompts(lm):
+    tokenizer = lm.preprocessor.tokenizer
+    prompts = [[tokenizer.bos_token_id] + tokenizer.tokenize(t) for t in ["def add(a", "for", "the quick brown"]]
+    width = max(len(p) for p in prompts)
+    ids = np.array([p + [0] * (width - len(p)) for p in prompts])
+    mask = np.array([[1] * len(p) + [0] * (width - len(p)) for p in prompts], bool)
+    return prompts, ids, mask
+
+
+def _bert_inputs(classifier):
+    rng = np.random.default_rng(2)
+    batch, length = 3, 13
+    return {
+        "token_ids": rng.integers(0, classifier.backbone.vocabulary_size, (batch, length)),
+        "segment_ids": rng.integers(0, 2, (batch, length)),
+        "padding_mask": (np.arange(length)[None, :] < np.array([[13], [7], [2]])),
+    }
+
+
+@pytest.fixture(scope="module")
+def loaded(exported, tmp_path_factory):
+    """Every family's SavedModel run by a TensorFlow-only process: {family: results}."""
+    spec = {}
+    _, ids, mask = _gpt_prompts(exported("gpt")["task"])
+    spec["gpt"] = {"path": str(exported("gpt")["saved_model"]), "ids": ids.tolist(), "mask": mask.tolist()}
+    inputs = _bert_inputs(exported("bert")["task"])
+    spec["bert"] = {"path": str(exported("bert")["saved_model"]), "inputs": {k: v.tolist() for k, v in inputs.items()}}
+    for name in ("t5", "transformer"):
+        ids, mask = exported(name)["task"].preprocessor.generate_preprocess(SOURCES)
+        spec[name] = {"path": str(exported(name)["saved_model"]), "ids": ids.tolist(), "mask": mask.tolist()}
+    directory = tmp_path_factory.mktemp("saved_models")
+    (directory / "spec.json").write_text(json.dumps(spec))
+    run_python(LOAD_SAVED_MODELS, directory / "spec.json", directory / "results.json")
+    return json.loads((directory / "results.json").read_text())
+
+
+def test_loaded_without_keras_transformer(loaded):
+    assert loaded["keras_transformer_imported"] is False
+    assert loaded["gpt"]["signatures"] == ["forward", "generate", "serving_default"]
+    assert loaded["bert"]["signatures"] == ["forward", "serving_default"]
+    assert loaded["t5"]["signatures"] == ["forward", "generate", "serving_default"]
+
+
+def test_gpt_generate_and_forward_match_keras(loaded, exported):
+    lm = exported("gpt")["task"]
+    prompts, ids, mask = _gpt_prompts(lm)
+    result = loaded["gpt"]
+    out_ids, out_mask = np.array(result["greedy"]["ids"]), np.array(result["greedy"]["mask"], bool)
+    assert out_ids.shape == (3, ids.shape[1] + NEW_TOKENS)
+    expected = lm.generate(prompts, max_new_tokens=NEW_TOKENS, sampler="greedy")
+    eos = lm.preprocessor.tokenizer.eos_token_id
+    for row, prompt in enumerate(prompts):
+        assert out_ids[row][out_mask[row]].tolist() == expected[row]
+        assert expected[row] == prompt + reference_greedy(causal_next_logits(lm), prompt, NEW_TOKENS, eos)
+    # Sampling: the same seed gives the same tokens, another seed others; top_k=1 is greedy.
+    assert result["sampled"][0] == result["sampled"][1] != result["sampled"][2]
+    assert result["top1"] == result["greedy"]["ids"]
+    logits = to_numpy(lm({"token_ids": ids.astype("int32"), "padding_mask": mask}))
+    np.testing.assert_allclose(np.array(result["logits"])[mask], logits[mask], atol=ATOL)
+
+
+def test_bert_forward_matches_keras(loaded, exported):
+    classifier = exported("bert")["task"]
+    inputs = _bert_inputs(classifier)
+    x = {k: v if k == "padding_mask" else v.astype("int32") for k, v in inputs.items()}
+    expected = {k: to_numpy(v) for k, v in classifier.backbone(x).items()}
+    expected["logits"] = to_numpy(classifier(x))
+    result = loaded["bert"]
+    real = inputs["padding_mask"]
+    np.testing.assert_allclose(np.array(result["sequence_output"])[real], expected["sequence_output"][real], atol=ATOL)
+    for name in ("pooled_output", "logits"):
+        np.testing.assert_allclose(np.array(result[name]), expected[name], atol=ATOL)
+
+
+@pytest.mark.parametrize("name", ["t5", "transformer"])
+def test_seq2seq_generate_matches_keras(loaded, exported, name):
+    task = exported(name)["task"]
+    ids, mask = task.preprocessor.generate_preprocess(SOURCES)
+    sources = [row[m].tolist() for row, m in zip(ids, mask)]
+    result = loaded[name]["greedy"]
+    out_ids, out_mask = np.array(result["ids"]), np.array(result["mask"], bool)
+    assert out_ids.shape == (len(SOURCES), NEW_TOKENS + 1)
+    expected = task.generate(sources, max_new_tokens=NEW_TOKENS, sampler="greedy")  # start token + new tokens
+    start, eos = task.preprocessor.decoder_start_token_id, task.preprocessor.tokenizer.eos_token_id
+    for row, source in enumerate(sources):
+        assert out_ids[row][out_mask[row]].tolist() == expected[row]
+        assert expected[row] == [start] + reference_greedy(seq2seq_next_logits(task, source), [start], NEW_TOKENS, eos)
