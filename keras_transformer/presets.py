@@ -174,7 +174,11 @@ def _check_weight_shapes(model, weights_path):
     try:
         with h5py.File(weights_path, "r") as f:
             saved = []
-            f.visititems(lambda name, obj: saved.append(tuple(obj.shape)) if isinstance(obj, h5py.Dataset) else None)
+            f.visititems(
+                lambda name, obj: saved.append(tuple(obj.shape))
+                if isinstance(obj, h5py.Dataset) and not name.startswith("optimizer/")
+                else None
+            )
     except OSError as error:
         raise ValueError(f"Corrupt or truncated weights file {weights_path}: {error}") from None
     expected = [tuple(v.shape) for v in model.weights]
@@ -235,6 +239,14 @@ def _write_json(path, data):
     Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def _save_weights_without_optimizer(model, path):
+    """A preset holds the model, not the training state (checkpoints are for resuming)."""
+    from keras.src.saving import saving_lib
+
+    optimizer = getattr(model, "optimizer", None)
+    saving_lib.save_weights_only(model, str(path), objects_to_skip=[optimizer] if optimizer is not None else None)
+
+
 def save_backbone(backbone, preset_dir, overwrite=True, extra=None):
     def write(tmp):
         config = {
@@ -269,7 +281,7 @@ def save_task(task, preset_dir, overwrite=True):
             task.preprocessor.tokenizer.save(tmp)
         _write_json(tmp / CONFIG_FILE, config)
         task.backbone.save_weights(str(tmp / BACKBONE_WEIGHTS_FILE))
-        task.save_weights(str(tmp / TASK_WEIGHTS_FILE))
+        _save_weights_without_optimizer(task, tmp / TASK_WEIGHTS_FILE)
         _write_json(tmp / METADATA_FILE, _metadata(task))
 
     _atomic_dir(preset_dir, overwrite, write)

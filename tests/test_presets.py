@@ -157,3 +157,11 @@ def test_preset_saved_here_loads_identically_on_the_other_backends(tmp_path):
         env = {**os.environ, "KERAS_BACKEND": backend}
         subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, env=env, capture_output=True)
         np.testing.assert_allclose(np.load(tmp_path / "out.npy"), expected, atol=1e-5, rtol=0)
+
+
+def test_trained_task_round_trips_without_optimizer_state(tmp_path):
+    lm, x = _tiny_lm(tmp_path)
+    lm.fit(["def f(x):\n    return x\n"] * 4, batch_size=2, epochs=1, verbose=0)
+    lm.save_to_preset(tmp_path / "p")
+    restored = kt.models.GPTCausalLM.from_preset(tmp_path / "p")
+    np.testing.assert_array_equal(_numpy(restored(x)), _numpy(lm(x)))
