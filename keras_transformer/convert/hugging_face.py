@@ -22,11 +22,6 @@ from keras_transformer.convert.checkpoint import CheckpointWeights
 FAMILIES = {module.MODEL_TYPE: module for module in (hf_gpt2, hf_bert, hf_t5)}
 
 
-def is_hugging_face_config(config):
-    """Whether a config.json dict is a Hugging Face one (not a keras_transformer preset)."""
-    return isinstance(config, dict) and "model_type" in config and "backbone" not in config
-
-
 def _family(hf_config):
     model_type = hf_config.get("model_type")
     if model_type not in FAMILIES:
@@ -94,8 +89,8 @@ def convert(hf_dir, preset_dir, allow_pickle=False, overwrite=False):
     from keras_transformer.models.backbone import Backbone
     from keras_transformer.models.task import Task
 
-    path, config = presets.load_config(hf_dir, allow_pickle=allow_pickle)
-    if not is_hugging_face_config(presets._read_json(Path(path) / presets.CONFIG_FILE)):
+    _, config = presets.load_config(hf_dir, allow_pickle=allow_pickle)
+    if "weights" not in config:  # only a converted config carries its weights loader
         raise ValueError(f"{hf_dir} is not a Hugging Face checkpoint (its config.json has no model_type).")
     if Path(preset_dir).exists() and not overwrite:
         raise ValueError(f"{preset_dir} already exists. Pass overwrite=True to replace it.")
@@ -109,7 +104,12 @@ def convert(hf_dir, preset_dir, allow_pickle=False, overwrite=False):
         model = presets.get_class(config["backbone"]["class_name"], Backbone).from_preset(
             hf_dir, allow_pickle=allow_pickle
         )
-    model.save_to_preset(preset_dir, overwrite=overwrite)
-    if isinstance(model, Backbone) and "tokenizer" in config:
+    if isinstance(model, Task):
+        model.save_to_preset(preset_dir, overwrite=overwrite)
+        return model
+    # A backbone keeps the preprocessor settings (e.g. a sequence length within its positions).
+    extra = {"preprocessor": config["preprocessor"]} if "preprocessor" in config else None
+    presets.save_backbone(model, preset_dir, overwrite=overwrite, extra=extra)
+    if "tokenizer" in config:
         config["tokenizer"].save(preset_dir)
     return model

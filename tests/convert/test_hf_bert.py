@@ -11,6 +11,7 @@ import pytest
 import transformers
 import torch
 
+from keras_transformer.convert import convert
 from keras_transformer.models import Backbone, BertBackbone, BertClassifier, BertMaskedLM
 from tests.conftest import to_numpy
 from tests.convert import hf_models
@@ -112,3 +113,17 @@ def test_save_to_preset_round_trip(tmp_path, masked_lm):
     reloaded = BertMaskedLM.from_preset(tmp_path / "preset")
     x = {**_inputs(masked_lm.backbone.vocabulary_size, padded=True), "mask_positions": np.array([[1, 2]] * 3, "int32")}
     np.testing.assert_array_equal(to_numpy(reloaded(x)), to_numpy(masked_lm(x)))
+
+
+def test_convert_bert_model_checkpoint_to_a_backbone_preset(tmp_path, model_checkpoint):
+    """A checkpoint without a task head becomes a backbone preset, with its tokenizer and sequence length."""
+    directory, hf = model_checkpoint
+    backbone = convert(directory, tmp_path / "preset")
+    assert isinstance(backbone, BertBackbone)
+    assert {"model.weights.h5", "tokenizer.json", "tokenizer_config.json"} <= {p.name for p in (tmp_path / "preset").iterdir()}
+    classifier = BertClassifier.from_preset(tmp_path / "preset", num_classes=2)
+    assert classifier.preprocessor.sequence_length == hf.config.max_position_embeddings
+    x = _inputs(hf.config.vocab_size, padded=True)
+    pooled = to_numpy(classifier.backbone(x)["pooled_output"])
+    np.testing.assert_array_equal(pooled, to_numpy(backbone(x)["pooled_output"]))
+    np.testing.assert_allclose(pooled, _hf_outputs(hf, x).pooler_output.numpy(), atol=ATOL, rtol=0)

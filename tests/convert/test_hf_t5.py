@@ -11,7 +11,6 @@ import pytest
 import torch
 import transformers
 
-from keras_transformer import samplers
 from keras_transformer.models import Backbone, T5Backbone, T5Seq2SeqLM
 from tests.conftest import to_numpy
 from tests.convert import hf_models
@@ -25,11 +24,24 @@ VERSIONS = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(VERSIONS))
-def checkpoint(request, tmp_path_factory):
-    directory = tmp_path_factory.mktemp(f"hf_t5_{request.param}")
-    hf = hf_models.t5(directory, **VERSIONS[request.param])
-    return directory, hf, T5Seq2SeqLM.from_preset(directory)
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """version -> (directory, peer, our converted T5Seq2SeqLM), each built once, when first asked for."""
+    built = {}
+
+    def get(version):
+        if version not in built:
+            directory = tmp_path_factory.mktemp(f"hf_t5_{version}")
+            hf = hf_models.t5(directory, **VERSIONS[version])
+            built[version] = directory, hf, T5Seq2SeqLM.from_preset(directory)
+        return built[version]
+
+    return get
+
+
+@pytest.fixture(params=sorted(VERSIONS))
+def checkpoint(request, checkpoints):
+    return checkpoints(request.param)
 
 
 def _inputs(vocabulary_size, padded):
@@ -75,13 +87,15 @@ def test_backbone_from_preset(checkpoint):
     np.testing.assert_array_equal(to_numpy(backbone(x)["decoder_sequence_output"]), expected)
 
 
-def test_greedy_generation_matches_hugging_face(checkpoint):
-    """Sources of different lengths in one batch, no early stop; the peer gets them left-aligned with a mask."""
-    directory, hf, lm = checkpoint
+def test_greedy_generation_matches_hugging_face(checkpoints):
+    """Sources of different lengths in one batch, no early stop; the peer gets them left-aligned with a mask.
+
+    T5 v1.1 (gated, untied head); v1.0 differs only in what the logits test covers.
+    """
+    directory, hf, lm = checkpoints("v1_1")
     rng = np.random.default_rng(2)
     sources = [rng.integers(3, hf.config.vocab_size, n).tolist() + [1] for n in (9, 4)]
-    # TODO(generation): `lm.generate` once Seq2SeqLM has it; it wraps this same call.
-    ours = samplers.generate(lm, sources, max_new_tokens=10, stop_token_ids=None)
+    ours = lm.generate(sources, max_new_tokens=10, stop_token_ids=None)
     width = max(len(s) for s in sources)
     ids = np.array([s + [0] * (width - len(s)) for s in sources])
     mask = np.array([[1] * len(s) + [0] * (width - len(s)) for s in sources])
@@ -102,8 +116,9 @@ def test_tokenizer_matches_hugging_face(checkpoint):
     assert (ours.pad_token_id, ours.eos_token_id, ours.unk_token_id) == (0, 1, 2)
 
 
-def test_save_to_preset_round_trip(tmp_path, checkpoint):
-    _, hf, lm = checkpoint
+def test_save_to_preset_round_trip(tmp_path, checkpoints):
+    """T5 v1.1: the untied lm_head must survive the round trip too."""
+    _, hf, lm = checkpoints("v1_1")
     lm.save_to_preset(tmp_path / "preset")
     reloaded = T5Seq2SeqLM.from_preset(tmp_path / "preset")
     x = _inputs(hf.config.vocab_size, padded=True)
