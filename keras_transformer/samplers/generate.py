@@ -178,7 +178,7 @@ def _stop_token_ids(stop_token_ids, tokenizer, vocabulary_size):
 
 
 def _read_inputs(task, inputs, vocabulary_size):
-    """-> (form, rows): how the results must look, and the id lists (prompts or sources)."""
+    """-> (form, rows): how the results must look, and the id lists (prompts), or the texts (sources)."""
     if isinstance(inputs, (str, bytes)) or (
         isinstance(inputs, (list, tuple, np.ndarray)) and len(inputs) and _is_text(_first(inputs))
     ):
@@ -187,35 +187,35 @@ def _read_inputs(task, inputs, vocabulary_size):
         form = "string" if isinstance(inputs, (str, bytes)) else "strings"
         texts = [inputs] if form == "string" else list(np.asarray(inputs, dtype=object).reshape(-1))
         if hasattr(task, "compute_cross_cache"):
-            return form, texts  # sources are tokenized by the preprocessor's generate_preprocess
-        rows = task.preprocessor.generate_preprocess(texts)
-        for row in rows:
-            if not len(row):
-                raise ValueError("An empty prompt: `inputs` must hold at least one token per row.")
-        return form, [list(r) for r in rows]
+            return form, texts  # sources: the preprocessor tokenizes and packs them
+        return form, _check_rows(task.preprocessor.generate_preprocess(texts), vocabulary_size)
 
-    if keras.ops.is_tensor(inputs) if hasattr(keras.ops, "is_tensor") else False:
-        inputs = keras.ops.convert_to_numpy(inputs)
-    elif not isinstance(inputs, (np.ndarray, list, tuple)) and hasattr(inputs, "numpy"):
-        inputs = np.asarray(inputs)
+    if not isinstance(inputs, (np.ndarray, list, tuple)):
+        try:
+            inputs = keras.ops.convert_to_numpy(inputs)  # a backend tensor
+        except Exception:
+            raise ValueError(
+                "`inputs` must be a string, a list of strings, or token ids (an int array or a list of id "
+                f"lists). Received: {type(inputs).__name__}"
+            ) from None
     if isinstance(inputs, np.ndarray):
         if inputs.ndim not in (1, 2):
             raise ValueError(f"`inputs` must be a 1-D or 2-D array of token ids. Received: shape={inputs.shape}")
         form = "array1d" if inputs.ndim == 1 else "array2d"
         rows = [inputs] if inputs.ndim == 1 else list(inputs)
-    elif isinstance(inputs, (list, tuple)):
-        if not len(inputs):
-            raise ValueError("`inputs` is an empty batch: pass at least one prompt.")
-        if all(np.ndim(x) == 0 for x in inputs):
-            form, rows = "list1d", [inputs]
-        else:
-            form, rows = "list2d", list(inputs)
+    elif len(inputs) and all(np.ndim(x) == 0 for x in inputs):
+        form, rows = "list1d", [inputs]
     else:
-        raise ValueError(
-            "`inputs` must be a string, a list of strings, or token ids (an int array or a list of id lists). "
-            f"Received: {type(inputs).__name__}"
-        )
-    if not rows:
+        form, rows = "list2d", list(inputs)
+    return form, _check_rows(rows, vocabulary_size)
+
+
+def _check_rows(rows, vocabulary_size):
+    """Id rows -> lists of ints; empty batches or prompts, non-integer or out-of-vocabulary ids are errors.
+
+    Ids are never clamped: a gather on JAX would silently clamp them to the vocabulary.
+    """
+    if not len(rows):
         raise ValueError("`inputs` is an empty batch: pass at least one prompt.")
     checked = []
     for row in rows:
@@ -233,7 +233,7 @@ def _read_inputs(task, inputs, vocabulary_size):
                 f"Received: inputs with ids in [{int(row.min())}, {int(row.max())}]"
             )
         checked.append(row.astype("int32").tolist())
-    return form, checked
+    return checked
 
 
 def _first(x):

@@ -92,6 +92,20 @@ def test_compiled_once_per_batch_size_and_bucket(lm, greedy):
         assert sum(f.traces for f in functions.values()) == sum(traces.values()) + 2
 
 
+def test_compiled_loop_reads_the_current_weights(lm, greedy):
+    beta = lm.backbone.layer_norm.beta
+    original = keras.ops.convert_to_numpy(beta)
+    try:
+        beta.assign(original + np.random.default_rng(5).normal(0.0, 2.0, original.shape).astype("float32"))
+        out = lm.generate(PROMPTS, max_new_tokens=NEW, stop_token_ids=None)
+        assert out != greedy
+        for prompt, ids, full in zip(PROMPTS, out, causal_logits(lm, out)):
+            assert ids[len(prompt) :] == full[len(prompt) - 1 : -1].argmax(-1).tolist()
+    finally:
+        beta.assign(original)
+    assert lm.generate(PROMPTS, max_new_tokens=NEW, stop_token_ids=None) == greedy
+
+
 def test_array_inputs_give_arrays(lm, greedy):
     expected = np.array([greedy[0], greedy[0]])
     array = lm.generate(np.array([PROMPTS[0]] * 2), max_new_tokens=NEW, stop_token_ids=None)

@@ -56,14 +56,15 @@ def test_padded_array_output(lm):
 
 def test_several_results_per_input(lm):
     beam = BeamSampler(num_beams=3, num_return_sequences=2)
-    one = lm.generate("def add", max_new_tokens=4, sampler=beam)
-    assert isinstance(one, list) and len(one) == 2 and all(isinstance(t, str) for t in one)
-    many = lm.generate(["def add", "print("], max_new_tokens=4, sampler=beam, return_dict=True)
-    assert len(many["outputs"]) == 2 and all(len(group) == 2 for group in many["outputs"])
-    assert many["outputs"][0] == one
-    assert many["scores"].shape == (2, 2) and (many["scores"][:, 0] >= many["scores"][:, 1]).all()
-    ids = lm.generate(np.array([[5, 9, 12]]), max_new_tokens=4, sampler=beam)  # (B, n, T), padded
-    assert ids.ndim == 3 and ids.shape[:2] == (1, 2) and ids.shape[2] <= 7
-    listed = lm.generate([5, 9, 12], max_new_tokens=4, sampler=beam)
+    texts = lm.generate(["def add", "print("], max_new_tokens=4, sampler=beam, return_dict=True)
+    assert len(texts["outputs"]) == 2 and all(len(group) == 2 and all(isinstance(t, str) for t in group)
+                                              for group in texts["outputs"])
+    assert texts["scores"].shape == (2, 2) and (texts["scores"][:, 0] >= texts["scores"][:, 1]).all()
+    ids = lm.preprocessor.generate_preprocess(["def add", "print("])
+    assert len(ids[0]) == len(ids[1])  # so that a 2-D array holds them
+    array = lm.generate(np.array(ids), max_new_tokens=4, sampler=beam)  # (B, n, T), padded
+    listed = lm.generate(ids, max_new_tokens=4, sampler=beam)  # B lists of n id lists
     pad = lm.preprocessor.tokenizer.pad_token_id
-    assert len(listed) == 2 and [row + [pad] * (ids.shape[2] - len(row)) for row in listed] == ids[0].tolist()
+    assert array.ndim == 3 and array.shape[:2] == (2, 2)
+    assert [[row + [pad] * (array.shape[2] - len(row)) for row in group] for group in listed] == array.tolist()
+    assert [lm.preprocessor.generate_postprocess(group) for group in listed] == texts["outputs"]
