@@ -48,6 +48,7 @@ def _activation(hf_config):
 
 
 def scales_decoder_outputs(hf_config):
+    """Whether the tied head scales the decoder output by D**-0.5 (T5 v1.0) or not (v1.1)."""
     if "scale_decoder_outputs" in hf_config:
         return bool(hf_config["scale_decoder_outputs"])
     return hf_config.get("tie_word_embeddings", True) is not False
