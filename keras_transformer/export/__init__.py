@@ -66,7 +66,7 @@ def export_model(task, path, format="onnx", overwrite=False):
     graphs.model_kind(task)  # an unsupported task is an error before any work
     path = Path(os.fspath(path)).expanduser().resolve()
     if path.exists() and not overwrite:
-        raise ValueError(f"{path} already exists. Pass overwrite=True to replace it. Received: path={str(path)!r}")
+        raise ValueError(f"{path} already exists: pass overwrite=True to replace it.")
     check_requirements(format)
     if keras.config.backend() == "tensorflow":
         presets._atomic_dir(path, overwrite, lambda tmp: write(task, tmp, format))

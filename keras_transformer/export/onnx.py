@@ -78,11 +78,23 @@ def write_onnx_bundle(task, directory):
 
 def convert(graph):
     """One `graphs.Graph` -> a checked ONNX ModelProto with named dynamic axes."""
+    import tensorflow as tf
+
+    logging.getLogger("tf2onnx").setLevel(logging.ERROR)
+    tf_logger = tf.get_logger()
+    level = tf_logger.level
+    tf_logger.setLevel(logging.ERROR)  # the TF1 freezing functions tf2onnx calls warn they are deprecated
+    try:
+        return _convert(graph)
+    finally:
+        tf_logger.setLevel(level)
+
+
+def _convert(graph):
     import onnx
     import tensorflow as tf
     import tf2onnx
 
-    logging.getLogger("tf2onnx").setLevel(logging.ERROR)
     function = graph.function.get_concrete_function(*graph.inputs)
     # The graph inputs are the signature's; constants the layers captured (e.g. a sinusoid
     # table) are further function inputs that freezing turns into initializers.
