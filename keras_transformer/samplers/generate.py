@@ -9,7 +9,7 @@ import numbers
 import keras
 import numpy as np
 
-from keras_transformer.samplers.sampler import DecodeOptions, Sampler, decode
+from keras_transformer.samplers.sampler import DecodeOptions, decode
 
 # Buffer and prefill lengths are rounded up to these multiples, so one compiled loop serves
 # every call whose prompts and max_new_tokens fall in the same bucket.
@@ -69,62 +69,40 @@ def generate(
         prompts = [[start_id]] * batch_size
     else:
         prompts = rows
-    prompt_lengths = np.array([len(p) for p in prompts], "int32")
-    longest = int(prompt_lengths.max())
+    longest = max(len(p) for p in prompts)
     if longest + max_new_tokens > max_length:
         raise ValueError(
             f"The longest prompt ({longest} tokens) plus `max_new_tokens`={max_new_tokens} is longer than "
             f"the model's max_sequence_length={max_length}. Received: max_new_tokens={max_new_tokens}"
         )
 
-    # Right-padded token buffer, one row per beam.
-    K = sampler.num_beams
-    length = min(_round_up(longest + max_new_tokens, LENGTH_BUCKET), max_length)
-    prefill = 0 if longest == 1 else min(_round_up(longest - 1, PREFILL_BUCKET), length)
-    tokens = np.full((batch_size, length), pad_id, "int32")
-    for row, prompt in enumerate(prompts):
-        tokens[row, : len(prompt)] = prompt
-    prompt_tokens, tokens = tokens, np.repeat(tokens, K, axis=0)  # (B, L) -> (R, L)
-    lengths = np.repeat(prompt_lengths, K)  # (R,)
-    start = int(prompt_lengths.min())
-    arrays = {
-        "prompt_token_ids": prompt_tokens,
-        "prefill_token_ids": prompt_tokens[:, :prefill],  # (B, P)
-        "token_ids": tokens,
-        "prompt_lengths": lengths,
-        "start": np.array(start, "int32"),
-        "max_new_tokens": np.array(max_new_tokens, "int32"),
-        "min_new_tokens": np.array(min_new_tokens, "int32"),
-        "repetition_penalty": np.array(repetition_penalty, "float32"),
-        "noise": sampler.draw_noise((length, batch_size * K)),
-    }
-    repetition = repetition_penalty != 1.0
-    if repetition:
-        seen = np.zeros((batch_size * K, vocabulary_size), bool)  # tokens before the first step
-        for row in range(batch_size * K):
-            seen[row, tokens[row, :start]] = True
-        arrays["seen"] = seen
+    arrays = _loop_inputs(prompts, max_new_tokens, max_length, pad_id, sampler)
+    arrays["min_new_tokens"] = np.array(min_new_tokens, "int32")
+    arrays["repetition_penalty"] = np.array(repetition_penalty, "float32")
+    if repetition_penalty != 1.0:  # the tokens before the first step, per row
+        arrays["seen"] = np.zeros((len(arrays["token_ids"]), vocabulary_size), bool)
+        for row, ids in enumerate(arrays["token_ids"]):
+            arrays["seen"][row, ids[: arrays["start"]]] = True
     if seq2seq:
         arrays["encoder_token_ids"] = encoder_ids
         arrays["encoder_padding_mask"] = encoder_mask
     options = DecodeOptions(
-        stop_token_ids=stop_ids, pad_id=pad_id, repetition=repetition, no_repeat_ngram_size=no_repeat_ngram_size,
-        return_logits=return_dict and not sampler.reorders_rows, streaming=streamer is not None,
+        stop_token_ids=stop_ids, pad_id=pad_id, repetition=repetition_penalty != 1.0,
+        no_repeat_ngram_size=no_repeat_ngram_size, return_logits=return_dict and not sampler.reorders_rows,
+        streaming=streamer is not None,
     )
     outputs = decode(task, sampler, options, arrays, streamer=streamer)
 
     # Cut every result: prompt + generated tokens, up to and including the first stop token.
     results, scores, logits = [], None, None
     if not sampler.reorders_rows:
-        for row in range(batch_size):
-            begin = lengths[row]
-            generated = outputs["token_ids"][row, begin : begin + max_new_tokens]
-            end = begin + _stop_length(generated, stop_ids)
-            results.append(outputs["token_ids"][row, :end])
+        for row, prompt in enumerate(prompts):
+            generated = outputs["token_ids"][row, len(prompt) : len(prompt) + max_new_tokens]
+            results.append(outputs["token_ids"][row, : len(prompt) + _stop_length(generated, stop_ids)])
         if "logits" in outputs:
-            logits = [outputs["logits"][row, lengths[row] : len(results[row])] for row in range(batch_size)]
+            logits = [outputs["logits"][row, len(p) : len(r)] for row, (p, r) in enumerate(zip(prompts, results))]
     else:
-        scores = outputs["scores"]
+        scores = outputs["scores"]  # (B, n)
         for row in range(batch_size):
             hypotheses = [outputs["token_ids"][row, n, : outputs["ends"][row, n]] for n in range(sampler.num_return_sequences)]
             results.append(hypotheses if sampler.num_return_sequences > 1 else hypotheses[0])
@@ -132,6 +110,31 @@ def generate(
     if not return_dict:
         return results
     return {"outputs": results, "scores": scores, "logits": logits}
+
+
+def _loop_inputs(prompts, max_new_tokens, max_length, pad_id, sampler):
+    """The loop's numpy inputs: right-padded token buffers (per input and per beam row), lengths, noise."""
+    num_beams = sampler.num_beams
+    batch_size, num_rows = len(prompts), len(prompts) * num_beams
+    prompt_lengths = np.array([len(p) for p in prompts], "int32")
+    longest, start = int(prompt_lengths.max()), int(prompt_lengths.min())
+    length = min(_round_up(longest + max_new_tokens, LENGTH_BUCKET), max_length)
+    # The prefill covers every prompt but the last token of the longest (bucketed): positions past a
+    # shorter prompt hold pad keys, which the steps overwrite before any query reads them.
+    prefill = 0 if longest == 1 else min(_round_up(longest - 1, PREFILL_BUCKET), length)
+    tokens = np.full((batch_size, length), pad_id, "int32")
+    for row, prompt in enumerate(prompts):
+        tokens[row, : len(prompt)] = prompt
+    rows = np.repeat(tokens, num_beams, axis=0)  # (B, L) -> (R, L)
+    return {
+        "prompt_token_ids": tokens,  # (B, L)
+        "prefill_token_ids": tokens[:, :prefill],  # (B, P)
+        "token_ids": rows,  # (R, L)
+        "prompt_lengths": np.repeat(prompt_lengths, num_beams),  # (R,)
+        "start": np.array(start, "int32"),
+        "max_new_tokens": np.array(max_new_tokens, "int32"),
+        "noise": sampler.draw_noise((length, num_rows)),  # (L, R)
+    }
 
 
 def _check_int(name, value, minimum):
