@@ -7,6 +7,7 @@ check_backend_installed()
 from keras_transformer import layers, metrics, models, tokenizers  # noqa: E402
 from keras_transformer.presets import list_presets  # noqa: E402
 from keras_transformer import samplers  # noqa: E402
+from keras_transformer import distribution  # noqa: E402
 
 __version__ = "0.1.0"
 
