@@ -38,12 +38,12 @@ def best_time(fn, repeats):
     return min(times)
 
 
-def generation(directory, repeats, new_tokens):
+def generation(directory, repeats, new_tokens, threads):
     keras.utils.set_random_seed(0)
     lm = GPTCausalLM(GPTBackbone(8000, num_layers=4, num_heads=4, hidden_dim=256, intermediate_dim=1024,
                                  max_sequence_length=512))
     bundle = lm.export(Path(directory) / "gpt", format="onnx")
-    generator = load_bundle_runtime(bundle).Generator(bundle)
+    generator = load_bundle_runtime(bundle).Generator(bundle, num_threads=threads)
     rows = []
     for batch in (1, 8):
         prompts = np.random.default_rng(0).integers(1, 8000, (batch, PROMPT)).tolist()
@@ -60,14 +60,17 @@ def generation(directory, repeats, new_tokens):
     return rows
 
 
-def encoder(directory, repeats):
+def encoder(directory, repeats, threads):
     import onnxruntime
 
     keras.utils.set_random_seed(0)
     model = BertMaskedLM(BertBackbone(8000, num_layers=2, num_heads=2, hidden_dim=128, intermediate_dim=512,
                                       dropout=0.0))
     bundle = model.export(Path(directory) / "bert", format="onnx")
-    session = onnxruntime.InferenceSession(str(bundle / "encoder.onnx"))
+    options = onnxruntime.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    session = onnxruntime.InferenceSession(str(bundle / "encoder.onnx"), options)
     rng = np.random.default_rng(0)
     feeds = {"token_ids": rng.integers(0, 8000, (8, 128)), "segment_ids": np.zeros((8, 128), np.int64),
              "padding_mask": np.ones((8, 128), np.int64), "mask_positions": rng.integers(0, 128, (8, 20))}
@@ -80,12 +83,14 @@ def encoder(directory, repeats):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 timed repeat, 32 new tokens")
+    parser.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: its own)")
     args = parser.parse_args()
     repeats, new_tokens = (1, 32) if args.quick else (3, NEW_TOKENS)
     with tempfile.TemporaryDirectory() as directory:
-        rows = generation(directory, repeats, new_tokens) + encoder(directory, repeats)
+        rows = generation(directory, repeats, new_tokens, args.threads) + encoder(directory, repeats, args.threads)
     backend = keras.config.backend()
-    print(f"\nKeras backend: {backend}; ONNX Runtime on CPU. Ratio > 1: the bundle is faster.")
+    threads = args.threads or "default"
+    print(f"\nKeras backend: {backend}; ONNX Runtime on CPU, {threads} threads. Ratio > 1: the bundle is faster.")
     print(f"{'':34s} {'keras':>10s} {'onnx':>10s} {'ratio':>7s}")
     for name, keras_value, onnx_value, unit in rows:
         ratio = onnx_value / keras_value if unit == "tokens/s" else keras_value / onnx_value

@@ -352,8 +352,20 @@ def _cut(row, stop):
 
 
 def _top_k(values, k):
-    """The k largest of each row, best first; ties keep the lower index first (as `ops.top_k`)."""
-    index = np.argsort(-values, axis=-1, kind="stable")[:, :k]
+    """The k largest of each row, best first; ties keep the lower index first (as `ops.top_k`).
+
+    A partition finds the k-th largest value; only the entries at least as large (k, or a
+    few more on ties) are then sorted, by value and index.
+    """
+    if k >= values.shape[-1]:
+        index = np.argsort(-values, axis=-1, kind="stable")[:, :k]
+        return np.take_along_axis(values, index, axis=-1), index
+    kth = -np.partition(-values, k - 1, axis=-1)[:, k - 1: k]  # (rows, 1) the k-th largest value
+    index = np.empty((values.shape[0], k), np.int64)
+    for row in range(values.shape[0]):
+        candidates = np.flatnonzero(values[row] >= kth[row])
+        order = np.lexsort((candidates, -values[row, candidates]))[:k]  # by value, then index
+        index[row] = candidates[order]
     return np.take_along_axis(values, index, axis=-1), index
 
 
@@ -518,6 +530,9 @@ def _session(path, providers, num_threads):
     options = onnxruntime.SessionOptions()
     if num_threads:
         options.intra_op_num_threads = int(num_threads)
+    # Threads that spin while idle steal the CPU from the Python loop between the small
+    # per-token runs (and from everything else on a busy machine): let them sleep.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return onnxruntime.InferenceSession(path, options, providers=providers or ["CPUExecutionProvider"])
 
 

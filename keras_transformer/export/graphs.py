@@ -19,10 +19,13 @@ Three kinds of task, three sets of graphs:
                                  -> logits (B, 1, V), present.{i}.key/value (B, S + 1, Hkv, Dh)
 
 The key/value caches grow by one position per step, as in Hugging Face optimum: the new
-token's position is the past length S. Inside, a step pads the past by one slot and calls
-the task's `call_with_cache` at index S, so the graph is the model's own cached decoding
-(its one-token cache write is a `where`, which exports to Equal/Where nodes). All integer
-inputs are int64 (ONNX Runtime's and Hugging Face's convention); masks are 0/1.
+tokens' positions start at the past length S. A step of a seq2seq decoder (or of a causal
+LM without a dedicated step) pads the past by the new slots and calls the task's own
+`call_with_cache` at index S: its one-token cache write is a `where` (ONNX Equal/Where),
+and its multi-token write an XlaDynamicUpdateSlice that onnx.py converts to Pad + Where.
+GPT has a dedicated step (`_gpt_step`): the same computation from the same layers with
+about half the ONNX nodes, which is what ONNX Runtime's speed depends on at these sizes.
+All integer inputs are int64 (ONNX Runtime's and Hugging Face's convention); masks are 0/1.
 
 Built under the TensorFlow backend only; `tensorflow` is imported when a graph is built.
 """
@@ -113,35 +116,168 @@ def _cache_specs(task, prefix, sequence_axis):
 
 
 def _present(cache, num_layers):
-    """(B, L, 2, S, Hkv, Dh) -> {present.{i}.key/value: (B, S, Hkv, Dh)}."""
-    out = {}
-    for i in range(num_layers):
-        out[f"present.{i}.key"] = cache[:, i, 0]
-        out[f"present.{i}.value"] = cache[:, i, 1]
+    """(B, L, 2, S, Hkv, Dh) -> 2L tensors (B, S, Hkv, Dh): keys and values of each layer."""
+    return [cache[:, i, part] for i in range(num_layers) for part in (0, 1)]
+
+
+def _named(prefix, tensors):
+    """2L tensors -> {prefix.{i}.key: ..., prefix.{i}.value: ...}."""
+    return {f"{prefix}.{i // 2}.{('key', 'value')[i % 2]}": tensor for i, tensor in enumerate(tensors)}
+
+
+def _stack_cache(tensors, num_layers):
+    """2L tensors (B, S, Hkv, Dh) -> one cache (B, L, 2, S, Hkv, Dh)."""
+    import tensorflow as tf
+
+    layers = [tf.stack(tensors[2 * i: 2 * i + 2], axis=1) for i in range(num_layers)]  # L x (B, 2, S, Hkv, Dh)
+    return tf.stack(layers, axis=1)
+
+
+def _decoder_step(task):
+    """step(ids (B, T) int32, mask (B, S + T) bool, past: 2L x (B, S, Hkv, Dh)) -> (logits (B, T, V), 2L presents)."""
+    from keras_transformer.models.gpt import GPTBackbone
+
+    if type(task.backbone) is GPTBackbone:
+        return lambda ids, mask, past: _gpt_step(task, ids, mask, past)
+    return lambda ids, mask, past: _cached_step(task, ids, mask, past)
+
+
+def _cached_step(task, ids, mask, past):
+    """Any causal LM: its own `call_with_cache` on the past plus T empty slots, at index S."""
+    import tensorflow as tf
+
+    layers = len(past) // 2
+    position = tf.shape(past[0])[1]  # S: the first new token's position
+    cache = _stack_cache(past, layers)  # (B, L, 2, S, Hkv, Dh)
+    cache = tf.pad(cache, [[0, 0], [0, 0], [0, 0], [0, tf.shape(ids)[1]], [0, 0], [0, 0]])  # (B, L, 2, S + T, Hkv, Dh)
+    logits, cache = task.call_with_cache(ids, cache, position, padding_mask=mask)
+    return logits, _present(cache, layers)
+
+
+def _gpt_step(task, ids, mask, past):
+    """GPT's cached forward pass written for ONNX Runtime: the model's layers and weights, a lean attention.
+
+    The same computation as `GPTBackbone.call_with_cache` (and the parity tests hold it to
+    it), with about half the ONNX nodes: the attention mask is built once, each layer
+    concatenates its new keys/values to the past and projects with single MatMuls, and
+    layer norms take the form ONNX Runtime fuses into LayerNormalization kernels.
+    """
+    import tensorflow as tf
+
+    backbone = task.backbone
+    batch_time = tf.shape(ids)  # (B, T)
+    past_length = tf.shape(past[0])[1]  # S
+    x = backbone.token_embedding(ids)  # (B, T) -> (B, T, D)
+    x = x + backbone.position_embedding(x, start_index=past_length)
+    bias = _causal_bias(mask, past_length, batch_time[1])  # (B, 1, T, S + T)
+    presents = []
+    for i, block in enumerate(backbone.transformer_layers):
+        h = _layer_norm(block.self_attention_norm, x) if block.norm_first else x
+        h, key, value = _attention_step(block.self_attention, h, past[2 * i], past[2 * i + 1], bias, batch_time)
+        presents += [key, value]
+        x = _residual(block, x, h, block.self_attention_norm)
+        h = _layer_norm(block.feed_forward_norm, x) if block.norm_first else x
+        x = _residual(block, x, _feed_forward(block.feed_forward, h), block.feed_forward_norm)
+    x = _layer_norm(backbone.layer_norm, x)
+    logits = backbone.token_embedding(x, reverse=True)  # (B, T, D) -> (B, T, V)
+    return tf.cast(logits, "float32"), presents
+
+
+def _causal_bias(mask, past_length, length):
+    """Key mask (B, S + T) and causality -> additive bias (B, 1, T, S + T): 0 to attend, -1e9 not."""
+    import tensorflow as tf
+
+    keys = tf.range(past_length + length)[None, :]  # (1, S + T)
+    queries = past_length + tf.range(length)[:, None]  # (T, 1): absolute query positions
+    allowed = tf.logical_and(mask[:, None, None, :], (keys <= queries)[None, None])  # (B, 1, T, S + T)
+    return tf.where(allowed, 0.0, -1.0e9)
+
+
+def _attention_step(attention, h, past_key, past_value, bias, batch_time):
+    """MultiHeadAttention over past + new keys/values: h (B, T, D) -> (output (B, T, D), keys, values (B, S + T, Hkv, Dh))."""
+    import tensorflow as tf
+
+    heads, kv_heads, head_dim = attention.num_heads, attention._kv_heads, attention._head_dim
+    query = _project(attention.query_dense, h, batch_time, heads, head_dim)  # (B, T, H, Dh)
+    key = tf.concat([past_key, _project(attention.key_dense, h, batch_time, kv_heads, head_dim)], axis=1)
+    value = tf.concat([past_value, _project(attention.value_dense, h, batch_time, kv_heads, head_dim)], axis=1)
+    k, v = key, value  # (B, S + T, Hkv, Dh)
+    if kv_heads != heads:
+        k = tf.repeat(k, heads // kv_heads, axis=2)  # (B, S + T, Hkv, Dh) -> (B, S + T, H, Dh)
+        v = tf.repeat(v, heads // kv_heads, axis=2)
+    # (B, H, T, Dh) x (B, H, Dh, S + T) -> (B, H, T, S + T)
+    scores = tf.matmul(tf.transpose(query, [0, 2, 1, 3]), tf.transpose(k, [0, 2, 3, 1])) * attention._scale
+    probs = tf.nn.softmax(scores + bias, axis=-1)
+    out = tf.matmul(probs, tf.transpose(v, [0, 2, 1, 3]))  # (B, H, T, S + T) x (B, H, S + T, Dh) -> (B, H, T, Dh)
+    out = tf.reshape(tf.transpose(out, [0, 2, 1, 3]), tf.concat([batch_time, [heads * head_dim]], 0))  # (B, T, H * Dh)
+    dense = attention.output_dense
+    out = tf.matmul(out, tf.reshape(dense.kernel, (heads * head_dim, -1)))  # (B, T, H * Dh) x (H * Dh, D) -> (B, T, D)
+    if dense.bias is not None:
+        out = out + dense.bias
+    return out, key, value
+
+
+def _project(dense, x, batch_time, heads, head_dim):
+    """EinsumDense "btd,dhk->bthk" as one MatMul: (B, T, D) -> (B, T, heads, head_dim)."""
+    import tensorflow as tf
+
+    y = tf.matmul(x, tf.reshape(dense.kernel, (-1, heads * head_dim)))  # (B, T, D) x (D, H * Dh) -> (B, T, H * Dh)
+    if dense.bias is not None:
+        y = y + tf.reshape(dense.bias, (heads * head_dim,))
+    return tf.reshape(y, tf.concat([batch_time, [heads, head_dim]], 0))  # -> (B, T, H, Dh)
+
+
+def _feed_forward(layer, x):
+    """`FeedForward.call` at inference, with plain MatMuls: (B, T, D) -> (B, T, D)."""
+    hidden = _dense(layer.intermediate_dense, x)  # (B, T, D) -> (B, T, F)
+    if layer._gated:
+        hidden = layer._activation_fn(_dense(layer.gate_dense, x)) * hidden
+    else:
+        hidden = layer._activation_fn(hidden)
+    return _dense(layer.output_dense, hidden)  # (B, T, F) -> (B, T, D)
+
+
+def _dense(layer, x):
+    """A Dense layer without activation as one MatMul (Keras's TensorFlow Dense adds reshapes around it)."""
+    import tensorflow as tf
+
+    y = tf.matmul(x, layer.kernel)  # (B, T, D_in) x (D_in, D_out)
+    return y + layer.bias if layer.bias is not None else y
+
+
+def _layer_norm(layer, x):
+    """A LayerNormalization over the last axis, in the form ONNX Runtime fuses; other norms are called."""
+    import keras
+    import tensorflow as tf
+
+    if type(layer) is not keras.layers.LayerNormalization or layer.rms_scaling or layer.axis not in (-1, [-1], 2, [2]):
+        return layer(x)
+    mean = tf.reduce_mean(x, axis=-1, keepdims=True)
+    centered = x - mean
+    variance = tf.reduce_mean(tf.pow(centered, 2.0), axis=-1, keepdims=True)
+    out = centered / tf.sqrt(variance + layer.epsilon)
+    if layer.scale:
+        out = out * layer.gamma
+    if layer.center:
+        out = out + layer.beta
     return out
 
 
-def _past_plus_one_slot(past, num_layers):
-    """2L tensors (B, S, Hkv, Dh) -> one cache (B, L, 2, S + 1, Hkv, Dh), the new slot zero."""
-    import tensorflow as tf
-
-    layers = [tf.stack([past[2 * i], past[2 * i + 1]], axis=1) for i in range(num_layers)]  # L x (B, 2, S, Hkv, Dh)
-    cache = tf.stack(layers, axis=1)  # (B, L, 2, S, Hkv, Dh)
-    return tf.pad(cache, [[0, 0], [0, 0], [0, 0], [0, 1], [0, 0], [0, 0]])  # (B, L, 2, S + 1, Hkv, Dh)
+def _residual(block, x, out, norm):
+    """The block's residual rule: x + out (pre-norm), norm(x + out) (post-norm)."""
+    return x + out if block.norm_first else _layer_norm(norm, x + out)
 
 
 def _prefill_graph(task):
     import tensorflow as tf
 
-    layers, _, _ = cache_dims(task)
+    layers, heads, head_dim = cache_dims(task)
+    step = _decoder_step(task)
 
     def prefill(input_ids, attention_mask):
-        batch, length = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
-        cache = tf.zeros(task.backbone.cache_shape(batch, length))  # (B, L, 2, T, Hkv, Dh)
-        logits, cache = task.call_with_cache(
-            tf.cast(input_ids, "int32"), cache, 0, padding_mask=tf.cast(attention_mask, "bool")
-        )
-        return {"logits": logits, **_present(cache, layers)}
+        empty = tf.zeros(tf.stack([tf.shape(input_ids)[0], 0, heads, head_dim]))  # (B, 0, Hkv, Dh)
+        logits, presents = step(tf.cast(input_ids, "int32"), tf.cast(attention_mask, "bool"), [empty] * (2 * layers))
+        return {"logits": logits, **_named("present", presents)}
 
     _, present_axes = _cache_specs(task, "present", "sequence")
     inputs = [
@@ -160,15 +296,11 @@ def _prefill_graph(task):
 def _decode_graph(task):
     import tensorflow as tf
 
-    layers, _, _ = cache_dims(task)
+    step = _decoder_step(task)
 
     def decode(input_ids, attention_mask, *past):
-        position = tf.shape(past[0])[1]  # S: the new token's position
-        cache = _past_plus_one_slot(past, layers)
-        logits, cache = task.call_with_cache(
-            tf.cast(input_ids, "int32"), cache, position, padding_mask=tf.cast(attention_mask, "bool")
-        )
-        return {"logits": logits, **_present(cache, layers)}
+        logits, presents = step(tf.cast(input_ids, "int32"), tf.cast(attention_mask, "bool"), list(past))
+        return {"logits": logits, **_named("present", presents)}
 
     past_specs, past_axes = _cache_specs(task, "past_key_values", "past_sequence")
     _, present_axes = _cache_specs(task, "present", "total_sequence")
@@ -202,6 +334,7 @@ def _encoder_task_graph(task):
         for name, value in zip(input_names, args):
             dtype = task.input[name].dtype
             inputs[name] = tf.cast(value, "bool" if "bool" in str(dtype) else dtype)
+        # The backbone runs twice in the trace; TensorFlow's graph optimizer keeps one copy.
         outputs = dict(task.backbone({name: inputs[name] for name in backbone_names}))
         outputs["logits"] = task(inputs)
         return outputs
@@ -220,15 +353,6 @@ def _encoder_task_graph(task):
 # --- encoder-decoders -------------------------------------------------------
 
 
-def _cross(cache, num_layers):
-    """(B, L, 2, S_enc, Hkv, Dh) -> {cross_key_values.{i}.key/value: (B, S_enc, Hkv, Dh)}."""
-    out = {}
-    for i in range(num_layers):
-        out[f"cross_key_values.{i}.key"] = cache[:, i, 0]
-        out[f"cross_key_values.{i}.value"] = cache[:, i, 1]
-    return out
-
-
 def _seq2seq_encoder_graph(task):
     import tensorflow as tf
 
@@ -237,7 +361,7 @@ def _seq2seq_encoder_graph(task):
     def encoder(input_ids, attention_mask):
         hidden = task.encode(tf.cast(input_ids, "int32"), tf.cast(attention_mask, "bool"))
         cross = task.compute_cross_cache(hidden)  # (B, L, 2, S_enc, Hkv, Dh)
-        return {"encoder_hidden_states": hidden, **_cross(cross, layers)}
+        return {"encoder_hidden_states": hidden, **_named("cross_key_values", _present(cross, layers))}
 
     _, cross_axes = _cache_specs(task, "cross_key_values", "encoder_sequence")
     inputs = [
@@ -261,15 +385,12 @@ def _seq2seq_decoder_graph(task):
     def decoder(input_ids, encoder_attention_mask, *caches):
         past, cross = caches[: 2 * layers], caches[2 * layers:]
         position = tf.shape(past[0])[1]  # S: the new token's position
-        self_cache = _past_plus_one_slot(past, layers)
-        cross_cache = tf.stack(
-            [tf.stack([cross[2 * i], cross[2 * i + 1]], axis=1) for i in range(layers)], axis=1
-        )  # L x (B, 2, S_enc, Hkv, Dh) -> (B, L, 2, S_enc, Hkv, Dh)
+        self_cache = tf.pad(_stack_cache(past, layers), [[0, 0], [0, 0], [0, 0], [0, 1], [0, 0], [0, 0]])  # S + 1 slots
         logits, self_cache = task.call_with_cache(
-            tf.cast(input_ids, "int32"), self_cache, position, cross_cache,
+            tf.cast(input_ids, "int32"), self_cache, position, _stack_cache(cross, layers),
             tf.cast(encoder_attention_mask, "bool"),
         )
-        return {"logits": logits, **_present(self_cache, layers)}
+        return {"logits": logits, **_named("present", _present(self_cache, layers))}
 
     past_specs, past_axes = _cache_specs(task, "past_key_values", "past_sequence")
     cross_specs, cross_axes = _cache_specs(task, "cross_key_values", "encoder_sequence")

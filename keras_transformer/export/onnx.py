@@ -120,8 +120,33 @@ def _convert(graph):
         for dim, axis in zip(value.type.tensor_type.shape.dim, graph.axes.get(value.name, ())):
             if axis is not None:
                 dim.dim_param = axis
+    _mean_over_features(model)
     onnx.checker.check_model(model)
     return model
+
+
+def _mean_over_features(model):
+    """Give back tf2onnx's GlobalAveragePool over (B, T, D) its ReduceMean(axis -1) form.
+
+    tf2onnx turns a mean over the last axis of a rank-3 tensor into GlobalAveragePool (the
+    same numbers); as ReduceMean, layer norms match ONNX Runtime's LayerNormalization fusion.
+    """
+    import onnx
+    from onnx import helper
+
+    inferred = onnx.shape_inference.infer_shapes(model).graph
+    ranks = {
+        value.name: len(value.type.tensor_type.shape.dim)
+        for value in list(inferred.value_info) + list(inferred.input) + list(inferred.output)
+        if value.type.tensor_type.HasField("shape")
+    }
+    for node in model.graph.node:
+        rank = ranks.get(node.input[0]) if node.op_type == "GlobalAveragePool" else None
+        if rank is not None and rank >= 3:  # GlobalAveragePool == ReduceMean over axes 2..rank-1, kept
+            node.op_type = "ReduceMean"
+            del node.attribute[:]
+            node.attribute.extend([helper.make_attribute("axes", list(range(2, rank))),
+                                   helper.make_attribute("keepdims", 1)])
 
 
 def _dynamic_update_slice(ctx, node, name, args):
