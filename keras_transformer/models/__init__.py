@@ -1,12 +1,21 @@
 """Model families: backbones, task models and their preprocessors."""
 
 from keras_transformer.models.backbone import Backbone
+from keras_transformer.models.bert import (
+    BertBackbone,
+    BertClassifier,
+    BertMaskedLM,
+    BertMaskedLMPreprocessor,
+    BertTextClassifierPreprocessor,
+)
 from keras_transformer.models.causal_lm import CausalLM
 from keras_transformer.models.gpt import GPTBackbone, GPTCausalLM, GPTCausalLMPreprocessor
+from keras_transformer.models.masked_lm import MaskedLM
 from keras_transformer.models.preprocessor import Preprocessor
 from keras_transformer.models.seq2seq_lm import Seq2SeqLM
 from keras_transformer.models.t5 import T5Backbone, T5Seq2SeqLM, T5Seq2SeqLMPreprocessor
 from keras_transformer.models.task import Task
+from keras_transformer.models.text_classifier import TextClassifier
 from keras_transformer.models.transformer import (
     TransformerBackbone,
     TransformerSeq2SeqLM,

@@ -69,12 +69,16 @@ class Task(keras.Model):
     def _is_raw(self, x):
         return self.preprocessor is not None and _first_leaf_is_text(x)
 
+    def _preprocessor_kwargs(self):
+        """Extra keyword arguments for each preprocessor call (a classifier passes its num_classes)."""
+        return {}
+
     def _preprocess(self, x, y=None, sample_weight=None, batch_size=None, predict=False):
         if not self._is_raw(x):
             return x, y, sample_weight
 
         def preprocess(batch_x, batch_y=None, batch_w=None):
-            return self.preprocessor(batch_x, batch_y, batch_w, predict=predict)
+            return self.preprocessor(batch_x, batch_y, batch_w, predict=predict, **self._preprocessor_kwargs())
 
         if _is_dataset(x):
             return _PreprocessedDataset(x, preprocess), None, None

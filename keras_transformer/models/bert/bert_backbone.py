@@ -1,0 +1,175 @@
+"""BERT-style encoder-only backbone (Devlin et al. 2019): post-norm encoder blocks, a pooled [CLS] output.
+
+Axes: B batch, T sequence length, D model width, V vocabulary.
+"""
+
+import keras
+
+from keras_transformer.layers import PositionalEmbedding, TransformerEncoderBlock
+from keras_transformer.models.backbone import Backbone, check_positive_ints
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class BertBackbone(Backbone):
+    """Token + segment + learned position embeddings, `num_layers` post-norm encoder blocks, a tanh pooler.
+
+    The layout follows Hugging Face `BertModel` one to one, so its weights map
+    onto ours by name: `token_embedding` (word_embeddings), `segment_embedding`
+    (token_type_embeddings), `position_embedding`, `embeddings_layer_norm`,
+    `transformer_layer_{i}` (one `TransformerEncoderBlock` per layer, exact
+    gelu) and `pooled_dense` (the pooler). The token embedding is a
+    `keras.layers.ReversibleEmbedding`, so a masked LM head can reuse it.
+
+    Args:
+        vocabulary_size: int, V.
+        num_layers: int, the number of encoder blocks.
+        num_heads: int, attention heads.
+        hidden_dim: int, D (a multiple of num_heads).
+        intermediate_dim: int, feed-forward width.
+        max_sequence_length: int, the number of learned positions.
+        num_segments: int, the number of segment ("token type") ids.
+        dropout: float in [0, 1), on embeddings, attention probabilities and
+            sub-layer outputs.
+        activation: feed-forward activation ("gelu" is BERT's exact erf gelu).
+        norm_epsilon: float, LayerNorm epsilon.
+        initializer_range: float, stddev of the truncated normal that initialises
+            every embedding and kernel (Hugging Face's `initializer_range`). BERT's
+            0.02 suits widths in the hundreds; tiny models learn much faster with
+            about 1 / sqrt(hidden_dim).
+        dtype: dtype policy of the layers.
+
+    Inputs:
+        {"token_ids": (B, T) int32, "segment_ids": (B, T) int32, "padding_mask": (B, T) bool}.
+
+    Outputs:
+        {"sequence_output": (B, T, D), "pooled_output": (B, D)}: the last
+        block's hidden states, and tanh(W h_[CLS] + b) of the first token.
+
+    Example:
+    >>> backbone = BertBackbone(vocabulary_size=100, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32)
+    >>> outputs = backbone({"token_ids": np.ones((1, 4), "int32"), "segment_ids": np.zeros((1, 4), "int32"),
+    ...                     "padding_mask": np.ones((1, 4), bool)})
+    >>> outputs["sequence_output"].shape, outputs["pooled_output"].shape
+    ((1, 4, 16), (1, 16))
+    """
+
+    family = "bert"
+
+    def __init__(
+        self,
+        vocabulary_size,
+        num_layers,
+        num_heads,
+        hidden_dim,
+        intermediate_dim,
+        max_sequence_length=512,
+        num_segments=2,
+        dropout=0.1,
+        activation="gelu",
+        norm_epsilon=1e-12,
+        initializer_range=0.02,
+        dtype=None,
+        **kwargs,
+    ):
+        check_positive_ints(vocabulary_size=vocabulary_size, num_layers=num_layers, num_heads=num_heads,
+                            hidden_dim=hidden_dim, intermediate_dim=intermediate_dim,
+                            max_sequence_length=max_sequence_length, num_segments=num_segments)
+        if hidden_dim % num_heads:
+            raise ValueError(
+                f"`hidden_dim` must be a multiple of `num_heads`. Received: hidden_dim={hidden_dim}, "
+                f"num_heads={num_heads}"
+            )
+        if not (isinstance(dropout, (int, float)) and 0.0 <= dropout < 1.0):
+            raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={dropout!r}")
+        if not (isinstance(initializer_range, (int, float)) and initializer_range > 0):
+            raise ValueError(f"`initializer_range` must be positive. Received: initializer_range={initializer_range!r}")
+        initializer = keras.initializers.TruncatedNormal(stddev=initializer_range)
+
+        # === Layers ===
+        self.token_embedding = keras.layers.ReversibleEmbedding(
+            vocabulary_size, hidden_dim, tie_weights=True, embeddings_initializer=initializer,
+            dtype=dtype, name="token_embedding",
+        )
+        self.segment_embedding = keras.layers.Embedding(
+            num_segments, hidden_dim, embeddings_initializer=initializer, dtype=dtype, name="segment_embedding",
+        )
+        self.position_embedding = PositionalEmbedding(
+            max_sequence_length, "learned", initializer=initializer, dtype=dtype, name="position_embedding",
+        )
+        self.embeddings_layer_norm = keras.layers.LayerNormalization(
+            epsilon=norm_epsilon, dtype=dtype, name="embeddings_layer_norm"
+        )
+        self.embeddings_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="embeddings_dropout")
+        self.transformer_layers = [
+            TransformerEncoderBlock(
+                num_heads, intermediate_dim, activation=activation, dropout=dropout,
+                norm_first=False, norm_epsilon=norm_epsilon, kernel_initializer=initializer,
+                dtype=dtype, name=f"transformer_layer_{i}",
+            )
+            for i in range(num_layers)
+        ]
+        self.pooled_dense = keras.layers.Dense(
+            hidden_dim, activation="tanh", kernel_initializer=initializer, dtype=dtype, name="pooled_dense"
+        )
+
+        # === Functional model ===
+        token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+        segment_ids = keras.Input(shape=(None,), dtype="int32", name="segment_ids")
+        padding_mask = keras.Input(shape=(None,), dtype="bool", name="padding_mask")
+        x = self.token_embedding(token_ids)  # (B, T) -> (B, T, D)
+        x = x + self.segment_embedding(segment_ids) + self.position_embedding(x)
+        x = self.embeddings_layer_norm(x)
+        x = self.embeddings_dropout(x)
+        for block in self.transformer_layers:
+            x = block(x, padding_mask=padding_mask)
+        pooled = self.pooled_dense(x[:, 0, :])  # the [CLS] token: (B, T, D) -> (B, D)
+        super().__init__(
+            inputs={"token_ids": token_ids, "segment_ids": segment_ids, "padding_mask": padding_mask},
+            outputs={"sequence_output": x, "pooled_output": pooled},
+            dtype=dtype,
+            **kwargs,
+        )
+
+        # === Config ===
+        self.vocabulary_size = vocabulary_size
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.hidden_dim = hidden_dim
+        self.intermediate_dim = intermediate_dim
+        self.max_sequence_length = max_sequence_length
+        self.num_segments = num_segments
+        self.dropout = dropout
+        self.activation = activation
+        self.norm_epsilon = norm_epsilon
+        self.initializer_range = initializer_range
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocabulary_size": self.vocabulary_size,
+                "num_layers": self.num_layers,
+                "num_heads": self.num_heads,
+                "hidden_dim": self.hidden_dim,
+                "intermediate_dim": self.intermediate_dim,
+                "max_sequence_length": self.max_sequence_length,
+                "num_segments": self.num_segments,
+                "dropout": self.dropout,
+                "activation": self.activation,
+                "norm_epsilon": self.norm_epsilon,
+                "initializer_range": self.initializer_range,
+            }
+        )
+        return config
+
+    # --- distribution -----------------------------------------------------
+
+    def get_layout_map(self, device_mesh, model_axis="model", batch_axis="batch"):
+        """A `keras.distribution.LayoutMap` splitting heads, feed-forward and token embedding along `model_axis`.
+
+        Megatron-style tensor parallelism for `keras.distribution.ModelParallel` (JAX only in Keras 3.15);
+        see `keras_transformer.distribution.megatron_layout_map`.
+        """
+        from keras_transformer.distribution import megatron_layout_map
+
+        return megatron_layout_map(self, device_mesh, model_axis=model_axis, batch_axis=batch_axis)
