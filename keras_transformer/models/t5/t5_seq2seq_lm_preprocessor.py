@@ -94,7 +94,8 @@ class T5Seq2SeqLMPreprocessor(Preprocessor):
                 )
             if self.truncate:
                 targets = [ids[: self.decoder_sequence_length - 1] for ids in targets]
-        decoder_token_ids, decoder_padding_mask = self.pad([start + list(t) for t in targets], self.decoder_sequence_length)
+        decoder_inputs = [start + list(t) for t in targets]
+        decoder_token_ids, decoder_padding_mask = self.pad(decoder_inputs, self.decoder_sequence_length)
         inputs = {
             "encoder_token_ids": encoder_token_ids,
             "encoder_padding_mask": encoder_padding_mask,

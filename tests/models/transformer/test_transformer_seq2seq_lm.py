@@ -80,7 +80,8 @@ def test_matches_numpy_reference(rng):
     logits = to_numpy(task(x))
     enc, dec = x["encoder_padding_mask"], x["decoder_padding_mask"]
     assert logits.dtype == np.float32 and logits.shape == (3, 9, V)
-    np.testing.assert_allclose(to_numpy(outputs["encoder_sequence_output"])[enc], expected_encoder[enc], atol=1e-5, rtol=0)
+    encoder_outputs = to_numpy(outputs["encoder_sequence_output"])
+    np.testing.assert_allclose(encoder_outputs[enc], expected_encoder[enc], atol=1e-5, rtol=0)
     np.testing.assert_allclose(logits[dec], expected_logits[dec], atol=1e-5, rtol=0)
     assert np.abs(expected_logits[dec]).max() > 1.0
 
@@ -114,9 +115,8 @@ def test_structure_follows_the_paper():
     assert not backbone.position_embedding.weights  # the sinusoid has no weights
     # Paper defaults: the base model.
     parameters = inspect.signature(TransformerBackbone.__init__).parameters
-    assert {k: parameters[k].default for k in ("num_layers", "num_heads", "hidden_dim", "intermediate_dim", "dropout")} == {
-        "num_layers": 6, "num_heads": 8, "hidden_dim": 512, "intermediate_dim": 2048, "dropout": 0.1
-    }
+    paper = {"num_layers": 6, "num_heads": 8, "hidden_dim": 512, "intermediate_dim": 2048, "dropout": 0.1}
+    assert {name: parameters[name].default for name in paper} == paper
 
 
 @pytest.mark.parametrize(
@@ -142,7 +142,8 @@ def test_positions_past_max_sequence_length_are_rejected():
 
 def test_decoder_start_token_is_bos_when_the_tokenizer_has_one():
     vocabulary = helpers.DIGIT_VOCABULARY + [("<s>", 0.0)]
-    tokenizer = UnigramTokenizer(UnigramTokenizer.from_vocabulary(vocabulary).backend_tokenizer, bos_token="<s>")
+    backend = UnigramTokenizer.from_vocabulary(vocabulary).backend_tokenizer
+    tokenizer = UnigramTokenizer(backend, bos_token="<s>")
     preprocessor = TransformerSeq2SeqLMPreprocessor(tokenizer, 4, 4)
     x, labels, _ = preprocessor((["1 2"], ["3"]))
     assert preprocessor.decoder_start_token_id == 13
@@ -183,7 +184,7 @@ def test_learns_to_reverse_digits(rng):
     task = TransformerSeq2SeqLM(backbone, preprocessor)
     train = helpers.reverse_pairs(rng, 2000, 3, 5)
     held_out = helpers.reverse_pairs(np.random.default_rng(99), 300, 3, 5)
-    epochs, batch_size = 8, 32
+    epochs, batch_size = 5, 32
     steps = epochs * -(-len(train[0]) // batch_size)
     schedule = keras.optimizers.schedules.CosineDecay(0.0, steps, warmup_target=3e-3, warmup_steps=steps // 10)
     task.compile(optimizer=keras.optimizers.Adam(schedule))
