@@ -37,6 +37,7 @@ class CausalLM(Task):
         no_repeat_ngram_size=0,
         streamer=None,
         return_dict=False,
+        output_logits=False,
     ):
         """Continue prompts, one token at a time, with a key/value cache.
 
@@ -66,9 +67,11 @@ class CausalLM(Task):
                 numpy array of the token each row just produced (-1 for a row that
                 produced none: finished, or still inside its longer prompt). Not with
                 beam search.
-            return_dict: bool, return `{"outputs", "scores", "logits"}`: scores (B, n)
-                of beam search, or the raw logits (N, V) of every generated token of
-                each row (other samplers).
+            return_dict: bool, return `{"outputs", "scores", "logits"}`: "scores" are
+                beam search's (B, n) normalized scores (else None).
+            output_logits: bool, with `return_dict`: "logits" holds, per row, the raw
+                logits (N, V) of each of its N generated tokens (not with beam search).
+                The loop then keeps a (B, L, V) buffer: mind large vocabularies.
 
         Returns:
             prompt + continuation for each prompt, in the form of `inputs`; with a
@@ -83,4 +86,5 @@ class CausalLM(Task):
             self, inputs, max_new_tokens=max_new_tokens, sampler=sampler, stop_token_ids=stop_token_ids,
             min_new_tokens=min_new_tokens, repetition_penalty=repetition_penalty,
             no_repeat_ngram_size=no_repeat_ngram_size, streamer=streamer, return_dict=return_dict,
+            output_logits=output_logits,
         )

@@ -124,6 +124,7 @@ class Seq2SeqLM(Task):
         no_repeat_ngram_size=0,
         streamer=None,
         return_dict=False,
+        output_logits=False,
     ):
         """Transduce sources: encode once, then decode one token per step with cached keys/values.
 
@@ -140,4 +141,5 @@ class Seq2SeqLM(Task):
             self, inputs, max_new_tokens=max_new_tokens, sampler=sampler, stop_token_ids=stop_token_ids,
             min_new_tokens=min_new_tokens, repetition_penalty=repetition_penalty,
             no_repeat_ngram_size=no_repeat_ngram_size, streamer=streamer, return_dict=return_dict,
+            output_logits=output_logits,
         )

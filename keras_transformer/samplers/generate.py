@@ -28,6 +28,7 @@ def generate(
     no_repeat_ngram_size=0,
     streamer=None,
     return_dict=False,
+    output_logits=False,
 ):
     """Generate from a causal LM (continue prompts) or a seq2seq LM (transduce sources).
 
@@ -47,6 +48,11 @@ def generate(
         raise ValueError(f"`streamer` must be a callable or None. Received: streamer={streamer!r}")
     if streamer is not None and sampler.reorders_rows:
         raise ValueError("`streamer` is not supported with beam search: the best beam is known only at the end.")
+    if output_logits and (not return_dict or sampler.reorders_rows):
+        raise ValueError(
+            "`output_logits=True` needs `return_dict=True` and a sampler other than beam search. "
+            f"Received: return_dict={return_dict}, sampler={sampler!r}"
+        )
 
     seq2seq = hasattr(task, "compute_cross_cache")
     backbone = task.backbone
@@ -88,7 +94,7 @@ def generate(
         arrays["encoder_padding_mask"] = encoder_mask
     options = DecodeOptions(
         stop_token_ids=stop_ids, pad_id=pad_id, repetition=repetition_penalty != 1.0,
-        no_repeat_ngram_size=no_repeat_ngram_size, return_logits=return_dict and not sampler.reorders_rows,
+        no_repeat_ngram_size=no_repeat_ngram_size, return_logits=output_logits,
         streaming=streamer is not None,
     )
     outputs = decode(task, sampler, options, arrays, streamer=streamer)

@@ -40,7 +40,7 @@ def _check_logits(lm, out):
 
 
 def test_cached_logits_match_full_forward_and_greedy_is_argmax(lm, greedy):
-    out = lm.generate(PROMPTS, max_new_tokens=NEW, stop_token_ids=None, return_dict=True)
+    out = lm.generate(PROMPTS, max_new_tokens=NEW, stop_token_ids=None, return_dict=True, output_logits=True)
     assert out["outputs"] == greedy
     for prompt, ids, reference in zip(PROMPTS, greedy, _check_logits(lm, out)):
         assert ids[len(prompt) :] == reference.argmax(-1).tolist()
@@ -57,21 +57,23 @@ def test_padding_never_changes_a_continuation(lm, greedy):
 
 def test_greedy_equals_one_beam(lm, greedy):
     assert lm.generate(PROMPTS, max_new_tokens=NEW, stop_token_ids=None, sampler=BeamSampler(num_beams=1)) == greedy
+    plain = lm.generate(PROMPTS, max_new_tokens=NEW, stop_token_ids=None, return_dict=True)
+    assert plain == {"outputs": greedy, "scores": None, "logits": None}
 
 
 def test_random_sampling_stays_in_the_top_k_and_the_nucleus(lm, greedy):
     temperature, top_k, top_p = 1.5, 4, 0.8
     sampler = RandomSampler(temperature=temperature, top_k=top_k, top_p=top_p, seed=7)
-    out = lm.generate(PROMPTS, max_new_tokens=NEW, stop_token_ids=None, sampler=sampler, return_dict=True)
+    out = lm.generate(PROMPTS, max_new_tokens=NEW, stop_token_ids=None, sampler=sampler, return_dict=True, output_logits=True)
     for prompt, ids, reference in zip(PROMPTS, out["outputs"], _check_logits(lm, out)):
         for token, logits in zip(ids[len(prompt) :], reference):
             assert token in np.argsort(-logits)[:top_k]
             probabilities = _softmax(logits / temperature)
             assert probabilities[probabilities > probabilities[token]].sum() < top_p + 1e-6
     assert out["outputs"] != greedy  # it does sample
-    again = lm.generate(PROMPTS, max_new_tokens=NEW, stop_token_ids=None, sampler=sampler, return_dict=True)
+    again = lm.generate(PROMPTS, max_new_tokens=NEW, stop_token_ids=None, sampler=sampler, return_dict=True, output_logits=True)
     assert again["outputs"] == out["outputs"]  # same seed, same tokens
-    other = lm.generate(PROMPTS, max_new_tokens=NEW, stop_token_ids=None, return_dict=True,
+    other = lm.generate(PROMPTS, max_new_tokens=NEW, stop_token_ids=None, return_dict=True, output_logits=True,
                         sampler=RandomSampler(temperature=temperature, top_k=top_k, top_p=top_p, seed=8))
     assert other["outputs"] != out["outputs"]
 
@@ -133,6 +135,8 @@ def test_array_inputs_give_arrays(lm, greedy):
         (PROMPTS, {"repetition_penalty": 0.0}, "repetition_penalty"),
         (PROMPTS, {"no_repeat_ngram_size": -2}, "no_repeat_ngram_size"),
         (PROMPTS, {"sampler": "beam", "streamer": print}, "streamer"),
+        (PROMPTS, {"output_logits": True}, "output_logits"),
+        (PROMPTS, {"output_logits": True, "return_dict": True, "sampler": "beam"}, "output_logits"),
         ("a string", {}, "preprocessor"),
     ],
 )

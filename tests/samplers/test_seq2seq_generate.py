@@ -55,7 +55,7 @@ def lm(request):
 
 
 def test_cached_decoding_matches_full_forward(lm):
-    out = lm.generate(SOURCES, max_new_tokens=NEW, return_dict=True)  # stops at </s>
+    out = lm.generate(SOURCES, max_new_tokens=NEW, return_dict=True, output_logits=True)  # stops at </s>
     start = lm.preprocessor.decoder_start_token_id
     full = seq2seq_logits(lm, SOURCES, out["outputs"])
     for ids, logits, reference in zip(out["outputs"], out["logits"], full):
@@ -69,8 +69,8 @@ def test_strings_in_strings_out(lm):
     sources = ["1 2 3", "3 1"]
     encoder_ids, encoder_mask = lm.preprocessor.generate_preprocess(sources)
     ids = [row[mask].tolist() for row, mask in zip(encoder_ids, encoder_mask)]
-    expected = lm.preprocessor.generate_postprocess(lm.generate(ids, max_new_tokens=NEW, return_dict=True)["outputs"])
-    texts = lm.generate(sources, max_new_tokens=NEW, return_dict=True)["outputs"]
+    expected = lm.preprocessor.generate_postprocess(lm.generate(ids, max_new_tokens=NEW, return_dict=True, output_logits=True)["outputs"])
+    texts = lm.generate(sources, max_new_tokens=NEW, return_dict=True, output_logits=True)["outputs"]
     assert texts == expected and all(isinstance(t, str) for t in texts)
 
 
