@@ -34,11 +34,15 @@ test-fast:
 test-tensorflow test-jax test-torch: install
 	KERAS_BACKEND=$(@:test-%=%) $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests
 
+# Benchmarks against keras-hub, one process per backend; results go to benchmarks/RESULTS.md by hand.
 bench: install
-	$(PY) benchmarks/run_all.py
+	@for b in $(BACKENDS); do KERAS_BACKEND=$$b $(PY) benchmarks/train.py || exit 1; done
+	$(PY) benchmarks/export_speed.py
 
+# On a machine with an NVIDIA GPU: the device, then the training benchmark on every backend.
 gpu-check: install
-	$(PY) benchmarks/gpu_check.py
+	nvidia-smi
+	@for b in $(BACKENDS); do KERAS_BACKEND=$$b $(PY) benchmarks/train.py || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info
