@@ -75,7 +75,7 @@ class BeamSampler(Sampler):
         return ops.log_softmax(logits, axis=-1)  # beams add log-probabilities
 
     def _initial_state(self, ctx):
-        B, K, L = ctx.batch_size, self.num_beams, ctx.noise.shape[0]
+        B, K, L = ctx.batch_size, self.num_beams, ctx.length
         # Only beam 0 is alive at first: the K copies of a prompt must not yield K equal beams.
         beam_scores = ops.concatenate([ops.zeros((B, 1)), ops.full((B, K - 1), NEG)], axis=1)  # (B, K)
         return {
@@ -88,7 +88,7 @@ class BeamSampler(Sampler):
         }
 
     def _step(self, i, scores, state, ctx):
-        B, K, L, V = ctx.batch_size, self.num_beams, ctx.noise.shape[0], scores.shape[-1]
+        B, K, L, V = ctx.batch_size, self.num_beams, ctx.length, scores.shape[-1]
         rows = dict(state["rows"])
         lengths = ops.reshape(ctx.prompt_lengths, (B, K))[:, 0]  # (B,)
         generated = i + 1 - lengths  # (B,) new tokens including this one

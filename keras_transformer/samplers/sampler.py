@@ -144,7 +144,7 @@ class _Context:
     """Per-call tensors and static settings the loop body reads (never changed by the loop)."""
 
     def __init__(self, inputs, options, sampler, vocabulary_size):
-        self.num_rows = inputs["token_ids"].shape[0]
+        self.num_rows, self.length = inputs["token_ids"].shape  # R, L
         self.num_beams = sampler.num_beams
         self.batch_size = self.num_rows // self.num_beams
         self.vocabulary_size = vocabulary_size
