@@ -59,20 +59,48 @@ def export_model(task, path, format="onnx", overwrite=False):
     >>> lm.export("out/gpt_onnx", format="onnx")
     >>> # python out/gpt_onnx/generate.py --prompt "def add(" --sampler greedy
     """
+    return export_models(task, {path: format}, overwrite=overwrite)[0]
+
+
+def export_models(task, targets, overwrite=False):
+    """Export `task` to several directories at once: `{path: format}`.
+
+    The same as one `export_model` per target, but under JAX or PyTorch a single
+    TensorFlow child process writes them all. Each directory is written atomically.
+
+    Returns:
+        The list of written `Path`s, in the order of `targets`.
+
+    Example:
+    >>> export_models(lm, {"out/onnx": "onnx", "out/saved_model": "tf_saved_model"})
+    """
     from keras_transformer.export import graphs  # light: builds nothing until called
 
-    if format not in FORMATS:
-        raise ValueError(f"`format` must be one of {FORMATS}. Received: format={format!r}")
+    targets = [(Path(os.fspath(path)).expanduser().resolve(), format) for path, format in dict(targets).items()]
+    if not targets:
+        raise ValueError("`targets` is empty: pass at least one {path: format}.")
+    for path, format in targets:
+        if format not in FORMATS:
+            raise ValueError(f"`format` must be one of {FORMATS}. Received: format={format!r}")
+        if path.exists() and not overwrite:
+            raise ValueError(f"{path} already exists: pass overwrite=True to replace it.")
     graphs.model_kind(task)  # an unsupported task is an error before any work
-    path = Path(os.fspath(path)).expanduser().resolve()
-    if path.exists() and not overwrite:
-        raise ValueError(f"{path} already exists: pass overwrite=True to replace it.")
-    check_requirements(format)
-    if keras.config.backend() == "tensorflow":
-        presets._atomic_dir(path, overwrite, lambda tmp: write(task, tmp, format))
-    else:
-        presets._atomic_dir(path, overwrite, lambda tmp: _write_in_tensorflow_child(task, tmp, format))
-    return path
+    for format in dict.fromkeys(format for _, format in targets):
+        check_requirements(format)
+
+    def write_all(pending, written):
+        # Each target in its own temporary directory, renamed when it is complete.
+        if pending:
+            (path, format), rest = pending[0], pending[1:]
+            presets._atomic_dir(path, overwrite, lambda tmp: write_all(rest, written + [(tmp, format)]))
+        elif keras.config.backend() == "tensorflow":
+            for directory, format in written:
+                write(task, directory, format)
+        else:
+            _write_in_tensorflow_child(task, written)
+
+    write_all(targets, [])
+    return [path for path, _ in targets]
 
 
 def check_requirements(format):
@@ -106,8 +134,8 @@ def write(task, directory, format):
         write_saved_model(task, directory)
 
 
-def _write_in_tensorflow_child(task, directory, format):
-    """Save `task` as a preset and export it from a child process under the TensorFlow backend."""
+def _write_in_tensorflow_child(task, targets):
+    """Save `task` as a preset; a child process under the TensorFlow backend writes each (directory, format)."""
     with tempfile.TemporaryDirectory(prefix="keras_transformer_export_") as scratch:
         preset = Path(scratch) / "preset"
         task.save_to_preset(preset)
@@ -118,8 +146,9 @@ def _write_in_tensorflow_child(task, directory, format):
             # The parent (JAX or PyTorch) may hold the GPU; exporting is CPU work.
             "CUDA_VISIBLE_DEVICES": "-1",
         }
-        command = [sys.executable, "-m", "keras_transformer.export", str(preset), str(directory),
-                   "--format", format, "--into-existing"]
+        command = [sys.executable, "-m", "keras_transformer.export", str(preset)]
+        for directory, format in targets:
+            command += ["--write-into", str(directory), format]
         result = subprocess.run(command, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-25:])
@@ -159,4 +188,4 @@ _DEFAULT_TASKS = {
 }
 
 
-__all__ = ["FORMATS", "INSTALL_HINT", "check_requirements", "export_model", "load_preset_task", "write"]
+__all__ = ["FORMATS", "INSTALL_HINT", "check_requirements", "export_model", "export_models", "load_preset_task", "write"]

@@ -1,8 +1,9 @@
-"""`python -m keras_transformer.export PRESET OUT_DIR --format onnx|tf_saved_model`.
+"""`python -m keras_transformer.export PRESET OUT_DIR --format onnx|tf_saved_model [--overwrite]`.
 
-The process the exporter starts under the TensorFlow backend when the caller's backend is
-JAX or PyTorch (with `--into-existing`: write into the caller's temporary directory, which
-the caller renames). Run by hand it is the same as `keras-transformer export`.
+Run by hand it is the same as `keras-transformer export`. It is also the process the
+exporter starts under the TensorFlow backend when the caller's backend is JAX or PyTorch:
+then `--write-into DIR FORMAT` (repeated) writes into the caller's temporary directories,
+which the caller renames.
 """
 
 import argparse
@@ -12,17 +13,20 @@ import sys
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m keras_transformer.export", description=__doc__.splitlines()[0])
     parser.add_argument("preset", help="a registered preset name or a preset directory")
-    parser.add_argument("out_dir")
+    parser.add_argument("out_dir", nargs="?")
     parser.add_argument("--format", default="onnx", choices=("onnx", "tf_saved_model"))
     parser.add_argument("--overwrite", action="store_true")
-    parser.add_argument("--into-existing", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--write-into", nargs=2, action="append", metavar=("DIR", "FORMAT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if (args.out_dir is None) == (args.write_into is None):
+        parser.error("pass OUT_DIR")
 
     from keras_transformer import export
 
     task = export.load_preset_task(args.preset)
-    if args.into_existing:
-        export.write(task, args.out_dir, args.format)
+    if args.write_into:
+        for directory, format in args.write_into:
+            export.write(task, directory, format)
     else:
         export.export_model(task, args.out_dir, format=args.format, overwrite=args.overwrite)
     return 0

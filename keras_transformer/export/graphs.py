@@ -52,7 +52,7 @@ class Graph(NamedTuple):
 
 
 def model_kind(task):
-    """"decoder", "encoder" or "encoder_decoder"; a ValueError for what cannot be exported."""
+    """The kind of `task`: "decoder", "encoder" or "encoder_decoder"; a ValueError for what cannot be exported."""
     from keras_transformer.models.seq2seq_lm import Seq2SeqLM
 
     if not isinstance(task, Task):
@@ -77,9 +77,10 @@ def model_kind(task):
     outputs = getattr(getattr(task, "backbone", None), "output", None)
     if isinstance(outputs, dict) and "sequence_output" in outputs:
         return "encoder"
+    family = getattr(getattr(task, "backbone", None), "family", None)
     raise ValueError(
-        f"{type(task).__name__} (family {getattr(getattr(task, 'backbone', None), 'family', None)!r}) is not an exportable "
-        "task: export supports causal LMs, encoder tasks and seq2seq LMs."
+        f"{type(task).__name__} (family {family!r}) is not an exportable task: export supports causal LMs, "
+        "encoder tasks (a backbone with a sequence_output) and seq2seq LMs."
     )
 
 

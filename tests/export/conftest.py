@@ -1,12 +1,15 @@
 """Exports shared by the export tests: each family's tiny task is exported once per session.
 
 Exports are slow (a TensorFlow conversion, and under JAX or PyTorch a child process), so
-every test module asks `exported(family)` for the same task, bundle and SavedModel.
+every test module asks `exported(family)` for the same task, bundle and SavedModel. GPT is
+exported through `task.export` and the command line; the other families through
+`export_models` (both formats, one child process).
 """
 
 import pytest
 
 from keras_transformer import cli
+from keras_transformer.export import export_models
 from tests.export import helpers
 
 _BUILDERS = {
@@ -26,14 +29,13 @@ def exported(tmp_path_factory):
         if family not in cache:
             task = _BUILDERS[family]()
             directory = tmp_path_factory.mktemp(family)
-            bundle = task.export(directory / "bundle", format="onnx")
-            if family == "gpt":  # the command line's export, from a preset of the same weights
+            bundle, saved_model = directory / "bundle", directory / "saved_model"
+            if family == "gpt":  # `task.export`, and the command line's export of a preset of the same weights
+                assert task.export(bundle, format="onnx") == bundle
                 task.save_to_preset(directory / "preset")
-                assert cli.main(["export", str(directory / "preset"), str(directory / "saved_model"),
-                                 "--format", "tf_saved_model"]) == 0
-                saved_model = directory / "saved_model"
-            else:
-                saved_model = task.export(directory / "saved_model", format="tf_saved_model")
+                assert cli.main(["export", str(directory / "preset"), str(saved_model), "--format", "tf_saved_model"]) == 0
+            else:  # both formats in one call (one TensorFlow child process under JAX or PyTorch)
+                export_models(task, {bundle: "onnx", saved_model: "tf_saved_model"})
             cache[family] = {"task": task, "bundle": bundle, "saved_model": saved_model}
         return cache[family]
 

@@ -113,7 +113,7 @@ def test_failure_mid_export_leaves_nothing(lm, tmp_path, monkeypatch):
 
         def run(command, **kwargs):  # the TensorFlow child writes one graph, then fails
             calls.append(command)
-            (Path(command[4]) / "prefill.onnx").write_bytes(b"partial")
+            (Path(command[command.index("--write-into") + 1]) / "prefill.onnx").write_bytes(b"partial")
             return subprocess.CompletedProcess(command, 1, "", "Traceback ...\nRuntimeError: injected failure")
 
         monkeypatch.setattr(export.subprocess, "run", run)
@@ -129,14 +129,22 @@ def test_overwrite_replaces_atomically(lm, tmp_path, monkeypatch):
     (target / "old.txt").write_text("old")
 
     def write(task, directory, format):
-        (directory / "new.txt").write_text(format)
+        (Path(directory) / "new.txt").write_text(format)
 
     monkeypatch.setattr(export, "write", write)
-    monkeypatch.setattr(export, "_write_in_tensorflow_child", write)
+    monkeypatch.setattr(export, "_write_in_tensorflow_child", lambda task, targets: [write(task, *t) for t in targets])
     lm.export(target, format="tf_saved_model", overwrite=True)
     assert [p.name for p in tmp_path.iterdir()] == ["bundle"]
     assert [p.name for p in target.iterdir()] == ["new.txt"]
     assert (target / "new.txt").read_text() == "tf_saved_model"
+    # Several targets at once: each complete, nothing else left.
+    paths = export.export_models(lm, {tmp_path / "a": "onnx", tmp_path / "b": "tf_saved_model"})
+    assert paths == [tmp_path / "a", tmp_path / "b"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "bundle"]
+    assert (tmp_path / "b" / "new.txt").read_text() == "tf_saved_model"
+    with pytest.raises(ValueError, match="already exists"):
+        export.export_models(lm, {tmp_path / "c": "onnx", tmp_path / "a": "onnx"})
+    assert not (tmp_path / "c").exists()
 
 
 def test_cli_presets_and_errors(capsys, tmp_path):
