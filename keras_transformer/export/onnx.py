@@ -121,8 +121,95 @@ def _convert(graph):
             if axis is not None:
                 dim.dim_param = axis
     _mean_over_features(model)
+    _canonicalize(model)
     onnx.checker.check_model(model)
     return model
+
+
+def _canonicalize(model):
+    """Deterministic node order and names, so that the same graph gives the same bytes.
+
+    tf2onnx's node names and the order of independent nodes vary between processes
+    (counters, hash seeds). Nodes are ordered topologically with ties broken by a hash of
+    their structure (op, attributes, and recursively their inputs), equal initializers are
+    merged, and every name but the graph's inputs and outputs is derived from positions:
+    exports of the same weights are then identical files, whatever backend or process made them.
+    """
+    import hashlib
+    import heapq
+
+    import onnx
+    from onnx import numpy_helper
+
+    graph = model.graph
+    subgraphs = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+    if any(attribute.type in subgraphs for node in graph.node for attribute in node.attribute):
+        return  # control flow: left as converted
+
+    def digest(*parts):
+        h = hashlib.sha256()
+        for part in parts:
+            h.update(part if isinstance(part, bytes) else repr(part).encode())
+            h.update(b"\0")
+        return h.hexdigest()
+
+    initializers = {t.name: t for t in graph.initializer}
+    init_keys = {name: digest("const", t.data_type, tuple(t.dims), numpy_helper.to_array(t).tobytes())
+                 for name, t in initializers.items()}
+    keep = {value.name for value in list(graph.input) + list(graph.output)}
+    tensor_keys = {name: "input:" + name for name in keep}
+    tensor_keys.update(init_keys)
+    node_keys = []
+    for node in graph.node:  # ONNX nodes are in topological order: inputs are keyed first
+        attributes = sorted((a.name, a.SerializeToString()) for a in node.attribute)
+        key = digest(node.domain, node.op_type, attributes, [tensor_keys.get(name, "") for name in node.input])
+        node_keys.append(key)
+        for j, name in enumerate(node.output):
+            tensor_keys[name] = digest(key, j)
+
+    producer = {name: i for i, node in enumerate(graph.node) for name in node.output}
+    consumers = [[] for _ in graph.node]
+    waiting = []
+    for i, node in enumerate(graph.node):
+        dependencies = {producer[name] for name in node.input if name in producer}
+        waiting.append(len(dependencies))
+        for d in dependencies:
+            consumers[d].append(i)
+    ready = [(node_keys[i], i) for i, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    nodes = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        nodes.append(onnx.NodeProto.FromString(graph.node[i].SerializeToString()))
+        for c in consumers[i]:
+            waiting[c] -= 1
+            if waiting[c] == 0:
+                heapq.heappush(ready, (node_keys[c], c))
+
+    renames, first_by_key, new_initializers = {}, {}, []
+    for position, node in enumerate(nodes):
+        for name in node.input:
+            if name in initializers and name not in renames:
+                key = init_keys[name]
+                if key not in first_by_key:
+                    first_by_key[key] = f"const_{len(new_initializers)}"
+                    tensor = onnx.TensorProto.FromString(initializers[name].SerializeToString())
+                    tensor.name = first_by_key[key]
+                    new_initializers.append(tensor)
+                renames[name] = first_by_key[key]
+        for j, name in enumerate(node.output):
+            if name and name not in keep:
+                renames[name] = f"{node.op_type.lower()}_{position}" + (f"_{j}" if j else "")
+        node.name = f"{node.op_type}_{position}"
+        node.doc_string = ""
+    for node in nodes:
+        node.input[:] = [renames.get(name, name) for name in node.input]
+        node.output[:] = [renames.get(name, name) for name in node.output]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.initializer[:]
+    graph.initializer.extend(new_initializers)
+    del graph.value_info[:]
 
 
 def _mean_over_features(model):

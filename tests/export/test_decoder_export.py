@@ -184,3 +184,20 @@ def test_runner_needs_no_framework(bundle, generator):
     assert result["frameworks"] == []
     expected = generator.generate(["def add(a", "for"], max_new_tokens=6)
     assert result["lines"] == "\n".join(expected).splitlines()
+
+
+EXPORT_UNDER_TENSORFLOW = """
+import json, sys
+from keras_transformer.export import load_preset_task
+load_preset_task(sys.argv[1]).export(sys.argv[2])
+print(json.dumps({}))
+"""
+
+
+def test_artifacts_identical_to_a_tensorflow_export(bundle, lm, tmp_path):
+    """The same weights exported by a fresh TensorFlow process: the very same files."""
+    lm.save_to_preset(tmp_path / "preset")
+    run_python(EXPORT_UNDER_TENSORFLOW, tmp_path / "preset", tmp_path / "again", env={"KERAS_BACKEND": "tensorflow"})
+    assert sorted(os.listdir(tmp_path / "again")) == sorted(os.listdir(bundle))
+    for name in os.listdir(bundle):
+        assert (tmp_path / "again" / name).read_bytes() == (bundle / name).read_bytes(), name
