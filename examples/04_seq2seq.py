@@ -55,7 +55,7 @@ def reversal_pairs(rng, count):
     return sources, targets
 
 
-train = reversal_pairs(np.random.default_rng(0), 3000)
+train = reversal_pairs(np.random.default_rng(0), 2400)
 held_out = reversal_pairs(np.random.default_rng(1), 200)
 print(train[0][0], "->", train[1][0], "  ids:", tokenizer.tokenize(train[0][0]))
 
@@ -81,7 +81,9 @@ steps = EPOCHS * -(-len(train[0]) // BATCH_SIZE)
 schedule = keras.optimizers.schedules.CosineDecay(0.0, steps, warmup_target=3e-3, warmup_steps=steps // 10)
 lm.compile(optimizer=keras.optimizers.Adam(schedule))
 print(f"{lm.count_params():,} parameters")
-history = lm.fit(train, batch_size=BATCH_SIZE, epochs=EPOCHS, validation_data=held_out, verbose=2)
+history = lm.fit(
+    train, batch_size=BATCH_SIZE, epochs=EPOCHS, validation_data=held_out, validation_batch_size=200, verbose=2
+)
 
 # %% [markdown]
 # ## Greedy vs beam search

@@ -99,7 +99,7 @@ def spec(variable):
 def generate_ids(task, family):
     """Greedy continuations of two ragged prompts (token ids, no stop tokens) and their logits."""
     prompts = [[5, 9, 17, 33], [7, 2]] if family == "gpt" else [[5, 9, 17, 33, 40], [7, 2, 11]]
-    result = task.generate(prompts, max_new_tokens=6, stop_token_ids=None, return_dict=True)
+    result = task.generate(prompts, max_new_tokens=6, stop_token_ids=None, return_dict=True, output_logits=True)
     return [list(map(int, row)) for row in result["outputs"]], [np.asarray(x) for x in result["logits"]]
 
 

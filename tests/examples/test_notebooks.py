@@ -36,6 +36,11 @@ NOTEBOOKS = {
 }
 CELL_TIMEOUT_S = 600
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+CPU_REPORT = """
+import json, resource
+_usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+print(json.dumps({"cpu_seconds": sum(u.ru_utime + u.ru_stime for u in _usage)}))
+"""
 
 
 def _make_notebooks():
@@ -116,6 +121,9 @@ def test_notebook_runs_and_writes_its_plots(name, kernel_spec_dir, tmp_path):
     # One OpenMP thread: on a shared 2-core machine PyTorch's spinning worker threads otherwise
     # burn several times the CPU time of the work itself. Results do not depend on it.
     env.setdefault("OMP_NUM_THREADS", "1")
+    # A last cell reports the kernel's CPU time (its own and its finished children's), to keep
+    # the notebooks small: the suite runs them on every backend of a shared machine.
+    notebook.cells.append(nbformat.v4.new_code_cell(CPU_REPORT))
     client = nbclient.NotebookClient(
         notebook,
         km=_kernel_manager(kernel_spec_dir),
@@ -125,6 +133,8 @@ def test_notebook_runs_and_writes_its_plots(name, kernel_spec_dir, tmp_path):
     client.execute(env=env)  # raises CellExecutionError, with the traceback, if any cell fails
 
     assert f"backend: {keras.config.backend()}" in _outputs_text(notebook)  # the kernel inherited KERAS_BACKEND
+    cpu_seconds = json.loads(notebook.cells[-1].outputs[0]["text"])["cpu_seconds"]
+    print(f"{name} ({keras.config.backend()}): {cpu_seconds:.1f} s of CPU")
     import matplotlib.image
 
     for plot in NOTEBOOKS[name]:

@@ -12,6 +12,7 @@ import numpy as np
 import onnxruntime
 import pytest
 
+from keras_transformer import cli
 from keras_transformer.samplers import BeamSampler, RandomSampler
 from tests.export.helpers import (
     FRAMEWORKS,
@@ -146,6 +147,13 @@ def test_bundle_random_sampling_matches_keras(generator, lm):
     assert new != generator.generate_ids(prompts, 10, sampler="random", **{**options, "seed": 4})
     # top_k=1 leaves only the most likely token: greedy.
     assert generator.generate_ids(prompts, 10, sampler="random", seed=5, top_k=1) == generator.generate_ids(prompts, 10)
+
+
+def test_cli_generate_with_the_bundle(bundle, generator, capsys):
+    assert cli.main(["generate", str(bundle), "--prompt", "for", "--prompt", "def add(a", "--max-new-tokens", "5",
+                     "--sampler", "beam", "--num-beams", "2"]) == 0
+    expected = generator.generate(["for", "def add(a"], max_new_tokens=5, sampler="beam", num_beams=2)
+    assert capsys.readouterr().out == "".join(text + "\n" for text in expected)
 
 
 def test_bundle_text_and_errors(generator, lm):

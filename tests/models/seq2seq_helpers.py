@@ -11,6 +11,7 @@ import json
 
 import keras
 import numpy as np
+import pytest
 
 from keras_transformer.models import Backbone
 from keras_transformer.tokenizers import UnigramTokenizer
@@ -19,6 +20,27 @@ from tests.conftest import to_numpy
 SPACE = "\u2581"
 # One piece per digit ("▁7"), so a digit string "3 1 4" is exactly 3 tokens.
 DIGIT_VOCABULARY = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [(f"{SPACE}{d}", -1.0) for d in range(10)]
+
+
+@pytest.fixture
+def torch_single_thread():
+    """Run a test with one torch intra-op thread (restored afterwards).
+
+    On a busy 2-core machine torch's default two threads wait on each other at every op: training
+    steps of these tiny models measured 10x slower in CPU time (and far slower in wall time) than
+    with one thread, which is as fast when the machine is idle. No effect on other backends.
+    """
+    if keras.config.backend() != "torch":
+        yield
+        return
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def digit_tokenizer():
@@ -143,3 +165,18 @@ def held_out_accuracy(task, sources, targets):
     predictions = np.argmax(to_numpy(task(x)), axis=-1)
     real = weights > 0
     return float(np.mean(predictions[real] == labels[real]))
+
+
+def run_doctests(*modules):
+    """Run the `Example:` sections of the given modules' docstrings; fail on any mismatch."""
+    import doctest
+
+    import keras_transformer.models as models
+    from keras_transformer.tokenizers import UnigramTokenizer as _UnigramTokenizer
+
+    globs = {"np": np, "keras": keras, "UnigramTokenizer": _UnigramTokenizer}
+    globs.update({name: getattr(models, name) for name in dir(models) if not name.startswith("_")})
+    for module in modules:
+        result = doctest.testmod(module, extraglobs=globs, optionflags=doctest.ELLIPSIS, report=True)
+        assert result.attempted > 0, f"{module.__name__} has no example"
+        assert result.failed == 0, f"{module.__name__}: {result.failed} failing example(s)"

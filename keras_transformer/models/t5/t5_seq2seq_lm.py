@@ -33,7 +33,7 @@ class T5Seq2SeqLM(Seq2SeqLM):
     >>> backbone = T5Backbone(tokenizer.vocabulary_size, num_layers=1, num_heads=2, hidden_dim=16,
     ...                       intermediate_dim=32)
     >>> lm = T5Seq2SeqLM(backbone, preprocessor)
-    >>> lm.fit((["1 2 3", "3 2 1"], ["3 2 1", "1 2 3"]), epochs=1, verbose=0)
+    >>> history = lm.fit((["1 2 3", "3 2 1"], ["3 2 1", "1 2 3"]), epochs=1, verbose=0)
     """
 
     backbone_cls = T5Backbone

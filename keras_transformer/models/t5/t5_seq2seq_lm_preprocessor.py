@@ -39,10 +39,10 @@ class T5Seq2SeqLMPreprocessor(Preprocessor):
 
     Example:
     >>> tokenizer = UnigramTokenizer.train(["1 2 3", "3 2 1"] * 50, vocabulary_size=20)
-    >>> preprocessor = T5Seq2SeqLMPreprocessor(tokenizer, encoder_sequence_length=6, decoder_sequence_length=6)
+    >>> preprocessor = T5Seq2SeqLMPreprocessor(tokenizer, encoder_sequence_length=8, decoder_sequence_length=8)
     >>> x, labels, weights = preprocessor((["1 2 3"], ["3 2 1"]))
     >>> x["decoder_token_ids"].shape, labels.shape
-    ((1, 6), (1, 6))
+    ((1, 8), (1, 8))
     """
 
     def __init__(self, tokenizer, encoder_sequence_length=128, decoder_sequence_length=128, truncate=False):

@@ -47,7 +47,7 @@ class TransformerBackbone(Backbone):
     >>> ids, mask = np.ones((1, 4), "int32"), np.ones((1, 4), bool)
     >>> out = backbone({"encoder_token_ids": ids, "encoder_padding_mask": mask,
     ...                 "decoder_token_ids": ids, "decoder_padding_mask": mask})
-    >>> out["decoder_sequence_output"].shape
+    >>> tuple(out["decoder_sequence_output"].shape)
     (1, 4, 16)
     """
 

@@ -14,6 +14,9 @@ from keras_transformer.models import T5Backbone, T5Seq2SeqLM, T5Seq2SeqLMPreproc
 from tests.conftest import to_numpy
 from tests.layers.helpers import randomize_weights
 from tests.models import seq2seq_helpers as helpers
+from tests.models.seq2seq_helpers import torch_single_thread  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
 V = 120  # the shapes of test_t5_parity.py, so JAX reuses its compiled ops
 
@@ -88,6 +91,7 @@ def test_structure_follows_t5():
     assert backbone.family == "t5"
 
 
+@pytest.mark.slow  # cheap on TensorFlow and torch; JAX compiles the training-mode ops afresh (~10 s)
 def test_dropout_only_in_training(rng):
     task = T5Seq2SeqLM(_backbone(dropout=0.3))
     x = _inputs(rng)
@@ -158,3 +162,10 @@ def test_learns_to_reverse_digits(rng):
     assert accuracy >= 0.99, accuracy
     evaluated = task.evaluate(held_out, batch_size=100, verbose=0, return_dict=True)
     assert abs(evaluated["accuracy"] - accuracy) < 1e-4  # the compiled metric counts the same tokens
+
+
+@pytest.mark.slow
+def test_docstring_examples():
+    from keras_transformer.models.t5 import t5_backbone, t5_seq2seq_lm
+
+    helpers.run_doctests(t5_backbone, t5_seq2seq_lm)

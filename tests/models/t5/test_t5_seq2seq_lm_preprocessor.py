@@ -101,3 +101,9 @@ def test_config_round_trip():
     assert config == {"encoder_sequence_length": 5, "decoder_sequence_length": 4, "truncate": True}
     rebuilt = T5Seq2SeqLMPreprocessor.from_config(config, tokenizer=preprocessor.tokenizer)
     assert rebuilt.get_config() == config and isinstance(rebuilt, Preprocessor)
+
+
+def test_docstring_example():
+    from keras_transformer.models.t5 import t5_seq2seq_lm_preprocessor
+
+    helpers.run_doctests(t5_seq2seq_lm_preprocessor)

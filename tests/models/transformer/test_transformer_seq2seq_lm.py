@@ -24,6 +24,9 @@ from tests import reference
 from tests.conftest import to_numpy
 from tests.layers.helpers import block_weights, randomize_weights
 from tests.models import seq2seq_helpers as helpers
+from tests.models.seq2seq_helpers import torch_single_thread  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
 V, D, H, F, P = 120, 32, 4, 64, 16
 
@@ -193,3 +196,16 @@ def test_learns_to_reverse_digits(rng):
     assert accuracy >= 0.99, accuracy
     evaluated = task.evaluate(held_out, batch_size=100, verbose=0, return_dict=True)
     assert abs(evaluated["accuracy"] - accuracy) < 1e-4
+
+
+def test_preprocessor_docstring_example():
+    from keras_transformer.models.transformer import transformer_seq2seq_lm_preprocessor
+
+    helpers.run_doctests(transformer_seq2seq_lm_preprocessor)
+
+
+@pytest.mark.slow
+def test_docstring_examples():
+    from keras_transformer.models.transformer import transformer_backbone, transformer_seq2seq_lm
+
+    helpers.run_doctests(transformer_backbone, transformer_seq2seq_lm)
