@@ -3,6 +3,7 @@
 import keras
 
 from keras_transformer import presets
+from keras_transformer.models.input_checks import check_inputs
 
 
 class Backbone(keras.Model):
@@ -13,12 +14,25 @@ class Backbone(keras.Model):
     Presets: `from_preset(name_or_dir)` and `save_to_preset(dir)`.
     """
 
+    def __init__(self, *args, dtype=None, **kwargs):
+        super().__init__(*args, dtype=dtype, **kwargs)
+        # Functional models keep a float32 policy whatever `dtype` says; the layers got
+        # `dtype` from the subclass, and get_config must hand the same value back.
+        self._construction_dtype = self.dtype_policy if dtype is None else keras.dtype_policies.get(dtype)
+
     def __setattr__(self, name, value):
         functional_setattr(self, name, value, super().__setattr__)
 
+    def __call__(self, *args, **kwargs):
+        # Values of numpy inputs are checked on the host (a gather would clamp a bad id on JAX);
+        # backend tensors pass unchecked: they may be traced, or a training step's batch.
+        check_inputs(self, args[0] if args else kwargs.get("inputs"))
+        return super().__call__(*args, **kwargs)
+
     def get_config(self):
         # The functional graph is rebuilt from the constructor arguments.
-        return {"name": self.name, "trainable": self.trainable, "dtype": keras.dtype_policies.serialize(self.dtype_policy)}
+        dtype = keras.dtype_policies.serialize(self._construction_dtype)
+        return {"name": self.name, "trainable": self.trainable, "dtype": dtype}
 
     @classmethod
     def from_config(cls, config):
