@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from keras_transformer.models.input_checks import check_not_empty_strings
 from keras_transformer.tokenizers import Tokenizer
 
 
@@ -70,4 +71,5 @@ def as_string_list(texts, name="x"):
         out.append(text)
     if not out:
         raise ValueError(f"`{name}` is an empty batch: pass at least one string.")
+    check_not_empty_strings(out, name)
     return out

@@ -5,6 +5,7 @@ import numpy as np
 
 from keras_transformer import presets
 from keras_transformer.models.backbone import functional_setattr
+from keras_transformer.models.input_checks import check_finite, check_inputs
 
 
 class Task(keras.Model):
@@ -21,6 +22,10 @@ class Task(keras.Model):
 
     def __setattr__(self, name, value):
         functional_setattr(self, name, value, super().__setattr__)
+
+    def __call__(self, *args, **kwargs):
+        check_inputs(self, args[0] if args else kwargs.get("inputs"))  # numpy inputs only, as Backbone
+        return super().__call__(*args, **kwargs)
 
     # --- compile defaults -------------------------------------------------
 
@@ -49,16 +54,20 @@ class Task(keras.Model):
     def fit(self, x=None, y=None, batch_size=None, sample_weight=None, validation_data=None, **kwargs):
         if not self.compiled:
             self.compile()
+        check_finite(y=y, sample_weight=sample_weight)
         x, y, sample_weight = self._preprocess(x, y, sample_weight, batch_size)
         if validation_data is not None and self._is_raw(validation_data):
             validation_data = self._preprocess(validation_data, None, None, batch_size)
         elif isinstance(validation_data, tuple) and validation_data and self._is_raw(validation_data[0]):
             validation_data = self._preprocess(*validation_data, batch_size=batch_size)
+        elif isinstance(validation_data, tuple) and validation_data:
+            check_inputs(self, *validation_data[:3], convert_tensors=True, context="In `validation_data`: ")
         return super().fit(x, y, batch_size=batch_size, sample_weight=sample_weight, validation_data=validation_data, **kwargs)
 
     def evaluate(self, x=None, y=None, batch_size=None, sample_weight=None, **kwargs):
         if not self.compiled:
             self.compile()
+        check_finite(y=y, sample_weight=sample_weight)
         x, y, sample_weight = self._preprocess(x, y, sample_weight, batch_size)
         return super().evaluate(x, y, batch_size=batch_size, sample_weight=sample_weight, **kwargs)
 
@@ -74,11 +83,15 @@ class Task(keras.Model):
         return {}
 
     def _preprocess(self, x, y=None, sample_weight=None, batch_size=None, predict=False):
+        # Values are checked here, on the host, once per call (per batch for text datasets).
         if not self._is_raw(x):
+            check_inputs(self, x, y, sample_weight, convert_tensors=True)
             return x, y, sample_weight
 
         def preprocess(batch_x, batch_y=None, batch_w=None):
-            return self.preprocessor(batch_x, batch_y, batch_w, predict=predict, **self._preprocessor_kwargs())
+            batch = self.preprocessor(batch_x, batch_y, batch_w, predict=predict, **self._preprocessor_kwargs())
+            check_inputs(self, *batch)  # e.g. a tokenizer with more ids than the model
+            return batch
 
         if _is_dataset(x):
             return _PreprocessedDataset(x, preprocess), None, None
