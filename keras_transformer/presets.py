@@ -134,11 +134,18 @@ def load_tokenizer(preset):
 
 def load_task(cls, preset, load_weights=True, preprocessor="auto", **kwargs):
     from keras_transformer.models.preprocessor import Preprocessor
+    from keras_transformer.models.task import Task
 
     path, config = load_config(preset, allow_pickle=kwargs.pop("allow_pickle", False))
     backbone_cls = cls.backbone_cls
     backbone = load_backbone(backbone_cls, preset, load_weights=False)
     task_spec = config.get("task") or {}
+    # Another task's entries are ignored, but every class a config names must be this library's.
+    if task_spec.get("class_name") is not None:
+        get_class(task_spec["class_name"], Task)
+    pre_name = (config.get("preprocessor") or {}).get("class_name")
+    if pre_name is not None and pre_name not in _PREPROCESSORS:
+        raise ValueError(f"{pre_name!r} is not a keras_transformer preprocessor.")
     task_kwargs = dict(task_spec.get("config", {})) if task_spec.get("class_name") == cls.__name__ else {}
     if preprocessor == "auto":
         preprocessor = None
@@ -165,11 +172,11 @@ def _load_weights(model, path, config, filename):
         if "weights" in config:  # a converter supplied them in memory
             config["weights"](model)
         return
-    _check_weight_shapes(model, weights)
+    check_weight_shapes(model, weights)
     model.load_weights(str(weights))
 
 
-def _check_weight_shapes(model, weights_path):
+def check_weight_shapes(model, weights_path):
     """Compare every saved array shape with the model's variables before touching any variable."""
     try:
         with h5py.File(weights_path, "r") as f:
@@ -179,7 +186,7 @@ def _check_weight_shapes(model, weights_path):
                 if isinstance(obj, h5py.Dataset) and not name.startswith("optimizer/")
                 else None
             )
-    except OSError as error:
+    except (OSError, RuntimeError, KeyError, ValueError) as error:  # h5py's errors for damaged files
         raise ValueError(f"Corrupt or truncated weights file {weights_path}: {error}") from None
     expected = [tuple(v.shape) for v in model.weights]
     if sorted(saved) != sorted(expected):
@@ -214,6 +221,22 @@ def _atomic_dir(target, overwrite, write):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def atomic_file(target, write):
+    """Run write(tmp_file), then rename tmp_file to `target`: an interrupted write keeps the old `target`.
+
+    The temporary file has the target's name (writers check the extension) inside a hidden
+    directory next to it, so the final rename stays on one file system.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        write(tmp / target.name)
+        os.replace(tmp / target.name, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _metadata(model):

@@ -1,5 +1,7 @@
 """Task: a backbone plus a head, trained with plain `fit` on raw strings or arrays."""
 
+import os
+
 import keras
 import numpy as np
 
@@ -40,6 +42,16 @@ class Task(keras.Model):
         if weighted_metrics == "auto":
             weighted_metrics = self.default_weighted_metrics()
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics, weighted_metrics=weighted_metrics, **kwargs)
+
+    def compile_from_config(self, config):
+        """Recompile from a `.keras` file, so `keras.saving.load_model` restores the optimizer state too.
+
+        Keras skips this for models that override `compile`; the saved config holds the
+        resolved optimizer, loss and metrics, which `compile` accepts as they are.
+        """
+        self.compile(**keras.saving.deserialize_keras_object(config))
+        if self.built:
+            self.optimizer.build(self.trainable_variables)  # the file's optimizer variables load into these
 
     default_learning_rate = 1e-3
 
@@ -108,6 +120,38 @@ class Task(keras.Model):
         """Write the backbone, the task head, the tokenizer and metadata to `preset_dir` (atomically)."""
         presets.save_task(self, preset_dir, overwrite=overwrite)
 
+    # --- checkpoints --------------------------------------------------------
+
+    def save(self, filepath, overwrite=True, zipped=None, **kwargs):
+        """Save a `.keras` file (config, weights and optimizer state) as `keras.Model.save`, atomically.
+
+        The file is written under a temporary name and renamed at the end, so an interrupted
+        save (crash, `KeyboardInterrupt`) keeps the previous file. This is the way to resume
+        training exactly (`save_to_preset` keeps no optimizer state):
+
+        >>> lm.fit(data, epochs=1, callbacks=[keras.callbacks.ModelCheckpoint("lm.keras")])
+        >>> lm = keras.saving.load_model("lm.keras")  # safe_mode: only registered classes, no lambdas
+        >>> lm.fit(data, epochs=1)  # continues as if never stopped
+        """
+        if not _is_local(filepath, ".keras") or zipped is False or (not overwrite and os.path.exists(filepath)):
+            return super().save(filepath, overwrite=overwrite, zipped=zipped, **kwargs)
+        presets.atomic_file(filepath, lambda tmp: super(Task, self).save(tmp, zipped=zipped, **kwargs))
+
+    def save_weights(self, filepath, overwrite=True, max_shard_size=None):
+        """`keras.Model.save_weights` (optimizer state included), atomically for one `.weights.h5` file."""
+        if not _is_local(filepath, ".weights.h5") or max_shard_size is not None or (
+            not overwrite and os.path.exists(filepath)
+        ):
+            return super().save_weights(filepath, overwrite=overwrite, max_shard_size=max_shard_size)
+        presets.atomic_file(filepath, lambda tmp: super(Task, self).save_weights(tmp))
+
+    def load_weights(self, filepath, skip_mismatch=False, **kwargs):
+        """`keras.Model.load_weights`, checked first: a damaged `.weights.h5` file, or one whose shapes
+        differ from this model, raises a ValueError naming it before any variable changes."""
+        if not skip_mismatch and _is_local(filepath, ".weights.h5"):
+            presets.check_weight_shapes(self, filepath)
+        return super().load_weights(filepath, skip_mismatch=skip_mismatch, **kwargs)
+
     # --- export -----------------------------------------------------------
 
     def export(self, filepath, format="onnx", overwrite=False, **kwargs):
@@ -142,6 +186,10 @@ class Task(keras.Model):
         config["backbone"] = presets.deserialize_backbone(config["backbone"])
         config["preprocessor"] = presets.deserialize_preprocessor(config.get("preprocessor"))
         return cls(**config)
+
+
+def _is_local(filepath, suffix):
+    return isinstance(filepath, (str, os.PathLike)) and "://" not in str(filepath) and str(filepath).endswith(suffix)
 
 
 def _first_leaf_is_text(x):
