@@ -33,6 +33,7 @@ NOTEBOOKS = {
     "04_seq2seq": ["exact_match.png"],
     "05_export": ["logits_parity.png"],
     "06_switch_backends": ["backend_logit_differences.png"],
+    "07_scale_out": ["weights_per_device.png"],
 }
 CELL_TIMEOUT_S = 600
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
