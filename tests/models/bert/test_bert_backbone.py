@@ -90,7 +90,7 @@ def test_invalid_arguments(tiny_backbone, kwargs, match):
 def test_positions_past_max_sequence_length_are_an_error(tiny_backbone):
     backbone = tiny_backbone()
     ids = np.ones((2, 33), "int32")
-    with pytest.raises(ValueError, match="max_length"):
+    with pytest.raises(ValueError, match="max_sequence_length=32"):
         backbone({"token_ids": ids, "segment_ids": ids * 0, "padding_mask": ids.astype(bool)})
 
 

@@ -93,10 +93,12 @@ def test_special_tokens_in_the_text_are_never_selected(tokenizer):
     assert weights.sum(axis=1).tolist() == [2.0] * 200
 
 
-def test_empty_text_has_no_selection(tokenizer):
-    x, y, weights = BertMaskedLMPreprocessor(tokenizer, sequence_length=8, seed=0)(["", "apple"])
+def test_text_of_special_tokens_has_no_selection(tokenizer):
+    x, y, weights = BertMaskedLMPreprocessor(tokenizer, sequence_length=8, seed=0)(["[SEP]", "apple"])
     np.testing.assert_array_equal(weights[0], 0.0)
     assert weights[1].sum() == 1.0
+    with pytest.raises(ValueError, match="empty string at index 0"):  # see the README's "Bad input"
+        BertMaskedLMPreprocessor(tokenizer, sequence_length=8, seed=0)(["", "apple"])
 
 
 def test_max_selections_caps_the_slots(tokenizer):
