@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BACKENDS ?= tensorflow jax torch
 PYTEST_ARGS ?=
+# Two pytest-xdist workers per backend (the machine has 2 cores; most test time is single-threaded
+# tracing and compilation). Tests are grouped per file (see tests/conftest.py); XDIST= runs serially.
+XDIST ?= -n 2 --dist loadgroup
 export TF_CPP_MIN_LOG_LEVEL := 3
 
 .PHONY: install demo test test-fast test-tensorflow test-jax test-torch bench gpu-check clean
@@ -24,7 +27,7 @@ demo: install
 test: install
 	@status=0; for b in $(BACKENDS); do \
 	  echo "=== KERAS_BACKEND=$$b ==="; \
-	  KERAS_BACKEND=$$b $(PY) -m pytest -q -p no:cacheprovider --durations=10 $(PYTEST_ARGS) tests || status=1; \
+	  KERAS_BACKEND=$$b $(PY) -m pytest -q -p no:cacheprovider --durations=10 $(XDIST) $(PYTEST_ARGS) tests || status=1; \
 	done; exit $$status
 
 # Local iteration: skip the tests marked slow.
@@ -32,7 +35,7 @@ test-fast:
 	$(MAKE) test PYTEST_ARGS="-m 'not slow' $(PYTEST_ARGS)"
 
 test-tensorflow test-jax test-torch: install
-	KERAS_BACKEND=$(@:test-%=%) $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests
+	KERAS_BACKEND=$(@:test-%=%) $(PY) -m pytest -q -p no:cacheprovider $(XDIST) $(PYTEST_ARGS) tests
 
 # Benchmarks against keras-hub, one process per backend; results go to benchmarks/RESULTS.md by hand.
 bench: install

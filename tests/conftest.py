@@ -4,7 +4,15 @@ The backend comes from KERAS_BACKEND (tensorflow, jax or torch); every test runs
 nothing here skips a backend.
 """
 
+import os
 import random
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two workers on a 2-core machine: one compute thread each, or the backends'
+    # thread pools (torch's OpenMP above all) spin against each other. Set before Keras imports them.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
 
 import keras
 import numpy as np
@@ -17,6 +25,21 @@ def pytest_report_header(config):
 
 def pytest_sessionstart(session):
     print(f"\n[keras_transformer tests] backend: {keras.config.backend()}")
+
+
+# Packages whose tests share an expensive session-scoped fixture (tests/export exports each
+# family once) run in one pytest-xdist worker; every other test file is a group of its own.
+SHARED_FIXTURE_PACKAGES = ("export",)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Group tests for `pytest -n 2 --dist loadgroup` (what `make test` runs): module- and
+    session-scoped fixtures are then built once, in the worker that runs the group."""
+    root = config.rootpath / "tests"
+    for item in items:
+        relative = item.path.relative_to(root)
+        group = relative.parts[0] if relative.parts[0] in SHARED_FIXTURE_PACKAGES else str(relative)
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def to_numpy(x):
