@@ -402,6 +402,16 @@ def test_preprocessor(models, task_name, case):
         preprocessor(*args)
 
 
+def test_preprocessors_apply_sample_weights_and_check_their_count(models):
+    for name, x in (("gpt", ["apple river", "stone"]), ("t5", (["1 2", "3"], ["2 1", "3"]))):
+        preprocessor = models["tasks"][name].preprocessor
+        _, _, plain = preprocessor(x)  # (B, T): 1 on real labels
+        _, _, weighted = preprocessor(x, sample_weight=[2.0, 0.5])
+        np.testing.assert_array_equal(weighted, plain * np.array([[2.0], [0.5]]))
+        with pytest.raises(ValueError, match=r"`sample_weight` has 3 rows for 2 examples in `x`"):
+            preprocessor(x, sample_weight=[1.0, 1.0, 1.0])
+
+
 # --- column: tokenizer ------------------------------------------------------------------------
 
 TOKENIZER_CASES = {"too_large", "negative", "float", "empty_string"}

@@ -112,6 +112,25 @@ def check_finite(**values):
             _check_finite(name, array, "")
 
 
+def weigh(weights, sample_weight):
+    """Token weights (B, T) times the user's `sample_weight` ((B,) per example or (B, T) per token).
+
+    A preprocessor's helper: a weight count that differs from the batch, or a NaN, is a ValueError.
+    """
+    if sample_weight is None:
+        return weights
+    sample_weight = np.asarray(sample_weight, dtype="float32")
+    _check_finite("sample_weight", sample_weight, "")
+    _check_batch("sample_weight", sample_weight, weights.shape[0], "")
+    if sample_weight.ndim == 1:
+        return weights * sample_weight[:, None]  # (B,) -> (B, 1)
+    if sample_weight.shape != weights.shape:
+        raise ValueError(
+            f"`sample_weight` must be (B,) or (B, T)={weights.shape}. Received: shape={sample_weight.shape}"
+        )
+    return weights * sample_weight
+
+
 def check_not_empty_strings(texts, name):
     """Raise a ValueError naming `name` and the index of the first empty string in `texts` (a list of str)."""
     for index, text in enumerate(texts):

@@ -3,6 +3,7 @@
 import numpy as np
 
 from keras_transformer import presets
+from keras_transformer.models.input_checks import weigh
 from keras_transformer.models.preprocessor import Preprocessor
 
 
@@ -21,6 +22,8 @@ class GPTCausalLMPreprocessor(Preprocessor):
 
     Call arguments:
         x: a string or a list of strings.
+        sample_weight: None, (B,) per-example or (B, T) per-token weights, multiplied with the
+            padding mask.
 
     Returns:
         `({"token_ids": (B, T) int32, "padding_mask": (B, T) bool}, labels (B, T) int32, sample_weight (B, T) float32)`.
@@ -50,7 +53,7 @@ class GPTCausalLMPreprocessor(Preprocessor):
         inputs = {"token_ids": ids[:, :-1], "padding_mask": mask[:, :-1]}
         if predict:
             return inputs, None, None
-        return inputs, ids[:, 1:], mask[:, 1:].astype("float32")
+        return inputs, ids[:, 1:], weigh(mask[:, 1:].astype("float32"), sample_weight)
 
     def _wrap(self, ids):
         bos = [self.tokenizer.bos_token_id] if self.add_start_token else []

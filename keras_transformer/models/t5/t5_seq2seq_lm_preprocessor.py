@@ -3,6 +3,7 @@
 import numpy as np
 
 from keras_transformer import presets
+from keras_transformer.models.input_checks import weigh
 from keras_transformer.models.preprocessor import Preprocessor, as_string_list
 
 
@@ -105,11 +106,7 @@ class T5Seq2SeqLMPreprocessor(Preprocessor):
         if predict:
             return inputs, None, None
         labels, label_mask = self.pad([list(t) + eos for t in targets], self.decoder_sequence_length)
-        weights = label_mask.astype("float32")
-        if sample_weight is not None:
-            sample_weight = np.asarray(sample_weight, dtype="float32")
-            weights = weights * (sample_weight[:, None] if sample_weight.ndim == 1 else sample_weight)
-        return inputs, labels, weights
+        return inputs, labels, weigh(label_mask.astype("float32"), sample_weight)
 
     def generate_preprocess(self, sources):
         """Sources -> (encoder_token_ids (B, S_enc) int32, encoder_padding_mask (B, S_enc) bool), numpy."""
