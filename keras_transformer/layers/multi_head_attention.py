@@ -211,7 +211,10 @@ class MultiHeadAttention(keras.layers.Layer):
             k = ops.repeat(k, repeats, axis=2)  # (B, S, Hkv, Dh) -> (B, S, H, Dh)
             v = ops.repeat(v, repeats, axis=2)
         use_dropout = training and self.dropout > 0
-        if not return_scores and not use_dropout:
+        # float16 takes the explicit path: its float32 logits and softmax keep the -1e9 mask bias
+        # finite (cast to float16 it is -inf: NaN for a fully masked row), and XLA on CPU has no
+        # float16 matmul with float32 accumulation, which the fused kernel asks for.
+        if not return_scores and not use_dropout and self.compute_dtype != "float16":
             if bias is not None:
                 bias = ops.cast(bias, q.dtype)
             output = ops.dot_product_attention(q, k, v, bias=bias, scale=self._scale)
