@@ -97,8 +97,11 @@ def test_fit_accepts_strings_tf_data_and_py_dataset():
         def __getitem__(self, index):
             return texts[2 * index: 2 * index + 2]
 
+    history = lm.fit(texts, batch_size=2, epochs=1, verbose=0, validation_data=texts[:2]).history
+    # Raw validation strings are preprocessed like the training strings.
+    assert abs(history["val_loss"][0] - lm.evaluate(texts[:2], verbose=0)[0]) < 1e-5
     losses = [
-        lm.fit(texts, batch_size=2, epochs=1, verbose=0).history["loss"][0],
+        history["loss"][0],
         lm.fit(tf.data.Dataset.from_tensor_slices(texts).batch(2), epochs=1, verbose=0).history["loss"][0],
         lm.fit(Texts(), epochs=1, verbose=0).history["loss"][0],
     ]

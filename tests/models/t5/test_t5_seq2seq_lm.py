@@ -157,11 +157,13 @@ def test_learns_to_reverse_digits(rng):
     steps = epochs * -(-len(train[0]) // batch_size)
     schedule = keras.optimizers.schedules.CosineDecay(0.0, steps, warmup_target=5e-3, warmup_steps=steps // 10)
     task.compile(optimizer=keras.optimizers.Adam(schedule))
-    task.fit(train, batch_size=batch_size, epochs=epochs, verbose=0)
+    history = task.fit(train, batch_size=batch_size, epochs=epochs, verbose=0, validation_data=held_out)
     accuracy = helpers.held_out_accuracy(task, *held_out)
     assert accuracy >= 0.99, accuracy
     evaluated = task.evaluate(held_out, batch_size=100, verbose=0, return_dict=True)
     assert abs(evaluated["accuracy"] - accuracy) < 1e-4  # the compiled metric counts the same tokens
+    # Raw (sources, targets) validation data is preprocessed like the training data.
+    assert abs(history.history["val_accuracy"][-1] - accuracy) < 1e-4
 
 
 @pytest.mark.slow
