@@ -54,6 +54,7 @@ def _traces(lm):
     return sum(f.traces for f in compiled_functions(lm).values())
 
 
+@pytest.mark.slow  # 11-19 s on the shared 2-core machine (about 6 compilations + 206 calls)
 def test_many_generate_calls_compile_a_bounded_number_of_times_and_keep_memory_flat(lm):
     rng = np.random.default_rng(0)
     for batch_size in BATCH_SIZES:  # every batch size with both samplers
