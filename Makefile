@@ -7,7 +7,7 @@ BACKENDS ?= tensorflow jax torch
 PYTEST_ARGS ?=
 # Two pytest-xdist workers per backend (the machine has 2 cores; most test time is single-threaded
 # tracing and compilation). Tests are grouped per file (see tests/conftest.py); XDIST= runs serially.
-XDIST ?= -n 2 --dist loadgroup
+XDIST ?= -n 2 --dist loadfile
 export TF_CPP_MIN_LOG_LEVEL := 3
 
 .PHONY: install demo test test-fast test-tensorflow test-jax test-torch bench gpu-check clean

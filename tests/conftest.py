@@ -28,18 +28,23 @@ def pytest_sessionstart(session):
 
 
 # Packages whose tests share an expensive session-scoped fixture (tests/export exports each
-# family once) run in one pytest-xdist worker; every other test file is a group of its own.
-SHARED_FIXTURE_PACKAGES = ("export",)
+# family once) run in one pytest-xdist worker; every other test file is a unit of its own.
+SHARED_FIXTURE_PACKAGES = ("tests/export/",)
 
 
-def pytest_collection_modifyitems(config, items):
-    """Group tests for `pytest -n 2 --dist loadgroup` (what `make test` runs): module- and
-    session-scoped fixtures are then built once, in the worker that runs the group."""
-    root = config.rootpath / "tests"
-    for item in items:
-        relative = item.path.relative_to(root)
-        group = relative.parts[0] if relative.parts[0] in SHARED_FIXTURE_PACKAGES else str(relative)
-        item.add_marker(pytest.mark.xdist_group(group))
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs `pytest -n 2 --dist loadfile`: whole files go to a worker, so module-scoped
+    fixtures are built once; here tests/export also stays together, for its session fixture."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            path = nodeid.split("::", 1)[0]
+            return next((package for package in SHARED_FIXTURE_PACKAGES if path.startswith(package)), path)
+
+    return FileScheduling(config, log)
 
 
 def to_numpy(x):

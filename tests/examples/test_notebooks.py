@@ -131,7 +131,12 @@ def test_notebook_runs_and_writes_its_plots(name, kernel_spec_dir, tmp_path):
         timeout=CELL_TIMEOUT_S,
         resources={"metadata": {"path": str(EXAMPLES)}},
     )
-    client.execute(env=env)  # raises CellExecutionError, with the traceback, if any cell fails
+    try:
+        client.execute(env=env)  # raises CellExecutionError, with the traceback, if any cell fails
+    finally:
+        # nbclient leaves a kernel it was handed running: stop it, or every notebook's kernel
+        # (a Python process with the backends loaded) stays alive until pytest exits.
+        nbclient.util.run_sync(client.km.shutdown_kernel)(now=True)
 
     assert f"backend: {keras.config.backend()}" in _outputs_text(notebook)  # the kernel inherited KERAS_BACKEND
     cpu_seconds = json.loads(notebook.cells[-1].outputs[0]["text"])["cpu_seconds"]
