@@ -18,6 +18,14 @@ import keras
 import numpy as np
 import pytest
 
+if keras.config.backend() == "torch":
+    import torch
+
+    # One intra-op thread for the whole suite: the test models are tiny, and on a 2-core machine
+    # torch's default two threads wait on each other at every op (eager steps measured up to 10x
+    # slower in CPU time than with one). Results do not depend on it.
+    torch.set_num_threads(1)
+
 
 def pytest_report_header(config):
     return f"keras {keras.__version__}, KERAS_BACKEND={keras.config.backend()}"

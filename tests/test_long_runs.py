@@ -3,7 +3,6 @@ a bounded number of times and do not grow resident memory."""
 
 import gc
 
-import keras
 import numpy as np
 import psutil
 import pytest
@@ -20,20 +19,6 @@ RSS_GROWTH_MB = 8  # allowed growth between call 100 and call 200
 @pytest.fixture(scope="module")
 def lm():
     return tiny_gpt(vocabulary_size=VOCAB, max_sequence_length=MAX_LENGTH)
-
-
-@pytest.fixture(autouse=True)
-def single_torch_thread():
-    """PyTorch's eager loop runs ~10x faster on one thread when the cores are shared."""
-    if keras.config.backend() != "torch":
-        yield
-        return
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _call(lm, rng, batch_size, sampler):

@@ -17,9 +17,7 @@ import pytest
 
 import keras_transformer as kt
 from tests.conftest import to_numpy
-from tests.models.seq2seq_helpers import torch_single_thread  # noqa: F401 (fixture)
 
-pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
 V, B, T = 40, 3, 6
 SMALL = dict(num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16, max_sequence_length=16, dropout=0.0)

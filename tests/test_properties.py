@@ -33,20 +33,6 @@ def lm():
     return tiny_gpt(vocabulary_size=VOCAB, max_sequence_length=MAX_LENGTH)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_torch_thread():
-    """PyTorch's eager steps run ~10x faster on one thread when the cores are shared."""
-    if keras.config.backend() != "torch":
-        yield
-        return
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # --- masks ---------------------------------------------------------------------
 
 

@@ -45,20 +45,6 @@ def _weights(lm):
     return [to_numpy(v) for v in lm.weights]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_torch_thread():
-    """PyTorch's eager steps run several times faster on one thread when the cores are shared."""
-    if keras.config.backend() != "torch":
-        yield
-        return
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def uninterrupted():
     """(initial weights, losses of epochs 1 and 2, final weights, the trained model): 4 steps in one run."""

@@ -11,7 +11,6 @@ import json
 
 import keras
 import numpy as np
-import pytest
 
 from keras_transformer.models import Backbone
 from keras_transformer.tokenizers import UnigramTokenizer
@@ -20,27 +19,6 @@ from tests.conftest import to_numpy
 SPACE = "\u2581"
 # One piece per digit ("▁7"), so a digit string "3 1 4" is exactly 3 tokens.
 DIGIT_VOCABULARY = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [(f"{SPACE}{d}", -1.0) for d in range(10)]
-
-
-@pytest.fixture
-def torch_single_thread():
-    """Run a test with one torch intra-op thread (restored afterwards).
-
-    On a busy 2-core machine torch's default two threads wait on each other at every op: training
-    steps of these tiny models measured 10x slower in CPU time (and far slower in wall time) than
-    with one thread, which is as fast when the machine is idle. No effect on other backends.
-    """
-    if keras.config.backend() != "torch":
-        yield
-        return
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def digit_tokenizer():

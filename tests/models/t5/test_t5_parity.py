@@ -14,9 +14,7 @@ import transformers
 
 from keras_transformer.models import T5Backbone, T5Seq2SeqLM
 from tests.conftest import to_numpy
-from tests.models.seq2seq_helpers import torch_single_thread  # noqa: F401 (fixture)
 
-pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
 V, L, H, D, DH, F = 120, 2, 4, 32, 8, 64
 ATOL = 1e-4

@@ -14,9 +14,7 @@ from keras_transformer.models import T5Backbone, T5Seq2SeqLM, T5Seq2SeqLMPreproc
 from tests.conftest import to_numpy
 from tests.layers.helpers import randomize_weights
 from tests.models import seq2seq_helpers as helpers
-from tests.models.seq2seq_helpers import torch_single_thread  # noqa: F401 (fixture)
 
-pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
 V = 120  # the shapes of test_t5_parity.py, so JAX reuses its compiled ops
 

@@ -25,9 +25,7 @@ from tests import reference
 from tests.conftest import to_numpy
 from tests.layers.helpers import block_weights, randomize_weights
 from tests.models import seq2seq_helpers as helpers
-from tests.models.seq2seq_helpers import torch_single_thread  # noqa: F401 (fixture)
 
-pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
 V, D, H, F, P = 120, 32, 4, 64, 16
 
