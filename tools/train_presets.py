@@ -62,15 +62,16 @@ def gpt_eval_data(tokenizer):
     return inputs[:GPT_EVAL_WINDOWS], labels[:GPT_EVAL_WINDOWS]
 
 
-def train_gpt_stdlib(steps=600, batch_size=32):
+def train_gpt_stdlib(steps=580, batch_size=32):
     train_texts = stdlib_texts("train")
     tokenizer = kt.tokenizers.BytePairTokenizer.train(train_texts, vocabulary_size=4096)
     inputs, labels = windows(token_stream(tokenizer, train_texts))
     order = np.random.default_rng(SEED).permutation(len(inputs))[: steps * batch_size]
+    steps = -(-len(order) // batch_size)  # fewer when the corpus runs out: one pass at most
     backbone = kt.models.GPTBackbone(vocabulary_size=tokenizer.vocabulary_size, num_layers=2, num_heads=4,
                                      hidden_dim=128, intermediate_dim=512, max_sequence_length=GPT_LENGTH)
     lm = kt.models.GPTCausalLM(backbone, kt.models.GPTCausalLMPreprocessor(tokenizer, sequence_length=GPT_LENGTH))
-    lm.compile(optimizer=_adamw(5e-3, steps))
+    lm.compile(optimizer=_adamw(3e-3, steps))
     eval_inputs, eval_labels = gpt_eval_data(tokenizer)
     baseline = _gpt_evaluate(kt.models.GPTCausalLM(_clone(backbone)), eval_inputs, eval_labels)
     start = time.time()
