@@ -427,7 +427,10 @@ class Tokenizer:
                 f"distinct characters alone need {backend.get_vocab_size(with_added_tokens=True)} "
                 f"entries. Received: vocabulary_size={vocabulary_size}"
             )
-        return backend
+        # Rebuild from the serialised form: a freshly trained model can keep training-time state
+        # (seen with Unigram: ties between equal-score segmentations broke differently before
+        # and after a save), and the tokenizer used must be the one that is saved.
+        return tokenizers.Tokenizer.from_str(backend.to_str())
 
     def __repr__(self):
         return f"{type(self).__name__}(vocabulary_size={self.vocabulary_size})"
