@@ -242,6 +242,26 @@ def test_batch_matches_single(cls, trained, corpus):
 # === Saving and loading ===
 
 
+def assert_same_segmentations(a, b, texts):
+    """`a` and `b` tokenize `texts` identically; for Unigram, up to exact ties.
+
+    The `tokenizers` library's Unigram lattice visits candidate pieces in a per-instance hash
+    order, so two instances of one model may pick different segmentations of exactly equal score
+    (seen once: "==" "=" "=" "=" "==" vs "==" "==" "=" "=" "="). Anything else must be identical.
+    """
+    ids_a, ids_b = a.tokenize(texts), b.tokenize(texts)
+    if a.backend_tokenizer.to_str() != b.backend_tokenizer.to_str():
+        raise AssertionError("the two tokenizers serialise differently")
+    model = json.loads(a.backend_tokenizer.to_str())["model"]
+    for text, x, y in zip(texts, ids_a, ids_b):
+        if x == y:
+            continue
+        assert model["type"] == "Unigram", (text, x, y)
+        scores = [score for _, score in model["vocab"]]
+        assert abs(sum(scores[i] for i in x) - sum(scores[i] for i in y)) < 1e-9, (text, x, y)
+        assert a.detokenize([x]) == a.detokenize([y]), (text, x, y)
+
+
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda cls: cls.__name__)
 def test_save_and_load_give_identical_ids(cls, trained, corpus, tmp_path):
     tokenizer = trained[cls]
@@ -255,8 +275,7 @@ def test_save_and_load_give_identical_ids(cls, trained, corpus, tmp_path):
     for loader in (Tokenizer, cls):
         loaded = loader.load(tmp_path / "saved")
         assert type(loaded) is cls
-        assert loaded.tokenize(corpus) == tokenizer.tokenize(corpus)
-        assert loaded.tokenize(NOVEL_TEXT) == tokenizer.tokenize(NOVEL_TEXT)
+        assert_same_segmentations(loaded, tokenizer, corpus + [NOVEL_TEXT])
         assert loaded.special_tokens == tokenizer.special_tokens
         assert loaded._special_token_ids == tokenizer._special_token_ids
         assert loaded.vocabulary_size == tokenizer.vocabulary_size
@@ -274,7 +293,7 @@ def test_config_round_trip(cls, trained, corpus):
     for loader in (Tokenizer, cls):
         rebuilt = loader.from_config(config)
         assert type(rebuilt) is cls
-        assert rebuilt.tokenize(corpus) == tokenizer.tokenize(corpus)
+        assert_same_segmentations(rebuilt, tokenizer, corpus)
         assert rebuilt.special_tokens == tokenizer.special_tokens
     other = next(c for c in CLASSES if c is not cls)
     with pytest.raises(ValueError, match=f"holds a {cls.__name__}, not a {other.__name__}"):
