@@ -245,9 +245,9 @@ def test_batch_matches_single(cls, trained, corpus):
 def assert_same_segmentations(a, b, texts):
     """`a` and `b` tokenize `texts` identically; for Unigram, up to exact ties.
 
-    The `tokenizers` library's Unigram lattice visits candidate pieces in a per-instance hash
-    order, so two instances of one model may pick different segmentations of exactly equal score
-    (seen once: "==" "=" "=" "=" "==" vs "==" "==" "=" "=" "="). Anything else must be identical.
+    Two instances of one Unigram model were seen once to pick different segmentations of exactly
+    equal score ("==" "=" "=" "=" "==" vs "==" "==" "=" "=" "="): most likely the `tokenizers`
+    library breaks exact ties in an instance-dependent order. Anything else must be identical.
     """
     ids_a, ids_b = a.tokenize(texts), b.tokenize(texts)
     if a.backend_tokenizer.to_str() != b.backend_tokenizer.to_str():
