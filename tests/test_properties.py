@@ -5,6 +5,8 @@ Shapes are drawn from small ranges (and model inputs padded to fixed widths), so
 TensorFlow compile a handful of shapes and every property runs in a few seconds.
 """
 
+import os
+
 import keras
 import numpy as np
 import pytest
@@ -20,7 +22,11 @@ from tests import reference
 from tests.conftest import to_numpy
 from tests.samplers.helpers import tiny_gpt
 
-SETTINGS = settings(max_examples=15, deadline=None, database=None,
+# `make test` draws the same examples on every run (derandomize), so CI cannot pass or fail by
+# luck; KT_HYPOTHESIS_EXAMPLES=300 explores fresh random examples (a developer's sweep; a failure
+# prints the example to reproduce).
+_EXPLORE = int(os.environ.get("KT_HYPOTHESIS_EXAMPLES", "0"))
+SETTINGS = settings(max_examples=_EXPLORE or 15, derandomize=not _EXPLORE, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 seeds = st.integers(0, 2**31 - 1)
 
@@ -77,13 +83,18 @@ def test_merged_masks_match_reference(seed, batch, query_length, key_length, use
 def test_masked_softmax_gives_allowed_keys_all_the_mass(seed, rows, keys, dtype):
     rng = np.random.default_rng(seed)
     mask = rng.random((rows, keys)) < 0.6
-    mask[0] = False  # a fully masked row: uniform and finite, never NaN
+    mask[0] = False  # a fully masked row: finite, never NaN
     scores = rng.normal(0.0, 3.0, (rows, keys))
     bias = masks.mask_to_bias(ops.convert_to_tensor(mask), dtype)
     probabilities = to_numpy(ops.softmax(ops.cast(ops.convert_to_tensor(scores), dtype) + bias, axis=-1))
     probabilities = probabilities.astype(np.float64)
     assert np.isfinite(probabilities).all()
-    np.testing.assert_allclose(probabilities[0], np.full(keys, 1.0 / keys), atol=1e-3)
+    np.testing.assert_allclose(probabilities.sum(axis=-1), 1.0, atol=2e-3)
+    if dtype == "float32":
+        # -1e9 swamps the scores (float32 spacing there is 64), so the row is uniform. In float16
+        # the -3e4 bias has a spacing of 16 and keeps some of the scores' order: finite, not uniform
+        # (the attention layer builds its bias in float32 whatever the compute dtype).
+        np.testing.assert_allclose(probabilities[0], np.full(keys, 1.0 / keys), atol=1e-6)
     for row in range(1, rows):
         if mask[row].any():
             expected = np.where(mask[row], reference.softmax(np.where(mask[row], scores[row], -np.inf)), 0.0)
@@ -177,7 +188,7 @@ def test_greedy_is_argmax(seed, rows, vocabulary):
     np.testing.assert_array_equal(to_numpy(tokens), logits.argmax(-1))
 
 
-@settings(SETTINGS, max_examples=10)
+@settings(SETTINGS, max_examples=_EXPLORE or 10)
 @given(seed=seeds, rows=st.integers(1, 3), vocabulary=st.sampled_from([7, 16]), top_k=st.integers(1, 8),
        top_p=st.none() | st.floats(0.05, 1.0), temperature=st.sampled_from([0.5, 1.0, 2.0]))
 def test_random_sampling_stays_in_the_top_k_and_the_nucleus(seed, rows, vocabulary, top_k, top_p, temperature):
@@ -208,7 +219,7 @@ def test_categorical_sampling_inverts_the_cdf(seed, rows, vocabulary):
     np.testing.assert_array_equal(to_numpy(tokens), expected)
 
 
-@settings(SETTINGS, max_examples=10)
+@settings(SETTINGS, max_examples=_EXPLORE or 10)
 @given(seed=seeds, length=st.integers(2, 12), other=st.integers(2, 16), new=st.integers(1, 6),
        sampler=st.sampled_from(["greedy", "random"]))
 def test_padding_never_changes_a_continuation(lm, seed, length, other, new, sampler):

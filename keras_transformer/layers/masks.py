@@ -3,7 +3,8 @@
 Axes: B batch, T query length, S key length, H heads.
 A mask is boolean with True meaning "may attend". Masks are turned into an
 additive bias with a large negative that is safe in every float dtype, so a
-fully masked row gives a uniform (finite) softmax instead of NaN.
+fully masked row gives a finite softmax instead of NaN (uniform in float32, where
+-1e9 swamps the scores; the attention layer always builds its bias in float32).
 """
 
 from keras import ops
