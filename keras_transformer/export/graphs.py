@@ -85,8 +85,8 @@ def model_kind(task):
 
 
 def cache_dims(task):
-    """(L, Hkv, Dh) of the task's self-attention cache (layout (B, L, 2, S, Hkv, Dh))."""
-    _, layers, _, _, heads, head_dim = task.backbone.cache_shape(1, 1)
+    """(L, Hkv, Dh) of the task's self-attention cache (layout (B, L, 2, Hkv, S, Dh))."""
+    _, layers, _, heads, _, head_dim = task.backbone.cache_shape(1, 1)
     return layers, heads, head_dim
 
 
@@ -117,8 +117,10 @@ def _cache_specs(task, prefix, sequence_axis):
 
 
 def _present(cache, num_layers):
-    """(B, L, 2, S, Hkv, Dh) -> 2L tensors (B, S, Hkv, Dh): keys and values of each layer."""
-    return [cache[:, i, part] for i in range(num_layers) for part in (0, 1)]
+    """Keras cache (B, L, 2, Hkv, S, Dh) -> 2L tensors (B, S, Hkv, Dh): keys and values of each layer."""
+    import tensorflow as tf
+
+    return [tf.transpose(cache[:, i, part], (0, 2, 1, 3)) for i in range(num_layers) for part in (0, 1)]
 
 
 def _named(prefix, tensors):
@@ -127,11 +129,11 @@ def _named(prefix, tensors):
 
 
 def _stack_cache(tensors, num_layers):
-    """2L tensors (B, S, Hkv, Dh) -> one cache (B, L, 2, S, Hkv, Dh)."""
+    """2L tensors (B, S, Hkv, Dh) -> one Keras cache (B, L, 2, Hkv, S, Dh)."""
     import tensorflow as tf
 
     layers = [tf.stack(tensors[2 * i: 2 * i + 2], axis=1) for i in range(num_layers)]  # L x (B, 2, S, Hkv, Dh)
-    return tf.stack(layers, axis=1)
+    return tf.transpose(tf.stack(layers, axis=1), (0, 1, 2, 4, 3, 5))
 
 
 def _decoder_step(task):
@@ -149,8 +151,8 @@ def _cached_step(task, ids, mask, past):
 
     layers = len(past) // 2
     position = tf.shape(past[0])[1]  # S: the first new token's position
-    cache = _stack_cache(past, layers)  # (B, L, 2, S, Hkv, Dh)
-    cache = tf.pad(cache, [[0, 0], [0, 0], [0, 0], [0, tf.shape(ids)[1]], [0, 0], [0, 0]])  # (B, L, 2, S + T, Hkv, Dh)
+    cache = _stack_cache(past, layers)  # (B, L, 2, Hkv, S, Dh)
+    cache = tf.pad(cache, [[0, 0], [0, 0], [0, 0], [0, 0], [0, tf.shape(ids)[1]], [0, 0]])  # (B, L, 2, Hkv, S + T, Dh)
     logits, cache = task.call_with_cache(ids, cache, position, padding_mask=mask)
     return logits, _present(cache, layers)
 
@@ -361,7 +363,7 @@ def _seq2seq_encoder_graph(task):
 
     def encoder(input_ids, attention_mask):
         hidden = task.encode(tf.cast(input_ids, "int32"), tf.cast(attention_mask, "bool"))
-        cross = task.compute_cross_cache(hidden)  # (B, L, 2, S_enc, Hkv, Dh)
+        cross = task.compute_cross_cache(hidden)  # (B, L, 2, Hkv, S_enc, Dh)
         return {"encoder_hidden_states": hidden, **_named("cross_key_values", _present(cross, layers))}
 
     _, cross_axes = _cache_specs(task, "cross_key_values", "encoder_sequence")
@@ -386,7 +388,7 @@ def _seq2seq_decoder_graph(task):
     def decoder(input_ids, encoder_attention_mask, *caches):
         past, cross = caches[: 2 * layers], caches[2 * layers:]
         position = tf.shape(past[0])[1]  # S: the new token's position
-        self_cache = tf.pad(_stack_cache(past, layers), [[0, 0], [0, 0], [0, 0], [0, 1], [0, 0], [0, 0]])  # S + 1 slots
+        self_cache = tf.pad(_stack_cache(past, layers), [[0, 0], [0, 0], [0, 0], [0, 0], [0, 1], [0, 0]])  # S + 1 slots
         logits, self_cache = task.call_with_cache(
             tf.cast(input_ids, "int32"), self_cache, position, _stack_cache(cross, layers),
             tf.cast(encoder_attention_mask, "bool"),

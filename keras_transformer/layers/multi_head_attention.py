@@ -4,6 +4,7 @@ Axes: B batch, T query length, S key length, H query heads, Hkv key/value heads,
 Dh head size, D model width.
 """
 
+import contextlib
 import math
 
 import keras
@@ -48,8 +49,10 @@ class MultiHeadAttention(keras.layers.Layer):
         attention_bias: additive float, broadcastable to (B, H, T, S).
         use_causal_mask: bool. Query i attends key j iff j <= i + (S - T),
             or j <= cache_index + i with a cache.
-        cache: (B, 2, S_max, Hkv, Dh) projected keys ([:, 0]) and values
-            ([:, 1]). With `cache_index`, the new keys/values are written at
+        cache: (B, 2, Hkv, S_max, Dh) projected keys ([:, 0]) and values
+            ([:, 1]), heads before positions (as in Hugging Face's
+            `past_key_values`), so that the attention products read it without
+            a transpose. With `cache_index`, the new keys/values are written at
             [cache_index, cache_index + T) and attention runs over the whole
             cache; without it, the cache is used as fixed keys/values
             (cross-attention) and `key`/`value` are ignored.
@@ -147,9 +150,10 @@ class MultiHeadAttention(keras.layers.Layer):
         self.built = True
 
     def compute_cache(self, value, key=None):
-        """Projected keys and values of `value` (B, S, D) -> (B, 2, S, Hkv, Dh), for cross-attention."""
+        """Projected keys and values of `value` (B, S, D) -> (B, 2, Hkv, S, Dh), for cross-attention."""
         key = value if key is None else key
-        return ops.stack([self.key_dense(key), self.value_dense(value)], axis=1)
+        kv = ops.stack([self.key_dense(key), self.value_dense(value)], axis=1)  # (B, 2, S, Hkv, Dh)
+        return ops.transpose(kv, (0, 1, 3, 2, 4))
 
     def call(
         self,
@@ -169,18 +173,19 @@ class MultiHeadAttention(keras.layers.Layer):
         q = self.query_dense(query)  # (B, T, H, Dh)
 
         if cache is not None and cache_index is None:
-            k, v = cache[:, 0], cache[:, 1]  # fixed (cross-attention) keys/values
+            k, v = cache[:, 0], cache[:, 1]  # fixed (cross-attention) keys/values (B, Hkv, S, Dh)
         else:
             k = self.key_dense(key)  # (B, S, Hkv, Dh)
             v = self.value_dense(value)
             if cache is not None:
-                k = _write(cache[:, 0], k, cache_index)  # (B, S_max, Hkv, Dh)
-                v = _write(cache[:, 1], v, cache_index)
-                cache = ops.stack([k, v], axis=1)  # (B, 2, S_max, Hkv, Dh)
+                update = ops.transpose(ops.stack([k, v], axis=1), (0, 1, 3, 2, 4))  # (B, 2, Hkv, T, Dh)
+                cache = _write(cache, update, cache_index)  # (B, 2, Hkv, S_max, Dh)
+                k, v = cache[:, 0], cache[:, 1]  # (B, Hkv, S_max, Dh)
+        sequence_axis = 1 if cache is None else 2  # of k and v
 
-        query_length, key_length = q.shape[1], k.shape[1]
+        query_length, key_length = q.shape[1], k.shape[sequence_axis]
         if query_length is None or key_length is None:
-            query_length, key_length = ops.shape(q)[1], ops.shape(k)[1]
+            query_length, key_length = ops.shape(q)[1], ops.shape(k)[sequence_axis]
         padding_mask, full_mask = _split_mask(attention_mask, query, query_length, key_length)
         causal = None
         if use_causal_mask:
@@ -188,7 +193,10 @@ class MultiHeadAttention(keras.layers.Layer):
             causal = causal_mask(query_length, key_length, query_start)
         mask = merge_masks(padding_mask, full_mask, causal)
 
-        output, scores = self._attend(q, k, v, mask, attention_bias, return_attention_scores, training)
+        if cache is None:
+            output, scores = self._attend(q, k, v, mask, attention_bias, return_attention_scores, training)
+        else:
+            output, scores = self._attend_cached(q, k, v, mask, attention_bias, return_attention_scores, training)
         output = self.output_dense(output)  # (B, T, H, Dh) -> (B, T, D)
 
         outputs = (output,)
@@ -229,6 +237,31 @@ class MultiHeadAttention(keras.layers.Layer):
         output = ops.einsum("bhts,bshk->bthk", probs, v)  # (B, H, T, S) x (B, S, H, Dh) -> (B, T, H, Dh)
         return output, ops.cast(scores, self.compute_dtype)
 
+    def _attend_cached(self, q, k, v, mask, attention_bias, return_scores, training):
+        """q (B, T, H, Dh), k/v (B, Hkv, S, Dh) from a cache -> (B, T, H, Dh) and probabilities (B, H, T, S) or None.
+
+        Explicit products over the heads-major cache: the batch and head axes lead in both
+        operands, so no backend copies the cache into another layout at each step (XLA on CPU
+        transposes a (B, S, H, Dh) cache for every product, which costs more than the products
+        at one query). Logits and softmax in float32 whatever the compute dtype.
+        """
+        if self._kv_heads != self.num_heads:
+            repeats = self.num_heads // self._kv_heads
+            k = ops.repeat(k, repeats, axis=1)  # (B, Hkv, S, Dh) -> (B, H, S, Dh)
+            v = ops.repeat(v, repeats, axis=1)
+        q = ops.cast(q, "float32") * self._scale
+        logits = ops.einsum("bthk,bhsk->bhts", q, ops.cast(k, "float32"))  # (B, H, T, S)
+        if mask is not None:
+            logits = logits + mask_to_bias(mask, "float32")  # (B|1, 1, T, S)
+        if attention_bias is not None:
+            logits = logits + ops.cast(attention_bias, "float32")
+        scores = ops.softmax(logits, axis=-1)
+        probs = scores
+        if training and self.dropout > 0:
+            probs = self.dropout_layer(scores, training=training)
+        output = ops.einsum("bhts,bhsk->bthk", ops.cast(probs, v.dtype), v)  # (B, T, H, Dh)
+        return output, (ops.cast(scores, self.compute_dtype) if return_scores else None)
+
     def get_config(self):
         config = super().get_config()
         config.update(
@@ -246,20 +279,35 @@ class MultiHeadAttention(keras.layers.Layer):
         return config
 
 
-def _write(cache, update, index):
-    """Write `update` (B, T, Hkv, Dh) into `cache` (B, S_max, Hkv, Dh) at [index, index + T).
+# Export sets this (see `where_cache_writes`); Keras generation leaves it False.
+_WHERE_WRITES = [False]
 
-    One-token steps use a `where` over the positions instead of a dynamic
-    update slice: it exports to plain ONNX Equal/Where nodes (tf2onnx cannot
-    convert XlaDynamicUpdateSlice) and costs one pass over a cache the step
-    reads anyway.
+
+@contextlib.contextmanager
+def where_cache_writes():
+    """Within: one-token cache writes are a `where` over the positions, for export.
+
+    A `where` converts to plain ONNX Equal/Where nodes; a dynamic update slice is
+    XlaDynamicUpdateSlice on TensorFlow, which tf2onnx cannot convert by itself. Outside,
+    writes are dynamic update slices: XLA does them in place inside the compiled decoding
+    loop, where a `where` reads and rewrites the whole cache at every step.
     """
+    previous = _WHERE_WRITES[0]
+    _WHERE_WRITES[0] = True
+    try:
+        yield
+    finally:
+        _WHERE_WRITES[0] = previous
+
+
+def _write(cache, update, index):
+    """Write `update` (B, 2, Hkv, T, Dh) into `cache` (B, 2, Hkv, S_max, Dh) at [index, index + T)."""
     update = ops.cast(update, cache.dtype)
-    if update.shape[1] == 1:
-        positions = ops.arange(ops.shape(cache)[1], dtype="int32")[None, :, None, None]  # (1, S_max, 1, 1)
+    if update.shape[3] == 1 and _WHERE_WRITES[0]:
+        positions = ops.arange(ops.shape(cache)[3], dtype="int32")[None, None, None, :, None]  # (1, 1, 1, S_max, 1)
         return ops.where(positions == ops.cast(index, "int32"), update, cache)
     zero = ops.zeros((), "int32")
-    return ops.slice_update(cache, (zero, ops.cast(index, "int32"), zero, zero), update)
+    return ops.slice_update(cache, (zero, zero, zero, ops.cast(index, "int32"), zero), update)
 
 
 def _split_mask(attention_mask, query, query_length, key_length):

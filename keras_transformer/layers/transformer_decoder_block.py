@@ -16,7 +16,7 @@ class TransformerDecoderBlock(TransformerBlock):
 
     Without cross-attention this is the GPT block. Caches pass through so a
     decoding loop can feed one token per step: the self-attention cache is a
-    static (B, 2, S_max, Hkv, Dh) tensor written at `cache_index`; the
+    static (B, 2, Hkv, S_max, Dh) tensor written at `cache_index`; the
     cross-attention cache holds the encoder's projected keys/values, computed
     once.
 
@@ -31,9 +31,9 @@ class TransformerDecoderBlock(TransformerBlock):
         padding_mask: (B, S_self) self-attention key mask.
         encoder_padding_mask: (B, S_enc) cross-attention key mask.
         self_attention_bias / cross_attention_bias: additive biases.
-        self_attention_cache: (B, 2, S_max, Hkv, Dh); with `cache_index`.
+        self_attention_cache: (B, 2, Hkv, S_max, Dh); with `cache_index`.
         cache_index: int or scalar tensor, position of the first input token.
-        cross_attention_cache: (B, 2, S_enc, Hkv, Dh) or None.
+        cross_attention_cache: (B, 2, Hkv, S_enc, Dh) or None.
         use_causal_mask: bool, True for decoders.
         return_attention_scores: bool, also return the self-attention
             probabilities (B, H, T, S_self) (and cross (B, H, T, S_enc)).

@@ -66,3 +66,27 @@ def functional_setattr(model, name, value, default_setattr):
         object.__setattr__(model, name, value)
     else:
         default_setattr(name, value)
+
+
+# --- key/value caches ---------------------------------------------------------
+# A backbone's cache is one (B, L, 2, Hkv, S, Dh) tensor, or a list of L per-layer
+# (B, 2, Hkv, S, Dh) tensors. `generate` carries the list: each layer then reads and
+# writes its own buffer in place, where the stacked form costs a slice and a restack of
+# the whole cache at every step.
+
+
+def layer_cache_of(cache, i):
+    """Layer i's (B, 2, Hkv, S, Dh) cache from either form."""
+    return cache[i] if isinstance(cache, (list, tuple)) else cache[:, i]
+
+
+def like_cache(layer_caches, cache):
+    """L per-layer caches -> the form of `cache`: a list, or stacked (B, L, 2, Hkv, S, Dh)."""
+    if isinstance(cache, (list, tuple)):
+        return list(layer_caches)
+    return keras.ops.stack(layer_caches, axis=1)
+
+
+def split_cache(cache):
+    """(B, L, 2, Hkv, S, Dh) -> list of L (B, 2, Hkv, S, Dh): the form `generate` carries."""
+    return [cache[:, i] for i in range(cache.shape[1])]

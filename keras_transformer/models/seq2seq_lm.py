@@ -27,8 +27,8 @@ class Seq2SeqLM(Task):
 
     Cached decoding (what a generation loop calls):
         encoder_outputs = task.encode(encoder_token_ids, encoder_padding_mask)   # (B, S_enc, D)
-        cross_cache = task.compute_cross_cache(encoder_outputs)                   # (B, L, 2, S_enc, Hkv, Dh)
-        self_cache = zeros(task.backbone.cache_shape(B, S_max))                   # (B, L, 2, S_max, Hkv, Dh)
+        cross_cache = task.compute_cross_cache(encoder_outputs)                   # (B, L, 2, Hkv, S_enc, Dh)
+        self_cache = zeros(task.backbone.cache_shape(B, S_max))                   # (B, L, 2, Hkv, S_max, Dh)
         logits, self_cache = task.call_with_cache(ids, self_cache, index, cross_cache, encoder_padding_mask)
 
     Args:
@@ -75,7 +75,7 @@ class Seq2SeqLM(Task):
         return self.backbone.encode(encoder_token_ids, encoder_padding_mask)
 
     def compute_cross_cache(self, encoder_outputs):
-        """Cross-attention keys/values of every decoder layer: (B, S_enc, D) -> (B, L, 2, S_enc, Hkv, Dh)."""
+        """Cross-attention keys/values of every decoder layer: (B, S_enc, D) -> (B, L, 2, Hkv, S_enc, Dh)."""
         return self.backbone.compute_cross_cache(encoder_outputs)
 
     def call_with_cache(
@@ -91,9 +91,9 @@ class Seq2SeqLM(Task):
 
         Args:
             decoder_token_ids: (B, T) int.
-            self_cache: (B, L, 2, S_max, Hkv, Dh) decoder self-attention keys/values.
+            self_cache: (B, L, 2, Hkv, S_max, Dh) decoder self-attention keys/values.
             cache_index: int or scalar int tensor, position of the first new token.
-            cross_cache: (B, L, 2, S_enc, Hkv, Dh) from `compute_cross_cache`.
+            cross_cache: (B, L, 2, Hkv, S_enc, Dh) from `compute_cross_cache`.
             encoder_padding_mask: (B, S_enc), True for real source tokens.
             decoder_padding_mask: (B, S_max) key mask over the cache, or None.
 

@@ -148,7 +148,7 @@ class BeamSampler(Sampler):
         keep_beam = ops.broadcast_to(ops.arange(K, dtype="int32")[None, :], (B, K))
         next_beam = ops.where(active[:, None], ops.cast(next_beam, "int32"), keep_beam)
         flat = ops.reshape(ops.arange(B, dtype="int32")[:, None] * K + next_beam, (B * K,))  # (R,)
-        rows = {name: ops.take(value, flat, axis=0) for name, value in rows.items()}
+        rows = keras.tree.map_structure(lambda value: ops.take(value, flat, axis=0), rows)  # the cache is a list
         prompt_token = ops.reshape(column(rows["tokens"], i), (B, K))
         token = ops.where(in_prompt[:, None], prompt_token, ops.where(active[:, None], next_token, ctx.pad_id))
         rows["tokens"] = write_column(rows["tokens"], i, ops.reshape(token, (B * K,)))

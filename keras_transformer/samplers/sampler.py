@@ -19,6 +19,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_transformer.models.backbone import split_cache
+
 # Score of impossible tokens and beams: finite, so that sums never make inf - inf = NaN.
 NEG = -1.0e9
 
@@ -183,10 +185,12 @@ def _prepare(task, inputs):
     if _is_seq2seq(task):
         encoder_outputs = task.encode(inputs["encoder_token_ids"], inputs["encoder_padding_mask"])  # (B, S_enc, D)
         context = {
-            "cross_cache": task.compute_cross_cache(encoder_outputs),  # (B, L, 2, S_enc, Hkv, Dh)
+            "cross_cache": split_cache(task.compute_cross_cache(encoder_outputs)),  # L x (B, 2, Hkv, S_enc, Dh)
             "encoder_padding_mask": inputs["encoder_padding_mask"],
         }
-    cache = ops.zeros(task.backbone.cache_shape(batch_size, length), task.compute_dtype)
+    # Per-layer buffers (B, 2, Hkv, L, Dh): each layer writes its own in place at every step.
+    _, layers, *layer_shape = task.backbone.cache_shape(batch_size, length)
+    cache = [ops.zeros((batch_size, *layer_shape), task.compute_dtype) for _ in range(layers)]
     prefill = inputs["prefill_token_ids"]  # (B, P)
     if prefill.shape[1]:
         _, cache = _model_step(task, prefill, cache, 0, context)
@@ -200,7 +204,9 @@ def _start(task, sampler, options, inputs, prepared):
     num_rows, length = tokens.shape
 
     def per_row(x):  # (B, ...) -> (R, ...): every beam of an input starts from the same cache and encoder
-        return x if sampler.num_beams == 1 else ops.repeat(x, sampler.num_beams, axis=0)
+        if sampler.num_beams == 1:
+            return x
+        return keras.tree.map_structure(lambda t: ops.repeat(t, sampler.num_beams, axis=0), x)
 
     rows = {"tokens": tokens, "cache": per_row(prepared["cache"])}
     if options.repetition:

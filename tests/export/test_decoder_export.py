@@ -96,9 +96,9 @@ def test_prefill_and_decode_match_keras(bundle, lm):
     cache = np.zeros(lm.backbone.cache_shape(batch, length), "float32")
     _, keras_cache = lm.call_with_cache(ids.astype("int32"), cache, 0, padding_mask=mask.astype(bool))
     keras_cache = to_numpy(keras_cache)
-    for i in range(2):
-        np.testing.assert_allclose(out[f"present.{i}.key"], keras_cache[:, i, 0], atol=ATOL)
-        np.testing.assert_allclose(out[f"present.{i}.value"], keras_cache[:, i, 1], atol=ATOL)
+    for i in range(2):  # ONNX (B, S, Hkv, Dh); Keras (B, L, 2, Hkv, S, Dh)
+        np.testing.assert_allclose(out[f"present.{i}.key"], keras_cache[:, i, 0].transpose(0, 2, 1, 3), atol=ATOL)
+        np.testing.assert_allclose(out[f"present.{i}.value"], keras_cache[:, i, 1].transpose(0, 2, 1, 3), atol=ATOL)
 
     # Three decode steps over full rows: logits of the last position of the growing sequence.
     mask = np.ones((batch, length), np.int64)

@@ -54,10 +54,11 @@ def test_graphs_match_keras(exported, name):
     real = mask.astype(bool)
     np.testing.assert_allclose(encoded["encoder_hidden_states"][real], to_numpy(hidden)[real], atol=ATOL)
     cross = to_numpy(task.compute_cross_cache(hidden))
-    np.testing.assert_allclose(encoded[f"cross_key_values.{layers - 1}.value"], cross[:, -1, 1], atol=ATOL)
+    np.testing.assert_allclose(encoded[f"cross_key_values.{layers - 1}.value"], cross[:, -1, 1].transpose(0, 2, 1, 3),
+                               atol=ATOL)  # ONNX (B, S_enc, Hkv, Dh); Keras (B, L, 2, Hkv, S_enc, Dh)
 
     # Decode five random tokens from an empty cache; each step's logits are the full forward pass's last.
-    heads, head_dim = task.backbone.cache_shape(1, 1)[-2:]
+    _, _, _, heads, _, head_dim = task.backbone.cache_shape(1, 1)
     past = {f"past_key_values.{i}.{p}": np.zeros((batch, 0, heads, head_dim), np.float32)
             for i in range(layers) for p in ("key", "value")}
     cross_feeds = {k: v for k, v in encoded.items() if k.startswith("cross_key_values")}

@@ -176,9 +176,9 @@ def test_cached_decoding_matches_full_pass(rng):
     full = to_numpy(layer(x, use_causal_mask=True))
     assert_close(full, expected)
 
-    cache = ops.zeros((B, 2, s_max, kv_heads, D // heads))
+    cache = ops.zeros((B, 2, kv_heads, s_max, D // heads))  # heads before positions
     output, cache = layer(x[:, :prefill], cache=cache, cache_index=0, use_causal_mask=True)
-    assert tuple(cache.shape) == (B, 2, s_max, kv_heads, D // heads)
+    assert tuple(cache.shape) == (B, 2, kv_heads, s_max, D // heads)
     steps = [to_numpy(output)]
     for t in range(prefill, s_max):
         # scalar tensor indices, as a compiled loop passes them (the decoder test uses Python ints)
@@ -187,9 +187,9 @@ def test_cached_decoding_matches_full_pass(rng):
         steps.append(to_numpy(output))
     assert_close(np.concatenate(steps, axis=1), expected)
 
-    keys, values = reference.project_key_value(attention_weights(layer), x)
-    assert_close(to_numpy(cache)[:, 0], keys)
-    assert_close(to_numpy(cache)[:, 1], values)
+    keys, values = reference.project_key_value(attention_weights(layer), x)  # (B, S, H, Dh)
+    assert_close(to_numpy(cache)[:, 0].transpose(0, 2, 1, 3), keys)
+    assert_close(to_numpy(cache)[:, 1].transpose(0, 2, 1, 3), values)
 
 
 def test_cached_step_scores(rng):
@@ -197,7 +197,7 @@ def test_cached_step_scores(rng):
     s_max = T
     x = _random(rng, B, 2, D)
     layer = _built_layer(rng, x, num_heads=2)
-    cache = ops.zeros((B, 2, s_max, 2, D // 2))
+    cache = ops.zeros((B, 2, 2, s_max, D // 2))
     output, scores, cache = layer(x, cache=cache, cache_index=1, use_causal_mask=True, return_attention_scores=True)
     scores = to_numpy(scores)
     assert scores.shape == (B, 2, 2, s_max)
@@ -213,9 +213,10 @@ def test_cross_attention_cache(rng):
     layer = _built_layer(rng, x, memory, num_heads=2, key_dim=3)
     weights = attention_weights(layer)
     cache = layer.compute_cache(memory)
-    keys, values = reference.project_key_value(weights, memory)
-    assert_close(to_numpy(cache)[:, 0], keys)
-    assert_close(to_numpy(cache)[:, 1], values)
+    keys, values = reference.project_key_value(weights, memory)  # (B, S, H, Dh)
+    assert tuple(cache.shape) == (B, 2, 2, S, 3)  # (B, 2, Hkv, S, Dh)
+    assert_close(to_numpy(cache)[:, 0].transpose(0, 2, 1, 3), keys)
+    assert_close(to_numpy(cache)[:, 1].transpose(0, 2, 1, 3), values)
     other = _random(rng, B, S, 6)  # ignored when the cache is given
     output, returned_cache = layer(x, other, attention_mask=mask, cache=cache)
     assert_close(output, reference.multi_head_attention(weights, x, memory, attention_mask=mask))

@@ -131,13 +131,13 @@ def test_cached_decoding_matches_full_pass(use_cross_attention, rng):
     )
     assert_close(block(x, memory, **call_kwargs), expected)
 
-    cache = ops.zeros((B, 2, s_max, kv_heads, head_dim))
+    cache = ops.zeros((B, 2, kv_heads, s_max, head_dim))
     result = block(x[:, :prefill], memory, self_attention_cache=cache, cache_index=0, **call_kwargs)
     assert len(result) == (3 if use_cross_attention else 2)
     output, cache, cross_cache = result if use_cross_attention else (*result, None)
-    assert tuple(cache.shape) == (B, 2, s_max, kv_heads, head_dim)
+    assert tuple(cache.shape) == (B, 2, kv_heads, s_max, head_dim)
     if use_cross_attention:
-        assert tuple(cross_cache.shape) == (B, 2, S_ENC, kv_heads, head_dim)
+        assert tuple(cross_cache.shape) == (B, 2, kv_heads, S_ENC, head_dim)
     steps = [to_numpy(output)]
     for t in range(prefill, s_max):
         step_kwargs = dict(self_attention_cache=cache, cache_index=t, **call_kwargs)

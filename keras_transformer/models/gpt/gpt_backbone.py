@@ -5,10 +5,9 @@ Dh head size, D model width, V vocabulary.
 """
 
 import keras
-from keras import ops
 
 from keras_transformer.layers import PositionalEmbedding, TransformerDecoderBlock
-from keras_transformer.models.backbone import Backbone, check_positive_ints
+from keras_transformer.models.backbone import Backbone, check_positive_ints, layer_cache_of, like_cache
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -123,25 +122,26 @@ class GPTBackbone(Backbone):
     # --- cached decoding --------------------------------------------------
 
     def cache_shape(self, batch_size, max_length):
-        """Shape of the key/value cache: (B, L, 2, S_max, Hkv, Dh)."""
+        """Shape of the key/value cache: (B, L, 2, Hkv, S_max, Dh)."""
         heads = self.num_key_value_heads or self.num_heads
-        return (batch_size, self.num_layers, 2, max_length, heads, self.hidden_dim // self.num_heads)
+        return (batch_size, self.num_layers, 2, heads, max_length, self.hidden_dim // self.num_heads)
 
     def call_with_cache(self, token_ids, cache, cache_index, padding_mask=None):
         """Run T new tokens at positions [cache_index, cache_index + T), reading and writing the cache.
 
-        token_ids: (B, T). cache: (B, L, 2, S_max, Hkv, Dh). padding_mask: (B, S_max) key mask or None.
-        Returns (hidden (B, T, D), updated cache).
+        token_ids: (B, T). cache: (B, L, 2, Hkv, S_max, Dh), or a list of L (B, 2, Hkv, S_max, Dh).
+        padding_mask: (B, S_max) key mask or None.
+        Returns (hidden (B, T, D), updated cache in the form it came).
         """
         x = self.token_embedding(token_ids)  # (B, T, D)
         x = x + self.position_embedding(x, start_index=cache_index)
         layer_caches = []
         for i, block in enumerate(self.transformer_layers):
             x, layer_cache = block(
-                x, padding_mask=padding_mask, self_attention_cache=cache[:, i], cache_index=cache_index
+                x, padding_mask=padding_mask, self_attention_cache=layer_cache_of(cache, i), cache_index=cache_index
             )
             layer_caches.append(layer_cache)
-        cache = ops.stack(layer_caches, axis=1)  # L x (B, 2, S_max, Hkv, Dh) -> (B, L, 2, S_max, Hkv, Dh)
+        cache = like_cache(layer_caches, cache)
         return self.layer_norm(x), cache
 
 

@@ -9,7 +9,7 @@ import keras
 from keras import ops
 
 from keras_transformer.layers import RelativePositionBias, TransformerDecoderBlock, TransformerEncoderBlock
-from keras_transformer.models.backbone import Backbone, check_positive_ints
+from keras_transformer.models.backbone import Backbone, check_positive_ints, layer_cache_of, like_cache
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -241,36 +241,37 @@ class T5Backbone(Backbone):
     # --- cached decoding --------------------------------------------------
 
     def cache_shape(self, batch_size, max_length):
-        """Shape of the decoder self-attention cache: (B, L, 2, S_max, Hkv, Dh)."""
+        """Shape of the decoder self-attention cache: (B, L, 2, Hkv, S_max, Dh)."""
         head_dim = self.key_dim or self.hidden_dim // self.num_heads
-        return (batch_size, len(self.decoder_layers), 2, max_length, self.num_heads, head_dim)
+        return (batch_size, len(self.decoder_layers), 2, self.num_heads, max_length, head_dim)
 
     def compute_cross_cache(self, encoder_outputs):
-        """Every decoder layer's cross-attention keys/values: (B, S_enc, D) -> (B, L, 2, S_enc, Hkv, Dh)."""
+        """Every decoder layer's cross-attention keys/values: (B, S_enc, D) -> (B, L, 2, Hkv, S_enc, Dh)."""
         caches = [block.cross_attention.compute_cache(encoder_outputs) for block in self.decoder_layers]
-        return ops.stack(caches, axis=1)  # L x (B, 2, S_enc, Hkv, Dh) -> (B, L, 2, S_enc, Hkv, Dh)
+        return ops.stack(caches, axis=1)  # L x (B, 2, Hkv, S_enc, Dh) -> (B, L, 2, Hkv, S_enc, Dh)
 
     def call_with_cache(
         self, decoder_token_ids, self_cache, cache_index, cross_cache, encoder_padding_mask, decoder_padding_mask=None
     ):
         """Decode T new tokens at positions [cache_index, cache_index + T), reading and writing the cache.
 
-        decoder_token_ids (B, T); self_cache (B, L, 2, S_max, Hkv, Dh); cross_cache (B, L, 2, S_enc, Hkv, Dh);
+        decoder_token_ids (B, T); self_cache (B, L, 2, Hkv, S_max, Dh); cross_cache (B, L, 2, Hkv, S_enc, Dh);
+        either cache may also be a list of L per-layer (B, 2, Hkv, S, Dh) caches;
         encoder_padding_mask (B, S_enc); decoder_padding_mask (B, S_max) or None.
-        Returns (hidden (B, T, D), updated self_cache).
+        Returns (hidden (B, T, D), updated self_cache in the form it came).
         """
         x = self.token_embedding(decoder_token_ids)  # (B, T, D)
         # Queries at cache_index.., keys over the whole cache; keys past the queries are causally masked.
-        bias = self.decoder_relative_position_bias(x, self_cache[:, 0, 0], query_start=cache_index)  # (1, H, T, S_max)
+        bias = self.decoder_relative_position_bias(x, layer_cache_of(self_cache, 0)[:, 0, 0], query_start=cache_index)  # (1, H, T, S_max)
         layer_caches = []
         for i, block in enumerate(self.decoder_layers):
             x, layer_cache, _ = block(
                 x, padding_mask=decoder_padding_mask, encoder_padding_mask=encoder_padding_mask,
-                self_attention_bias=bias, self_attention_cache=self_cache[:, i], cache_index=cache_index,
-                cross_attention_cache=cross_cache[:, i],
+                self_attention_bias=bias, self_attention_cache=layer_cache_of(self_cache, i), cache_index=cache_index,
+                cross_attention_cache=layer_cache_of(cross_cache, i),
             )
             layer_caches.append(layer_cache)
-        self_cache = ops.stack(layer_caches, axis=1)  # L x (B, 2, S_max, Hkv, Dh) -> (B, L, 2, S_max, Hkv, Dh)
+        self_cache = like_cache(layer_caches, self_cache)
         return self.decoder_layer_norm(x), self_cache
 
     # --- distribution -----------------------------------------------------

@@ -51,7 +51,7 @@ def test_cached_decoding_matches_full_forward(overrides, rng):
     x = _inputs(rng)
     layers = overrides.get("num_decoder_layers", 2)
     head_dim = overrides.get("key_dim", 8)
-    assert task.backbone.cache_shape(3, 12) == (3, layers, 2, 12, 4, head_dim)
+    assert task.backbone.cache_shape(3, 12) == (3, layers, 2, 4, 12, head_dim)
     helpers.assert_cached_decoding_matches_full(task, x, prefill=1)
     # A prefill of several tokens, and the decoder key mask given explicitly.
     helpers.assert_cached_decoding_matches_full(task, x, prefill=3, pass_decoder_mask=True)

@@ -91,7 +91,7 @@ def test_matches_numpy_reference(rng):
 def test_cached_decoding_matches_full_forward(rng):
     task = _task(rng, num_decoder_layers=3)
     x = _inputs(rng)
-    assert task.backbone.cache_shape(3, 12) == (3, 3, 2, 12, H, D // H)
+    assert task.backbone.cache_shape(3, 12) == (3, 3, 2, H, 12, D // H)
     helpers.assert_cached_decoding_matches_full(task, x, prefill=1)
     helpers.assert_cached_decoding_matches_full(task, x, prefill=4, pass_decoder_mask=True)
 
