@@ -10,7 +10,7 @@ The loop, one compiled function per (sampler settings, options) and input shapes
   i keep their own prompt token, so ragged (right-padded) prompts need no attention mask:
   position i is written before any query at >= i reads it, so a pad key is never attended.
 
-This module is the only place with backend checks: `jax.jit` (model variables passed as
+This module is the only place with backend checks (besides torch_gpt_step.py, a plain-PyTorch GPT step it uses on PyTorch): `jax.jit` (model variables passed as
 state through a `keras.StatelessScope`) with `lax.while_loop`, `tf.function(jit_compile=True)`
 with `tf.while_loop`, and an eager loop under `torch.no_grad()` on PyTorch.
 """
@@ -132,6 +132,7 @@ class DecodeOptions:
     def __init__(self, stop_token_ids=(), pad_id=0, repetition=False, no_repeat_ngram_size=0,
                  return_logits=False, streaming=False):
         self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
+        self.torch_gpt_step = False  # set by `decode`: the plain-PyTorch GPT step (torch_gpt_step.py)
         self.pad_id = int(pad_id)
         self.repetition = bool(repetition)
         self.no_repeat_ngram_size = int(no_repeat_ngram_size)
@@ -165,8 +166,12 @@ def _is_seq2seq(task):
     return hasattr(task, "compute_cross_cache")
 
 
-def _model_step(task, token_ids, cache, index, context):
+def _model_step(task, token_ids, cache, index, context, options):
     """(R, T) ids at positions [index, index + T) -> logits (R, T, V) float32, updated cache."""
+    if options.torch_gpt_step:
+        from keras_transformer.samplers import torch_gpt_step
+
+        return torch_gpt_step.call_with_cache(task, token_ids, cache, index)
     if _is_seq2seq(task):
         return task.call_with_cache(
             token_ids, cache, index, context["cross_cache"], context["encoder_padding_mask"]
@@ -174,7 +179,7 @@ def _model_step(task, token_ids, cache, index, context):
     return task.call_with_cache(token_ids, cache, index)
 
 
-def _prepare(task, inputs):
+def _prepare(task, inputs, options):
     """Encode (seq2seq) and prefill the cache, once per input (not per beam): shared by every sampler.
 
     inputs: prompt_token_ids (B, L), prefill_token_ids (B, P), and for seq2seq
@@ -193,7 +198,7 @@ def _prepare(task, inputs):
     cache = [ops.zeros((batch_size, *layer_shape), task.compute_dtype) for _ in range(layers)]
     prefill = inputs["prefill_token_ids"]  # (B, P)
     if prefill.shape[1]:
-        _, cache = _model_step(task, prefill, cache, 0, context)
+        _, cache = _model_step(task, prefill, cache, 0, context, options)
     return {"cache": cache, "context": context}
 
 
@@ -223,7 +228,7 @@ def _body(task, sampler, options, inputs, i, state):
     ctx = _Context(inputs, options, sampler, task.backbone.vocabulary_size)
     rows = dict(state["rows"])
     token = ops.slice(rows["tokens"], (0, i - 1), (ctx.num_rows, 1))  # (R, 1)
-    logits, rows["cache"] = _model_step(task, token, rows["cache"], i - 1, state["context"])
+    logits, rows["cache"] = _model_step(task, token, rows["cache"], i - 1, state["context"], options)
     logits = logits[:, 0, :]  # (R, 1, V) -> (R, V)
     if options.return_logits:
         rows["logits"] = ops.slice_update(rows["logits"], (0, i, 0), logits[:, None, :])
@@ -367,7 +372,13 @@ def decode(task, sampler, options, inputs, streamer=None):
     prepare_names = ("prompt_token_ids", "prefill_token_ids", "encoder_token_ids", "encoder_padding_mask")
     prepare_inputs = {k: v for k, v in inputs.items() if k in prepare_names}
     loop_inputs = {k: v for k, v in inputs.items() if k not in prepare_names}
-    prepared = _compiled(task, ("prepare",), lambda: lambda x: _prepare(task, x))(prepare_inputs)
+    if keras.config.backend() == "torch":
+        from keras_transformer.samplers import torch_gpt_step
+
+        options.torch_gpt_step = torch_gpt_step.supports(task)
+    prepared = _compiled(task, ("prepare", options.torch_gpt_step), lambda: lambda x: _prepare(task, x, options))(
+        prepare_inputs
+    )
     key = (sampler._trace_key(), options.key())
     if streamer is None:
         run = _compiled(task, ("run",) + key, lambda: lambda x, p: _run(task, sampler, options, x, p))
