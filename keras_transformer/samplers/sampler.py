@@ -106,7 +106,9 @@ class Sampler:
 
 def column(tokens, i):
     """tokens (R, L), scalar i -> tokens[:, i] (R,)."""
-    return ops.slice(tokens, (0, i), (ops.shape(tokens)[0], 1))[:, 0]
+    if keras.config.backend() == "torch":
+        return ops.take(tokens, i, axis=1)  # eager: a gather costs far less than Keras's slice at a tensor index
+    return ops.slice(tokens, (0, i), (ops.shape(tokens)[0], 1))[:, 0]  # compiled: a dynamic slice
 
 
 def write_column(tokens, i, values):
@@ -227,7 +229,7 @@ def _body(task, sampler, options, inputs, i, state):
     """One step: feed token i - 1, process the logits of position i, let the sampler write token i."""
     ctx = _Context(inputs, options, sampler, task.backbone.vocabulary_size)
     rows = dict(state["rows"])
-    token = ops.slice(rows["tokens"], (0, i - 1), (ctx.num_rows, 1))  # (R, 1)
+    token = column(rows["tokens"], i - 1)[:, None]  # (R, 1)
     logits, rows["cache"] = _model_step(task, token, rows["cache"], i - 1, state["context"], options)
     logits = logits[:, 0, :]  # (R, 1, V) -> (R, V)
     if options.return_logits:
