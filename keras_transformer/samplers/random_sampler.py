@@ -55,7 +55,7 @@ class RandomSampler(Sampler):
         return (1.0 - np.random.default_rng(seed).random(shape)).astype("float32")  # in (0, 1]
 
     def get_next_token(self, logits, uniform):
-        logits = logits / self.temperature  # (R, V)
+        logits = ops.convert_to_tensor(logits) / self.temperature  # (R, V); numpy logits too
         vocabulary_size = logits.shape[-1]
         if self.top_k is not None and self.top_k < vocabulary_size:
             kth = ops.top_k(logits, self.top_k)[0][:, -1:]  # (R, 1), the k-th largest logit

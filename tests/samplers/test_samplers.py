@@ -48,6 +48,17 @@ def test_top_k_never_leaves_the_top_k(logits):
     assert len(set(_pick(RandomSampler(top_k=3), logits).tolist())) > 3  # it does sample
 
 
+def test_samplers_take_numpy_logits_and_noise(logits):
+    """`get_next_token` is public: numpy inputs work on every backend, with every filter."""
+    uniform = RandomSampler(seed=1).draw_noise((1, len(logits)))[0]
+    for sampler in (GreedySampler(), RandomSampler(top_k=2, top_p=0.9, temperature=0.8)):
+        picked = to_numpy(sampler.get_next_token(logits, uniform))
+        expected = to_numpy(sampler.get_next_token(keras.ops.convert_to_tensor(logits), keras.ops.convert_to_tensor(uniform)))
+        np.testing.assert_array_equal(picked, expected)
+    top2 = np.argsort(-logits, axis=-1)[:, :2]
+    assert all(p in t for p, t in zip(picked, top2))
+
+
 def test_top_p_never_leaves_the_nucleus(logits):
     for top_p, temperature in ((0.5, 1.0), (0.9, 0.7)):
         picked = _pick(RandomSampler(top_p=top_p, temperature=temperature), logits)
