@@ -87,8 +87,11 @@ def _attention(attention, h, layer_cache, start, allowed):
     if kv_heads != heads:
         keys = keys.repeat_interleave(heads // kv_heads, dim=1)  # (R, H, S, Dh)
         values = values.repeat_interleave(heads // kv_heads, dim=1)
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=allowed, scale=attention._scale)
-    out = out.transpose(1, 2).reshape(rows, length, heads * head_dim)  # (R, H, T, Dh) -> (R, T, H * Dh)
+    # Plain products: PyTorch's CPU flash-attention kernel costs more than these at a few queries.
+    scores = (q.transpose(1, 2) * attention._scale) @ keys.transpose(2, 3)  # (R, H, T, Dh) x (R, H, Dh, S) -> (R, H, T, S)
+    scores = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)  # query t always sees key 0
+    out = scores @ values  # (R, H, T, S) x (R, H, S, Dh) -> (R, H, T, Dh)
+    out = out.transpose(1, 2).reshape(rows, length, heads * head_dim)  # -> (R, T, H * Dh)
     dense = attention.output_dense
     out = out @ dense.kernel.value.reshape(heads * head_dim, -1)  # (R, T, H * Dh) x (H * Dh, D)
     return out + dense.bias.value if dense.bias is not None else out
