@@ -78,9 +78,9 @@ def _attention(attention, h, layer_cache, start, allowed):
     """h (R, T, D) -> (R, T, D); writes the new keys/values into layer_cache[:, :, :, start : start + T]."""
     heads, kv_heads, head_dim = attention.num_heads, attention._kv_heads, attention._head_dim
     rows, length, _ = h.shape
-    q = _project(attention.query_dense, h, heads * head_dim).view(rows, length, heads, head_dim)
-    k = _project(attention.key_dense, h, kv_heads * head_dim).view(rows, length, kv_heads, head_dim)
-    v = _project(attention.value_dense, h, kv_heads * head_dim).view(rows, length, kv_heads, head_dim)
+    q = _project(attention.query_dense, h, heads * head_dim).view(rows, length, heads, head_dim)  # (R, T, D) -> (R, T, H, Dh)
+    k = _project(attention.key_dense, h, kv_heads * head_dim).view(rows, length, kv_heads, head_dim)  # (R, T, D) -> (R, T, Hkv, Dh)
+    v = _project(attention.value_dense, h, kv_heads * head_dim).view(rows, length, kv_heads, head_dim)  # (R, T, D) -> (R, T, Hkv, Dh)
     layer_cache[:, 0, :, start : start + length] = k.transpose(1, 2)  # (R, Hkv, T, Dh)
     layer_cache[:, 1, :, start : start + length] = v.transpose(1, 2)
     keys, values = layer_cache[:, 0], layer_cache[:, 1]  # (R, Hkv, S, Dh)
