@@ -50,12 +50,15 @@ class MultiHeadAttention(keras.layers.Layer):
         use_causal_mask: bool. Query i attends key j iff j <= i + (S - T),
             or j <= cache_index + i with a cache.
         cache: (B, 2, Hkv, S_max, Dh) projected keys ([:, 0]) and values
-            ([:, 1]), heads before positions (as in Hugging Face's
-            `past_key_values`), so that the attention products read it without
-            a transpose. With `cache_index`, the new keys/values are written at
-            [cache_index, cache_index + T) and attention runs over the whole
-            cache; without it, the cache is used as fixed keys/values
-            (cross-attention) and `key`/`value` are ignored.
+            ([:, 1]), or a (keys, values) pair of (B, Hkv, S_max, Dh) tensors;
+            heads before positions (as in Hugging Face's `past_key_values`), so
+            that the attention products read it without a transpose. The pair
+            is what the decoding loop carries: two separate buffers are written
+            in place and read without a copy. With `cache_index`, the new
+            keys/values are written at [cache_index, cache_index + T) and
+            attention runs over the whole cache; without it, the cache is used
+            as fixed keys/values (cross-attention) and `key`/`value` are
+            ignored.
         cache_index: int or scalar int tensor, where to write in the cache.
         return_attention_scores: bool, also return the probabilities.
         training: bool, whether dropout is active.
@@ -63,7 +66,7 @@ class MultiHeadAttention(keras.layers.Layer):
     Returns:
         output (B, T, D); `(output, scores)` with scores (B, H, T, S) when
         `return_attention_scores`; the updated cache is appended when a cache
-        is given.
+        is given, in the form it came.
 
     Example:
     >>> layer = MultiHeadAttention(num_heads=2)
@@ -173,14 +176,14 @@ class MultiHeadAttention(keras.layers.Layer):
         q = self.query_dense(query)  # (B, T, H, Dh)
 
         if cache is not None and cache_index is None:
-            k, v = cache[:, 0], cache[:, 1]  # fixed (cross-attention) keys/values (B, Hkv, S, Dh)
+            k, v = _keys_values(cache)  # fixed (cross-attention) keys/values (B, Hkv, S, Dh)
         else:
             k = self.key_dense(key)  # (B, S, Hkv, Dh)
             v = self.value_dense(value)
             if cache is not None:
-                update = ops.transpose(ops.stack([k, v], axis=1), (0, 1, 3, 2, 4))  # (B, 2, Hkv, T, Dh)
-                cache = _write(cache, update, cache_index)  # (B, 2, Hkv, S_max, Dh)
-                k, v = cache[:, 0], cache[:, 1]  # (B, Hkv, S_max, Dh)
+                # (B, T, Hkv, Dh) -> (B, Hkv, T, Dh), written at [cache_index, cache_index + T)
+                cache = _write(cache, ops.transpose(k, (0, 2, 1, 3)), ops.transpose(v, (0, 2, 1, 3)), cache_index)
+                k, v = _keys_values(cache)  # (B, Hkv, S_max, Dh)
         sequence_axis = 1 if cache is None else 2  # of k and v
 
         query_length, key_length = q.shape[1], k.shape[sequence_axis]
@@ -240,17 +243,23 @@ class MultiHeadAttention(keras.layers.Layer):
     def _attend_cached(self, q, k, v, mask, attention_bias, return_scores, training):
         """q (B, T, H, Dh), k/v (B, Hkv, S, Dh) from a cache -> (B, T, H, Dh) and probabilities (B, H, T, S) or None.
 
-        Explicit products over the heads-major cache: the batch and head axes lead in both
-        operands, so no backend copies the cache into another layout at each step (XLA on CPU
-        transposes a (B, S, H, Dh) cache for every product, which costs more than the products
-        at one query). Logits and softmax in float32 whatever the compute dtype.
+        The products run on (B * Hkv, S, Dh) views of the cache, each key/value head with its G =
+        H / Hkv query heads (grouped-query attention without repeating the cache), keys as the left
+        operand contracting their minor axis. XLA on CPU then reads the cache as it lies and updates
+        it in place across decoding steps; other arrangements made it transpose or copy every
+        layer's keys and values at every step. Logits and softmax in float32 whatever the compute dtype.
         """
-        if self._kv_heads != self.num_heads:
-            repeats = self.num_heads // self._kv_heads
-            k = ops.repeat(k, repeats, axis=1)  # (B, Hkv, S, Dh) -> (B, H, S, Dh)
-            v = ops.repeat(v, repeats, axis=1)
+        H, Hkv, Dh = self.num_heads, self._kv_heads, self._head_dim
+        G = H // Hkv
+        batch, query_length = ops.shape(q)[0], ops.shape(q)[1]
+        key_length = ops.shape(k)[2]
         q = ops.cast(q, "float32") * self._scale
-        logits = ops.einsum("bthk,bhsk->bhts", q, ops.cast(k, "float32"))  # (B, H, T, S)
+        q = ops.transpose(q, (0, 2, 1, 3))  # (B, T, H, Dh) -> (B, H, T, Dh)
+        q = ops.reshape(q, (batch * Hkv, G * query_length, Dh))  # -> (B * Hkv, G * T, Dh)
+        keys = ops.reshape(ops.cast(k, "float32"), (batch * Hkv, key_length, Dh))  # (B, Hkv, S, Dh) -> (B * Hkv, S, Dh)
+        logits = ops.einsum("nsk,nqk->nsq", keys, q)  # (B * Hkv, S, G * T)
+        logits = ops.transpose(logits, (0, 2, 1))  # -> (B * Hkv, G * T, S)
+        logits = ops.reshape(logits, (batch, H, query_length, key_length))  # -> (B, H, T, S)
         if mask is not None:
             logits = logits + mask_to_bias(mask, "float32")  # (B|1, 1, T, S)
         if attention_bias is not None:
@@ -259,7 +268,11 @@ class MultiHeadAttention(keras.layers.Layer):
         probs = scores
         if training and self.dropout > 0:
             probs = self.dropout_layer(scores, training=training)
-        output = ops.einsum("bhts,bhsk->bthk", ops.cast(probs, v.dtype), v)  # (B, T, H, Dh)
+        probs = ops.reshape(ops.cast(probs, v.dtype), (batch * Hkv, G * query_length, key_length))  # (B * Hkv, G * T, S)
+        values = ops.reshape(v, (batch * Hkv, key_length, Dh))  # (B, Hkv, S, Dh) -> (B * Hkv, S, Dh)
+        output = ops.einsum("nqs,nsk->nqk", probs, values)  # (B * Hkv, G * T, Dh)
+        output = ops.reshape(output, (batch, H, query_length, Dh))  # -> (B, H, T, Dh)
+        output = ops.transpose(output, (0, 2, 1, 3))  # -> (B, T, H, Dh)
         return output, (ops.cast(scores, self.compute_dtype) if return_scores else None)
 
     def get_config(self):
@@ -300,14 +313,49 @@ def where_cache_writes():
         _WHERE_WRITES[0] = previous
 
 
-def _write(cache, update, index):
-    """Write `update` (B, 2, Hkv, T, Dh) into `cache` (B, 2, Hkv, S_max, Dh) at [index, index + T)."""
-    update = ops.cast(update, cache.dtype)
-    if update.shape[3] == 1 and _WHERE_WRITES[0]:
-        positions = ops.arange(ops.shape(cache)[3], dtype="int32")[None, None, None, :, None]  # (1, 1, 1, S_max, 1)
-        return ops.where(positions == ops.cast(index, "int32"), update, cache)
+def _keys_values(cache):
+    """A cache in either form -> (keys, values), each (B, Hkv, S, Dh)."""
+    if isinstance(cache, (list, tuple)):
+        return cache[0], cache[1]
+    return cache[:, 0], cache[:, 1]
+
+
+def _write(cache, keys, values, index):
+    """Write keys/values (B, Hkv, T, Dh) at [index, index + T) of a cache; returns it in the form it came."""
+    if isinstance(cache, (list, tuple)):
+        return (_write_pair_part(cache[0], keys, index), _write_pair_part(cache[1], values, index))
+    update = ops.stack([keys, values], axis=1)  # 2 x (B, Hkv, T, Dh) -> (B, 2, Hkv, T, Dh)
+    return _write_one(cache, update, index, axis=3)
+
+
+def _write_pair_part(buffer, update, index):
+    """buffer (B, Hkv, S_max, Dh) with update (B, Hkv, T, Dh) written at [index, index + T).
+
+    Written through (B * Hkv, S_max, Dh) views, the shape XLA gives the operands of the attention
+    products: XLA then writes the buffer in place, where a write on the 4-D shape made it copy the
+    whole buffer at every decoding step.
+    """
+    if _WHERE_WRITES[0]:
+        return _write_one(buffer, update, index, axis=2)
+    _, heads, length, head_dim = buffer.shape
+    flat = ops.reshape(buffer, (-1, length, head_dim))  # (B, Hkv, S_max, Dh) -> (B * Hkv, S_max, Dh)
+    flat = _write_one(flat, ops.reshape(update, (-1, update.shape[2], head_dim)), index, axis=1)
+    return ops.reshape(flat, (-1, heads, length, head_dim))  # -> (B, Hkv, S_max, Dh)
+
+
+def _write_one(buffer, update, index, axis):
+    """`buffer` with `update` written at [index, index + T) along its sequence `axis`."""
+    update = ops.cast(update, buffer.dtype)
+    index = ops.cast(index, "int32")
+    if update.shape[axis] == 1 and _WHERE_WRITES[0]:
+        shape = [1] * len(buffer.shape)
+        shape[axis] = -1
+        positions = ops.reshape(ops.arange(ops.shape(buffer)[axis], dtype="int32"), shape)  # 1 except S_max at `axis`
+        return ops.where(positions == index, update, buffer)
     zero = ops.zeros((), "int32")
-    return ops.slice_update(cache, (zero, zero, zero, ops.cast(index, "int32"), zero), update)
+    start = [zero] * len(buffer.shape)
+    start[axis] = index
+    return ops.slice_update(buffer, tuple(start), update)
 
 
 def _split_mask(attention_mask, query, query_length, key_length):

@@ -31,9 +31,11 @@ class TransformerDecoderBlock(TransformerBlock):
         padding_mask: (B, S_self) self-attention key mask.
         encoder_padding_mask: (B, S_enc) cross-attention key mask.
         self_attention_bias / cross_attention_bias: additive biases.
-        self_attention_cache: (B, 2, Hkv, S_max, Dh); with `cache_index`.
+        self_attention_cache: (B, 2, Hkv, S_max, Dh), or a (keys, values) pair of
+            (B, Hkv, S_max, Dh); with `cache_index`. Returned in the form it came.
         cache_index: int or scalar tensor, position of the first input token.
-        cross_attention_cache: (B, 2, Hkv, S_enc, Dh) or None.
+        cross_attention_cache: (B, 2, Hkv, S_enc, Dh), a (keys, values) pair of
+            (B, Hkv, S_enc, Dh), or None.
         use_causal_mask: bool, True for decoders.
         return_attention_scores: bool, also return the self-attention
             probabilities (B, H, T, S_self) (and cross (B, H, T, S_enc)).

@@ -69,15 +69,21 @@ def functional_setattr(model, name, value, default_setattr):
 
 
 # --- key/value caches ---------------------------------------------------------
-# A backbone's cache is one (B, L, 2, Hkv, S, Dh) tensor, or a list of L per-layer
-# (B, 2, Hkv, S, Dh) tensors. `generate` carries the list: each layer then reads and
-# writes its own buffer in place, where the stacked form costs a slice and a restack of
-# the whole cache at every step.
+# A backbone's cache is one (B, L, 2, Hkv, S, Dh) tensor, or a list of L per-layer caches,
+# each a (keys, values) pair of (B, Hkv, S, Dh) buffers. `generate` carries the list of
+# pairs: each layer then writes its own two buffers in place and the attention products
+# read them directly, where a stacked form costs XLA a slice copy of every layer's keys and
+# values at each step (and a restack of the whole cache). A layer given a pair returns a pair.
 
 
 def layer_cache_of(cache, i):
-    """Layer i's (B, 2, Hkv, S, Dh) cache from either form."""
+    """Layer i's cache from either form: a (keys, values) pair, or a (B, 2, Hkv, S, Dh) tensor."""
     return cache[i] if isinstance(cache, (list, tuple)) else cache[:, i]
+
+
+def cache_keys(layer_cache):
+    """A layer's cache in either form -> its keys (B, Hkv, S, Dh)."""
+    return layer_cache[0] if isinstance(layer_cache, (list, tuple)) else layer_cache[:, 0]
 
 
 def like_cache(layer_caches, cache):
@@ -88,5 +94,5 @@ def like_cache(layer_caches, cache):
 
 
 def split_cache(cache):
-    """(B, L, 2, Hkv, S, Dh) -> list of L (B, 2, Hkv, S, Dh): the form `generate` carries."""
-    return [cache[:, i] for i in range(cache.shape[1])]
+    """(B, L, 2, Hkv, S, Dh) -> list of L (keys, values) pairs of (B, Hkv, S, Dh): the form `generate` carries."""
+    return [(cache[:, i, 0], cache[:, i, 1]) for i in range(cache.shape[1])]

@@ -8,7 +8,7 @@ import numbers
 import keras
 from keras import ops
 
-from keras_transformer.samplers.sampler import NEG, Sampler, column, is_stop_token, write_column
+from keras_transformer.samplers.sampler import NEG, Sampler, column, is_stop_token, reorder_rows, write_column
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -148,7 +148,7 @@ class BeamSampler(Sampler):
         keep_beam = ops.broadcast_to(ops.arange(K, dtype="int32")[None, :], (B, K))
         next_beam = ops.where(active[:, None], ops.cast(next_beam, "int32"), keep_beam)
         flat = ops.reshape(ops.arange(B, dtype="int32")[:, None] * K + next_beam, (B * K,))  # (R,)
-        rows = keras.tree.map_structure(lambda value: ops.take(value, flat, axis=0), rows)  # the cache is a list
+        rows = reorder_rows(rows, flat)
         prompt_token = ops.reshape(column(rows["tokens"], i), (B, K))
         token = ops.where(in_prompt[:, None], prompt_token, ops.where(active[:, None], next_token, ctx.pad_id))
         rows["tokens"] = write_column(rows["tokens"], i, ops.reshape(token, (B * K,)))

@@ -44,13 +44,13 @@ def _plain_layer_norm(layer):
 
 
 def call_with_cache(task, token_ids, cache, index):
-    """(R, T) ids at positions [index, index + T), per-layer caches (R, 2, Hkv, S, Dh) -> (logits (R, T, V), caches).
+    """(R, T) ids at positions [index, index + T), per-layer (keys, values) pairs of (R, Hkv, S, Dh) -> (logits (R, T, V), caches).
 
     The caches are written in place (and returned, for the loop's state).
     """
     backbone = task.backbone
     # Writable buffers: rows repeated per beam can be broadcast views (stride 0) of one row.
-    cache = [c if c.is_contiguous() else c.contiguous() for c in cache]
+    cache = [tuple(c if c.is_contiguous() else c.contiguous() for c in pair) for pair in cache]
     token_ids = token_ids.long()
     start = int(index)
     rows, length = token_ids.shape
@@ -59,7 +59,7 @@ def call_with_cache(task, token_ids, cache, index):
     table = positions.embeddings.value if positions.position_type == "learned" else positions._table  # (P, D)
     x = x + table[start : start + length]
     # Query t sits at start + t and attends keys 0 .. start + t: (T, S) True to attend.
-    key_positions = torch.arange(cache[0].shape[3], device=x.device)
+    key_positions = torch.arange(cache[0][0].shape[2], device=x.device)
     query_positions = start + torch.arange(length, device=x.device)
     allowed = key_positions[None, :] <= query_positions[:, None]
     for block, layer_cache in zip(backbone.transformer_layers, cache):
@@ -75,15 +75,15 @@ def call_with_cache(task, token_ids, cache, index):
 
 
 def _attention(attention, h, layer_cache, start, allowed):
-    """h (R, T, D) -> (R, T, D); writes the new keys/values into layer_cache[:, :, :, start : start + T]."""
+    """h (R, T, D) -> (R, T, D); writes the new keys/values into both buffers of layer_cache at [start, start + T)."""
     heads, kv_heads, head_dim = attention.num_heads, attention._kv_heads, attention._head_dim
     rows, length, _ = h.shape
     q = _project(attention.query_dense, h, heads * head_dim).view(rows, length, heads, head_dim)  # (R, T, D) -> (R, T, H, Dh)
     k = _project(attention.key_dense, h, kv_heads * head_dim).view(rows, length, kv_heads, head_dim)  # (R, T, D) -> (R, T, Hkv, Dh)
     v = _project(attention.value_dense, h, kv_heads * head_dim).view(rows, length, kv_heads, head_dim)  # (R, T, D) -> (R, T, Hkv, Dh)
-    layer_cache[:, 0, :, start : start + length] = k.transpose(1, 2)  # (R, Hkv, T, Dh)
-    layer_cache[:, 1, :, start : start + length] = v.transpose(1, 2)
-    keys, values = layer_cache[:, 0], layer_cache[:, 1]  # (R, Hkv, S, Dh)
+    keys, values = layer_cache  # (R, Hkv, S, Dh) each
+    keys[:, :, start : start + length] = k.transpose(1, 2)  # (R, T, Hkv, Dh) -> (R, Hkv, T, Dh)
+    values[:, :, start : start + length] = v.transpose(1, 2)
     if kv_heads != heads:
         keys = keys.repeat_interleave(heads // kv_heads, dim=1)  # (R, H, S, Dh)
         values = values.repeat_interleave(heads // kv_heads, dim=1)

@@ -30,7 +30,8 @@ class BigramLM:
         self.backbone = types.SimpleNamespace(
             vocabulary_size=self.table.shape[0],
             max_sequence_length=max_sequence_length,
-            cache_shape=lambda batch_size, max_length: (batch_size, 1),
+            # (B, L, 2, Hkv, S, Dh) as a backbone's, with one layer and one head of size 1
+            cache_shape=lambda batch_size, max_length: (batch_size, 1, 2, 1, max_length, 1),
         )
 
     def call_with_cache(self, token_ids, cache, cache_index, padding_mask=None):

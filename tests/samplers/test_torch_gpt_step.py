@@ -44,7 +44,8 @@ def test_logits_and_caches_match_keras(kv_heads):
     ids = rng.integers(0, 37, (batch, length)).astype("int32")
     shape = lm.backbone.cache_shape(batch, length)
     keras_cache = np.zeros(shape, "float32")
-    torch_cache = [torch.zeros((batch, *shape[2:])) for _ in range(shape[1])]
+    _, layers, _, kv, _, head_dim = shape
+    torch_cache = [(torch.zeros((batch, kv, length, head_dim)), torch.zeros((batch, kv, length, head_dim))) for _ in range(layers)]
     start = 0
     with torch.no_grad():
         for width in [prefill] + [1] * (length - prefill):
@@ -56,5 +57,6 @@ def test_logits_and_caches_match_keras(kv_heads):
             np.testing.assert_allclose(to_numpy(logits), to_numpy(expected), atol=ATOL, rtol=0,
                                        err_msg=f"positions {start}..{start + width - 1}")
             start += width
-    stacked = np.stack([to_numpy(c) for c in torch_cache], axis=1)  # L x (B, 2, Hkv, S, Dh) -> (B, L, 2, Hkv, S, Dh)
+    # L x 2 x (B, Hkv, S, Dh) -> (B, L, 2, Hkv, S, Dh)
+    stacked = np.stack([np.stack([to_numpy(k), to_numpy(v)], axis=1) for k, v in torch_cache], axis=1)
     np.testing.assert_allclose(stacked, to_numpy(keras_cache), atol=ATOL, rtol=0)

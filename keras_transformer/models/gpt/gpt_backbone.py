@@ -129,7 +129,7 @@ class GPTBackbone(Backbone):
     def call_with_cache(self, token_ids, cache, cache_index, padding_mask=None):
         """Run T new tokens at positions [cache_index, cache_index + T), reading and writing the cache.
 
-        token_ids: (B, T). cache: (B, L, 2, Hkv, S_max, Dh), or a list of L (B, 2, Hkv, S_max, Dh).
+        token_ids: (B, T). cache: (B, L, 2, Hkv, S_max, Dh), or a list of L per-layer (keys, values) pairs of (B, Hkv, S_max, Dh).
         padding_mask: (B, S_max) key mask or None.
         Returns (hidden (B, T, D), updated cache in the form it came).
         """

@@ -9,7 +9,7 @@ import keras
 from keras import ops
 
 from keras_transformer.layers import RelativePositionBias, TransformerDecoderBlock, TransformerEncoderBlock
-from keras_transformer.models.backbone import Backbone, check_positive_ints, layer_cache_of, like_cache
+from keras_transformer.models.backbone import Backbone, check_positive_ints, cache_keys, layer_cache_of, like_cache
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -256,13 +256,13 @@ class T5Backbone(Backbone):
         """Decode T new tokens at positions [cache_index, cache_index + T), reading and writing the cache.
 
         decoder_token_ids (B, T); self_cache (B, L, 2, Hkv, S_max, Dh); cross_cache (B, L, 2, Hkv, S_enc, Dh);
-        either cache may also be a list of L per-layer (B, 2, Hkv, S, Dh) caches;
+        either cache may also be a list of L per-layer (keys, values) pairs of (B, Hkv, S, Dh);
         encoder_padding_mask (B, S_enc); decoder_padding_mask (B, S_max) or None.
         Returns (hidden (B, T, D), updated self_cache in the form it came).
         """
         x = self.token_embedding(decoder_token_ids)  # (B, T, D)
         # Queries at cache_index.., keys over the whole cache; keys past the queries are causally masked.
-        bias = self.decoder_relative_position_bias(x, layer_cache_of(self_cache, 0)[:, 0, 0], query_start=cache_index)  # (1, H, T, S_max)
+        bias = self.decoder_relative_position_bias(x, cache_keys(layer_cache_of(self_cache, 0))[:, 0], query_start=cache_index)  # (1, H, T, S_max)
         layer_caches = []
         for i, block in enumerate(self.decoder_layers):
             x, layer_cache, _ = block(

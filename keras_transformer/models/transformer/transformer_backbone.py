@@ -202,7 +202,7 @@ class TransformerBackbone(Backbone):
         """Decode T new tokens at positions [cache_index, cache_index + T), reading and writing the cache.
 
         decoder_token_ids (B, T); self_cache (B, L, 2, Hkv, S_max, Dh); cross_cache (B, L, 2, Hkv, S_enc, Dh);
-        either cache may also be a list of L per-layer (B, 2, Hkv, S, Dh) caches;
+        either cache may also be a list of L per-layer (keys, values) pairs of (B, Hkv, S, Dh);
         encoder_padding_mask (B, S_enc); decoder_padding_mask (B, S_max) or None.
         Returns (hidden (B, T, D), updated self_cache in the form it came).
         """
