@@ -173,7 +173,7 @@ def _model_step(task, token_ids, cache, index, context, options):
     if options.torch_gpt_step:
         from keras_transformer.samplers import torch_gpt_step
 
-        return torch_gpt_step.call_with_cache(task, token_ids, cache, index)
+        return torch_gpt_step.call_with_cache(task, token_ids, cache, index, task.__dict__.get("_torch_step_weights"))
     if _is_seq2seq(task):
         return task.call_with_cache(
             token_ids, cache, index, context["cross_cache"], context["encoder_padding_mask"]
@@ -251,20 +251,25 @@ def _body(task, sampler, options, inputs, i, state):
     return i + 1, state
 
 
-# The loop carries each layer's keys and values as (R * Hkv, S, Dh), the shape XLA gives the
-# operands of the batched attention products; the model reads and writes (R, Hkv, S, Dh) views
-# of them. Carried as (R, Hkv, S, Dh), XLA on CPU turned each in-place cache write into a copy
-# of the whole buffer at every step (a loop of one layer's write and attention at 576 positions:
-# 165 us per step, against 26 us carried this way).
+# The compiled loops carry each layer's keys and values as (R * Hkv, S, Dh), the shape XLA gives
+# the operands of the batched attention products; the model reads and writes (R, Hkv, S, Dh)
+# views of them. Carried as (R, Hkv, S, Dh), XLA on CPU turned each in-place cache write into a
+# copy of the whole buffer at every step (a loop of one layer's write and attention at 576
+# positions: 165 us per step, against 26 us carried this way). PyTorch's eager loop carries the
+# model's own shape: there a reshape is a view, and each Keras op costs Python time per step.
 
 
 def _loop_cache(cache):
-    """L x 2 x (R, Hkv, S, Dh) -> L x 2 x (R * Hkv, S, Dh)."""
+    """L x 2 x (R, Hkv, S, Dh) -> L x 2 x (R * Hkv, S, Dh), the compiled loops' layout."""
+    if keras.config.backend() == "torch":
+        return cache
     return [tuple(ops.reshape(t, (-1, *t.shape[2:])) for t in pair) for pair in cache]
 
 
 def _model_cache(cache, num_rows):
-    """L x 2 x (R * Hkv, S, Dh) -> L x 2 x (R, Hkv, S, Dh)."""
+    """The loop's layout -> L x 2 x (R, Hkv, S, Dh)."""
+    if keras.config.backend() == "torch":
+        return cache
     return [tuple(ops.reshape(t, (num_rows, -1, *t.shape[1:])) for t in pair) for pair in cache]
 
 
@@ -341,16 +346,20 @@ def cache_widths(length, prefill_length):
 
 
 def _cache_width(state):
-    return state["rows"]["cache"][0][0].shape[1]  # loop layout (R * Hkv, W, Dh)
+    return state["rows"]["cache"][0][0].shape[-2]  # (..., W, Dh) in either layout
 
 
 def _widen(state, width):
-    """The loop state with every cache buffer padded from (R * Hkv, W, Dh) to (R * Hkv, width, Dh)."""
+    """The loop state with every cache buffer padded from W to `width` positions (axis -2)."""
     extra = width - _cache_width(state)
     if extra <= 0:
         return state
+
+    def pad(t):
+        return ops.pad(t, [(0, 0)] * (len(t.shape) - 2) + [(0, extra), (0, 0)])
+
     rows = dict(state["rows"])
-    rows["cache"] = [tuple(ops.pad(t, ((0, 0), (0, extra), (0, 0))) for t in pair) for pair in rows["cache"]]
+    rows["cache"] = [tuple(pad(t) for t in pair) for pair in rows["cache"]]
     return {**state, "rows": rows}
 
 
@@ -457,13 +466,22 @@ def decode(task, sampler, options, inputs, streamer=None):
             the token each row produced (-1 where a row produced none).
     """
     inputs = {k: ops.convert_to_tensor(v) for k, v in inputs.items()}
-    prepare_names = ("prompt_token_ids", "prefill_token_ids", "encoder_token_ids", "encoder_padding_mask")
-    prepare_inputs = {k: v for k, v in inputs.items() if k in prepare_names}
-    loop_inputs = {k: v for k, v in inputs.items() if k not in prepare_names}
     if keras.config.backend() == "torch":
         from keras_transformer.samplers import torch_gpt_step
 
         options.torch_gpt_step = torch_gpt_step.supports(task)
+        if options.torch_gpt_step:  # read at every call, so that a call after training sees the new weights
+            task.__dict__["_torch_step_weights"] = torch_gpt_step.StepWeights(task)
+    try:
+        return _decode(task, sampler, options, inputs, streamer)
+    finally:
+        task.__dict__.pop("_torch_step_weights", None)
+
+
+def _decode(task, sampler, options, inputs, streamer):
+    prepare_names = ("prompt_token_ids", "prefill_token_ids", "encoder_token_ids", "encoder_padding_mask")
+    prepare_inputs = {k: v for k, v in inputs.items() if k in prepare_names}
+    loop_inputs = {k: v for k, v in inputs.items() if k not in prepare_names}
     prepared = _compiled(task, ("prepare", options.torch_gpt_step), lambda: lambda x: _prepare(task, x, options))(
         prepare_inputs
     )
