@@ -109,10 +109,15 @@ def speed_table(repeats):
                   f"{firsts[0]:>17.1f}{firsts[1]:>16.1f}", flush=True)
     ours = models[0]
     prompts = np.random.default_rng(0).integers(1, SHAPE["vocabulary_size"], (1, PROMPT))
-    _, short = timed(lambda: ours.generate(prompts, NEW_TOKENS, 1), repeats)
-    _, long = timed(lambda: ours.generate(prompts, LONG_NEW_TOKENS, 1), repeats)
-    print(f"ours greedy batch 1: {LONG_NEW_TOKENS} new tokens take {long / short:.2f}x the time of "
-          f"{NEW_TOKENS} (flat per-token time: 4.0x; target <= 4.5x)")
+    # Short and long calls alternate, so that the machine's drift hits both alike.
+    best = {NEW_TOKENS: float("inf"), LONG_NEW_TOKENS: float("inf")}
+    for _ in range(repeats + 1):  # the first round compiles
+        for new_tokens in best:
+            start = time.perf_counter()
+            ours.generate(prompts, new_tokens, 1)
+            best[new_tokens] = min(best[new_tokens], time.perf_counter() - start)
+    print(f"ours greedy batch 1: {LONG_NEW_TOKENS} new tokens take {best[LONG_NEW_TOKENS] / best[NEW_TOKENS]:.2f}x "
+          f"the time of {NEW_TOKENS} (flat per-token time: 4.0x; target <= 4.5x)")
 
 
 def memory_child(new_tokens):

@@ -166,19 +166,26 @@ def test_attention_scores_are_probabilities(rng):
     assert np.all(scores[allowed] > 0.0)
 
 
-def test_cached_decoding_matches_full_pass(rng):
+@pytest.mark.parametrize("form", ["stacked", "pair"])
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_cached_decoding_matches_full_pass(rng, form, kv_heads):
     """Prefill a static cache, then one token per step at cache_index == the full causal pass.
-    (Grouped-query caches are covered by the decoder block's cached test.)"""
-    s_max, prefill, heads, kv_heads = T, 2, 2, 2
+
+    Both cache forms: one (B, 2, Hkv, S_max, Dh) tensor, or the (keys, values) pair of
+    (B, Hkv, S_max, Dh) buffers that `generate` carries; kv_heads=1 is grouped-query attention.
+    """
+    s_max, prefill, heads = T, 2, 2
     x = _random(rng, B, s_max, D)
-    layer = _built_layer(rng, x, num_heads=heads)
+    layer = _built_layer(rng, x, num_heads=heads, num_key_value_heads=kv_heads)
     expected = reference.multi_head_attention(attention_weights(layer), x, use_causal_mask=True)
     full = to_numpy(layer(x, use_causal_mask=True))
     assert_close(full, expected)
 
-    cache = ops.zeros((B, 2, kv_heads, s_max, D // heads))  # heads before positions
+    if form == "stacked":
+        cache = ops.zeros((B, 2, kv_heads, s_max, D // heads))  # heads before positions
+    else:
+        cache = (ops.zeros((B, kv_heads, s_max, D // heads)), ops.zeros((B, kv_heads, s_max, D // heads)))
     output, cache = layer(x[:, :prefill], cache=cache, cache_index=0, use_causal_mask=True)
-    assert tuple(cache.shape) == (B, 2, kv_heads, s_max, D // heads)
     steps = [to_numpy(output)]
     for t in range(prefill, s_max):
         # scalar tensor indices, as a compiled loop passes them (the decoder test uses Python ints)
@@ -187,9 +194,15 @@ def test_cached_decoding_matches_full_pass(rng):
         steps.append(to_numpy(output))
     assert_close(np.concatenate(steps, axis=1), expected)
 
-    keys, values = reference.project_key_value(attention_weights(layer), x)  # (B, S, H, Dh)
-    assert_close(to_numpy(cache)[:, 0].transpose(0, 2, 1, 3), keys)
-    assert_close(to_numpy(cache)[:, 1].transpose(0, 2, 1, 3), values)
+    if form == "stacked":
+        assert tuple(cache.shape) == (B, 2, kv_heads, s_max, D // heads)
+        cache_keys, cache_values = to_numpy(cache)[:, 0], to_numpy(cache)[:, 1]
+    else:
+        assert isinstance(cache, tuple) and all(tuple(c.shape) == (B, kv_heads, s_max, D // heads) for c in cache)
+        cache_keys, cache_values = to_numpy(cache[0]), to_numpy(cache[1])
+    keys, values = reference.project_key_value(attention_weights(layer), x)  # (B, S, Hkv, Dh)
+    assert_close(cache_keys.transpose(0, 2, 1, 3), keys)
+    assert_close(cache_values.transpose(0, 2, 1, 3), values)
 
 
 def test_cached_step_scores(rng):
