@@ -42,10 +42,15 @@ bench: install
 	@for b in $(BACKENDS); do KERAS_BACKEND=$$b $(PY) benchmarks/train.py || exit 1; done
 	$(PY) benchmarks/export_speed.py
 
-# On a machine with an NVIDIA GPU: the device, then the training benchmark on every backend.
+# On a machine with an NVIDIA GPU: the device, then fit, generate and the fused-attention path
+# against the explicit one, on every backend (each script prints the device it ran on).
 gpu-check: install
 	nvidia-smi
-	@for b in $(BACKENDS); do KERAS_BACKEND=$$b $(PY) benchmarks/train.py || exit 1; done
+	@for b in $(BACKENDS); do \
+	  KERAS_BACKEND=$$b $(PY) benchmarks/train.py && \
+	  KERAS_BACKEND=$$b $(PY) benchmarks/generate.py --repeats 3 && \
+	  KERAS_BACKEND=$$b $(PY) benchmarks/attention.py || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) build *.egg-info
