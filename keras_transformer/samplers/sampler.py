@@ -495,8 +495,10 @@ def _decode(task, sampler, options, inputs, streamer):
         length = inputs["token_ids"].shape[1]
         i, state = start(loop_inputs, prepared)
         widths = cache_widths(length, _cache_width(state))
-        while int(ops.convert_to_numpy(i)) < length and bool(ops.convert_to_numpy(sampler._is_running(state))):
-            state = _widen(state, next(w for w in widths if w >= int(ops.convert_to_numpy(i))))
+        while (position := int(ops.convert_to_numpy(i))) < length and bool(
+            ops.convert_to_numpy(sampler._is_running(state))
+        ):
+            state = _widen(state, next(w for w in widths if w >= position))  # step i writes at i - 1
             i, state = step(loop_inputs, i, state)
             emitted = ops.convert_to_numpy(state["emitted"])
             if np.any(emitted >= 0):
