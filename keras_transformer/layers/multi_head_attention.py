@@ -58,7 +58,12 @@ class MultiHeadAttention(keras.layers.Layer):
             keys/values are written at [cache_index, cache_index + T) and
             attention runs over the whole cache; without it, the cache is used
             as fixed keys/values (cross-attention) and `key`/`value` are
-            ignored.
+            ignored. Beam search passes a third form, a dict with "keys" and
+            "values" (B, Hkv, K * S_max, Dh) (K slots of S_max positions) and
+            "ancestry" (B, K, S_max) int: the query rows are R = B * K beams;
+            beam k writes its new keys/values in its own slot k and reads
+            position s from slot ancestry[b, k, s], so choosing beams reorders
+            only the small ancestry table, never the cache (see `_attend_beams`).
         cache_index: int or scalar int tensor, where to write in the cache.
         return_attention_scores: bool, also return the probabilities.
         training: bool, whether dropout is active.
@@ -174,6 +179,16 @@ class MultiHeadAttention(keras.layers.Layer):
         value = query if value is None else value
         key = value if key is None else key
         q = self.query_dense(query)  # (B, T, H, Dh)
+        if isinstance(cache, dict):
+            if attention_mask is not None or return_attention_scores or cache_index is None:
+                raise ValueError(
+                    "A beam cache takes `cache_index` and no `attention_mask` or `return_attention_scores`. "
+                    f"Received: cache_index={cache_index}, attention_mask={attention_mask is not None}, "
+                    f"return_attention_scores={return_attention_scores}"
+                )
+            output, cache = self._attend_beams(q, self.key_dense(key), self.value_dense(value), cache, cache_index,
+                                               attention_bias, training)
+            return self.output_dense(output), cache
 
         if cache is not None and cache_index is None:
             k, v = _keys_values(cache)  # fixed (cross-attention) keys/values (B, Hkv, S, Dh)
@@ -274,6 +289,70 @@ class MultiHeadAttention(keras.layers.Layer):
         output = ops.reshape(output, (batch, H, query_length, Dh))  # -> (B, H, T, Dh)
         output = ops.transpose(output, (0, 2, 1, 3))  # -> (B, T, H, Dh)
         return output, (ops.cast(scores, self.compute_dtype) if return_scores else None)
+
+    def _attend_beams(self, q, k, v, cache, cache_index, attention_bias, training):
+        """Causal self-attention of R = B * K beam rows over a beam cache -> ((R, T, H, Dh), updated cache).
+
+        q (R, T, H, Dh), new k/v (R, T, Hkv, Dh) at positions [cache_index, cache_index + T).
+        Beam search keeps each beam's keys in its own slot and, when it picks beams, reorders only
+        the ancestry table: query beam k reads position s < cache_index from slot ancestry[b, k, s]
+        and the new positions from its own slot. Every query
+        beam is scored against the keys of all K slots of its input, and positions of the other
+        slots are masked out: K times the attention products of a plain cache (small next to the
+        projections at one query per row), and no copy of the cache at any step, where reordering
+        it copied every layer's keys and values (B = 8, K = 4, 128-256 positions: 3.8-4.3 ms of
+        cache copies per step against 1.1-2.7 ms of extra products, measured with JAX on CPU).
+        """
+        H, Hkv, Dh = self.num_heads, self._kv_heads, self._head_dim
+        G = H // Hkv
+        keys, values, ancestry = cache["keys"], cache["values"], cache["ancestry"]  # (B, Hkv, K * S, Dh), (B, K, S)
+        _, K, S = ancestry.shape
+        batch = ops.shape(keys)[0]
+        T = q.shape[1]
+
+        def beam_major(x):  # (R, T, Hkv, Dh) -> (B, Hkv, K, T, Dh)
+            return ops.transpose(ops.reshape(x, (batch, K, T, Hkv, Dh)), (0, 3, 1, 2, 4))
+
+        # One write per slot on the (B * Hkv, K * S, Dh) layout the products read: XLA then writes
+        # in place, where one write on a (B * Hkv, K, S, Dh) view made it copy the buffers every step.
+        new_keys, new_values = beam_major(k), beam_major(v)
+        for slot in range(K):
+            keys = _write_pair_part(keys, new_keys[:, :, slot], slot * S + cache_index)
+            values = _write_pair_part(values, new_values[:, :, slot], slot * S + cache_index)
+
+        q = ops.reshape(ops.cast(q, "float32") * self._scale, (batch, K, T, Hkv, G, Dh))
+        q = ops.transpose(q, (0, 3, 4, 1, 2, 5))  # -> (B, Hkv, G, K, T, Dh)
+        q = ops.reshape(q, (batch * Hkv, G * K * T, Dh))
+        flat_keys = ops.reshape(ops.cast(keys, "float32"), (batch * Hkv, K * S, Dh))  # slots x positions as one axis
+        logits = ops.einsum("nsk,nqk->nsq", flat_keys, q)  # (B * Hkv, K * S, G * K * T), keys as the left operand
+        logits = ops.transpose(logits, (0, 2, 1))  # -> (B * Hkv, G * K * T, K * S)
+        logits = ops.reshape(logits, (batch, Hkv, G, K, T, K, S))  # query beam, then slot
+
+        # Query beam k, token t reads slot j at position s < cache_index iff ancestry[b, k, s] == j,
+        # and its own slot at the new positions up to its own (causal).
+        slots = ops.arange(K, dtype="int32")
+        positions = ops.arange(S, dtype="int32")
+        earlier = positions < cache_index  # (S,)
+        on_path = ops.cast(ancestry, "int32")[:, :, None, :] == slots[None, None, :, None]  # (B, K, K, S)
+        own = slots[:, None, None] == slots[None, :, None]  # (K, K, 1): query beam == slot
+        past = ops.logical_and(on_path, earlier)[:, :, None]  # (B, K, 1, K, S)
+        new = ops.logical_and(own[None, :, None], ops.logical_not(earlier))  # (1, K, 1, K, S)
+        causal = causal_mask(T, S, cache_index)[None, None, :, None, :]  # (1, 1, T, 1, S)
+        allowed = ops.logical_and(ops.logical_or(past, new), causal)  # (B, K, T, K, S)
+        logits = logits + mask_to_bias(allowed, "float32")[:, None, None]  # (B, 1, 1, K, T, K, S)
+        if attention_bias is not None:  # (B|1, H, T, S): relative positions, the same for every slot
+            bias = ops.reshape(ops.cast(attention_bias, "float32"), (-1, Hkv, G, 1, T, 1, S))
+            logits = logits + bias
+        scores = ops.softmax(ops.reshape(logits, (batch, Hkv, G, K, T, K * S)), axis=-1)
+        if training and self.dropout > 0:
+            scores = self.dropout_layer(scores, training=training)
+        probs = ops.reshape(ops.cast(scores, values.dtype), (batch * Hkv, G * K * T, K * S))
+        flat_values = ops.reshape(values, (batch * Hkv, K * S, Dh))
+        output = ops.einsum("nqs,nsk->nqk", probs, flat_values)  # (B * Hkv, G * K * T, Dh)
+        output = ops.reshape(output, (batch, Hkv, G, K, T, Dh))
+        output = ops.transpose(output, (0, 3, 4, 1, 2, 5))  # -> (B, K, T, Hkv, G, Dh)
+        output = ops.reshape(output, (batch * K, T, H, Dh))  # -> (R, T, H, Dh)
+        return output, {"keys": keys, "values": values, "ancestry": ancestry}
 
     def get_config(self):
         config = super().get_config()

@@ -1,9 +1,8 @@
 """GreedySampler: the most likely token at every step."""
 
 import keras
-from keras import ops
 
-from keras_transformer.samplers.sampler import Sampler
+from keras_transformer.samplers.sampler import Sampler, first_argmax
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -15,4 +14,4 @@ class GreedySampler(Sampler):
     """
 
     def get_next_token(self, logits, uniform):
-        return ops.argmax(logits, axis=-1)  # (R, V) -> (R,)
+        return first_argmax(logits)  # (R, V) -> (R,)

@@ -6,7 +6,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_transformer.samplers.sampler import NEG, Sampler
+from keras_transformer.samplers.sampler import NEG, Sampler, first_argmax
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -92,4 +92,4 @@ def sample_categorical(logits, uniform):
     probabilities = ops.softmax(logits, axis=-1)  # (R, V)
     cdf = ops.where(probabilities > 0, ops.cumsum(probabilities, axis=-1), -1.0)
     target = ops.cast(uniform, "float32")[:, None] * ops.max(cdf, axis=-1, keepdims=True)  # (R, 1)
-    return ops.cast(ops.argmax(ops.cast(cdf >= target, "int32"), axis=-1), "int32")
+    return first_argmax(ops.cast(cdf >= target, "float32"))  # the first True

@@ -111,6 +111,20 @@ def column(tokens, i):
     return ops.slice(tokens, (0, i), (ops.shape(tokens)[0], 1))[:, 0]  # compiled: a dynamic slice
 
 
+def first_argmax(x):
+    """x (R, V) -> (R,) int32 index of each row's first maximum (a NaN counts as the maximum, as in argmax).
+
+    Compiled, as the index of the first entry equal to the row's max: two vectorised reductions,
+    where XLA on CPU runs `argmax` as a scalar (value, index) reduction, 10x slower at (1, 8000)
+    and 3-5x at (8-32, 8000) in a jitted loop. PyTorch's eager loop keeps its one argmax kernel.
+    """
+    if keras.config.backend() == "torch":
+        return ops.cast(ops.argmax(x, axis=-1), "int32")
+    size = ops.shape(x)[-1]
+    is_max = ops.logical_or(x == ops.max(x, axis=-1, keepdims=True), ops.isnan(x))
+    return ops.min(ops.where(is_max, ops.arange(size, dtype="int32")[None, :], size), axis=-1)
+
+
 def write_column(tokens, i, values):
     """tokens (R, L) with column i replaced by values (R,)."""
     positions = ops.arange(ops.shape(tokens)[1], dtype="int32")[None, :]  # (1, L)
@@ -135,6 +149,7 @@ class DecodeOptions:
                  return_logits=False, streaming=False):
         self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
         self.torch_gpt_step = False  # set by `decode`: the plain-PyTorch GPT step (torch_gpt_step.py)
+        self.beam_cache = False  # set by `decode`: beams keep their cache slots, an ancestry table follows them
         self.pad_id = int(pad_id)
         self.repetition = bool(repetition)
         self.no_repeat_ngram_size = int(no_repeat_ngram_size)
@@ -220,7 +235,15 @@ def _start(task, sampler, options, inputs, prepared):
             return x
         return keras.tree.map_structure(lambda t: ops.repeat(t, sampler.num_beams, axis=0), x)
 
-    rows = {"tokens": tokens, "cache": _loop_cache(per_row(prepared["cache"]))}
+    if options.beam_cache:
+        # Every beam gets its own slot of the prefilled cache and reads only its own slot so far.
+        K = sampler.num_beams
+        slots = [tuple(_beam_slots(t, K) for t in pair) for pair in prepared["cache"]]  # (B, Hkv, K * W, Dh)
+        ancestry = ops.arange(num_rows, dtype="int32") % K  # (R,): row b * K + k is beam k
+        width = prepared["cache"][0][0].shape[2]
+        rows = {"tokens": tokens, "cache": _loop_cache(slots), "ancestry": ops.repeat(ancestry[:, None], width, axis=1)}
+    else:
+        rows = {"tokens": tokens, "cache": _loop_cache(per_row(prepared["cache"]))}
     if options.repetition:
         rows["seen"] = inputs["seen"]  # (R, V) bool: tokens before the first step
     if options.return_logits:
@@ -235,9 +258,21 @@ def _body(task, sampler, options, inputs, i, state):
     ctx = _Context(inputs, options, sampler, task.backbone.vocabulary_size)
     rows = dict(state["rows"])
     token = column(rows["tokens"], i - 1)[:, None]  # (R, 1)
-    cache = _model_cache(rows["cache"], ctx.num_rows)
-    logits, cache = _model_step(task, token, cache, i - 1, state["context"], options)
-    rows["cache"] = _loop_cache(cache)
+    if options.beam_cache:
+        # Each beam writes position i - 1 in its own slot; the sampler's reorder then moves ancestry rows only.
+        own_slot = ops.arange(ctx.num_rows, dtype="int32") % ctx.num_beams  # (R,)
+        rows["ancestry"] = write_column(rows["ancestry"], i - 1, own_slot)  # (R, W)
+        ancestry = ops.reshape(rows["ancestry"], (ctx.batch_size, ctx.num_beams, -1))  # (B, K, W)
+        cache = [
+            {"keys": keys, "values": values, "ancestry": ancestry}
+            for keys, values in _model_cache(rows["cache"], ctx.batch_size)
+        ]
+        logits, cache = _model_step(task, token, cache, i - 1, state["context"], options)
+        rows["cache"] = _loop_cache([(c["keys"], c["values"]) for c in cache])
+    else:
+        cache = _model_cache(rows["cache"], ctx.num_rows)
+        logits, cache = _model_step(task, token, cache, i - 1, state["context"], options)
+        rows["cache"] = _loop_cache(cache)
     logits = logits[:, 0, :]  # (R, 1, V) -> (R, V)
     if options.return_logits:
         rows["logits"] = ops.slice_update(rows["logits"], (0, i, 0), logits[:, None, :])
@@ -259,18 +294,26 @@ def _body(task, sampler, options, inputs, i, state):
 # model's own shape: there a reshape is a view, and each Keras op costs Python time per step.
 
 
+def _beam_slots(t, K):
+    """(B, Hkv, W, Dh) -> (B, Hkv, K * W, Dh): K copies, one slot per beam."""
+    return ops.reshape(ops.repeat(ops.expand_dims(t, 2), K, axis=2), (t.shape[0], t.shape[1], -1, t.shape[3]))
+
+
 def _loop_cache(cache):
-    """L x 2 x (R, Hkv, S, Dh) -> L x 2 x (R * Hkv, S, Dh), the compiled loops' layout."""
+    """L x 2 x (N, Hkv, S, Dh) -> L x 2 x (N * Hkv, S, Dh), the compiled loops' layout.
+
+    N is R, or B for a beam cache (whose S is K slots x W positions).
+    """
     if keras.config.backend() == "torch":
         return cache
     return [tuple(ops.reshape(t, (-1, *t.shape[2:])) for t in pair) for pair in cache]
 
 
-def _model_cache(cache, num_rows):
-    """The loop's layout -> L x 2 x (R, Hkv, S, Dh)."""
+def _model_cache(cache, leading):
+    """The loop's layout -> L x 2 x (N, Hkv, S, Dh), N = `leading` (R, or B for a beam cache)."""
     if keras.config.backend() == "torch":
         return cache
-    return [tuple(ops.reshape(t, (num_rows, -1, *t.shape[1:])) for t in pair) for pair in cache]
+    return [tuple(ops.reshape(t, (leading, -1, *t.shape[1:])) for t in pair) for pair in cache]
 
 
 def reorder_rows(rows, index):
@@ -281,6 +324,9 @@ def reorder_rows(rows, index):
         return ops.take(value, index, axis=0)
 
     reordered = {name: keras.tree.map_structure(take, value) for name, value in rows.items() if name != "cache"}
+    if "ancestry" in rows:  # a beam cache stays in place: the reordered ancestry rows say where each beam reads
+        reordered["cache"] = rows["cache"]
+        return reordered
     cache = _model_cache(rows["cache"], num_rows)
     reordered["cache"] = _loop_cache([tuple(take(t) for t in pair) for pair in cache])
     return reordered
@@ -346,6 +392,8 @@ def cache_widths(length, prefill_length):
 
 
 def _cache_width(state):
+    if "ancestry" in state["rows"]:
+        return state["rows"]["ancestry"].shape[-1]  # (R, W)
     return state["rows"]["cache"][0][0].shape[-2]  # (..., W, Dh) in either layout
 
 
@@ -359,7 +407,18 @@ def _widen(state, width):
         return ops.pad(t, [(0, 0)] * (len(t.shape) - 2) + [(0, extra), (0, 0)])
 
     rows = dict(state["rows"])
-    rows["cache"] = [tuple(pad(t) for t in pair) for pair in rows["cache"]]
+    if "ancestry" in rows:  # a beam cache (N, K * W, Dh): widen each of the K slots
+        old = rows["ancestry"].shape[-1]
+
+        def pad_slots(t):
+            n, total, head_dim = t.shape
+            slots = ops.reshape(t, (n, total // old, old, head_dim))  # (N, K, W, Dh)
+            return ops.reshape(pad(slots), (n, -1, head_dim))
+
+        rows["cache"] = [tuple(pad_slots(t) for t in pair) for pair in rows["cache"]]
+        rows["ancestry"] = ops.pad(rows["ancestry"], [(0, 0), (0, extra)])  # (R, W): read only once written
+    else:
+        rows["cache"] = [tuple(pad(t) for t in pair) for pair in rows["cache"]]
     return {**state, "rows": rows}
 
 
@@ -472,6 +531,9 @@ def decode(task, sampler, options, inputs, streamer=None):
         options.torch_gpt_step = torch_gpt_step.supports(task)
         if options.torch_gpt_step:  # read at every call, so that a call after training sees the new weights
             task.__dict__["_torch_step_weights"] = torch_gpt_step.StepWeights(task)
+    # Compiled loops: beams keep their cache slots (no copy of the cache per step). PyTorch's eager
+    # loop keeps reordering cache rows: its plain-PyTorch GPT step reads (R, Hkv, S, Dh) caches.
+    options.beam_cache = sampler.num_beams > 1 and keras.config.backend() != "torch"
     try:
         return _decode(task, sampler, options, inputs, streamer)
     finally:

@@ -236,6 +236,61 @@ def test_cross_attention_cache(rng):
     np.testing.assert_array_equal(to_numpy(returned_cache), to_numpy(cache))
 
 
+@pytest.mark.parametrize("kv_heads, new_tokens", [(2, 1), (1, 1), (2, 2)])
+def test_beam_cache_reads_each_beam_history(rng, kv_heads, new_tokens):
+    """A beam cache (K slots + ancestry table) == plain causal attention over each beam's own history.
+
+    Row b * K + k holds, at position s < index, the token of slot ancestry[b, k, s], then its own
+    new tokens: the numpy reference attends over that sequence; the layer must give the same
+    outputs and write the new keys/values into slot k only. kv_heads=1 is grouped-query attention;
+    the ancestry entries at the new positions are random and must be ignored.
+    """
+    K, s_max, index, heads = 3, T, 3, 2
+    Dh = D // heads
+    slot_tokens = _random(rng, B, K, s_max, D)  # what each slot's keys were computed from
+    ancestry = rng.integers(0, K, (B, K, s_max)).astype("int32")
+    new = _random(rng, B * K, new_tokens, D)  # (R, T_new, D)
+    layer = _built_layer(rng, new, num_heads=heads, num_key_value_heads=kv_heads)
+    weights = attention_weights(layer)
+
+    keys, values = reference.project_key_value(weights, slot_tokens.reshape(B, K * s_max, D))  # (B, K * S, Hkv, Dh)
+    cache = {
+        "keys": ops.convert_to_tensor(keys.transpose(0, 2, 1, 3).astype("float32")),  # (B, Hkv, K * S, Dh)
+        "values": ops.convert_to_tensor(values.transpose(0, 2, 1, 3).astype("float32")),
+        "ancestry": ops.convert_to_tensor(ancestry),
+    }
+    output, cache = layer(new, cache=cache, cache_index=ops.convert_to_tensor(index, "int32"), use_causal_mask=True)
+
+    for b in range(B):
+        for k in range(K):
+            history = np.stack([slot_tokens[b, ancestry[b, k, s], s] for s in range(index)])  # (index, D)
+            sequence = np.concatenate([history, new[b * K + k]])[None]  # (1, index + T_new, D)
+            expected = reference.multi_head_attention(weights, sequence, use_causal_mask=True)[:, index:]
+            assert_close(to_numpy(output)[b * K + k : b * K + k + 1], expected)
+
+    written_keys, written_values = reference.project_key_value(weights, new)  # (R, T_new, Hkv, Dh)
+    expected_keys = keys.reshape(B, K, s_max, kv_heads, Dh).copy()
+    expected_values = values.reshape(B, K, s_max, kv_heads, Dh).copy()
+    expected_keys[:, :, index : index + new_tokens] = written_keys.reshape(B, K, new_tokens, kv_heads, Dh)
+    expected_values[:, :, index : index + new_tokens] = written_values.reshape(B, K, new_tokens, kv_heads, Dh)
+    got_keys = to_numpy(cache["keys"]).reshape(B, kv_heads, K, s_max, Dh).transpose(0, 2, 3, 1, 4)
+    got_values = to_numpy(cache["values"]).reshape(B, kv_heads, K, s_max, Dh).transpose(0, 2, 3, 1, 4)
+    assert_close(got_keys, expected_keys)
+    assert_close(got_values, expected_values)
+    np.testing.assert_array_equal(to_numpy(cache["ancestry"]), ancestry)
+
+
+def test_beam_cache_refuses_masks_and_scores(rng):
+    x = _random(rng, B * 2, 1, D)
+    layer = _built_layer(rng, x, num_heads=2)
+    cache = {"keys": ops.zeros((B, 2, 2 * T, D // 2)), "values": ops.zeros((B, 2, 2 * T, D // 2)),
+             "ancestry": ops.zeros((B, 2, T), "int32")}
+    with pytest.raises(ValueError, match="beam cache"):
+        layer(x, cache=cache, cache_index=1, return_attention_scores=True)
+    with pytest.raises(ValueError, match="beam cache"):
+        layer(x, cache=cache, cache_index=1, attention_mask=np.ones((B * 2, T), bool))
+
+
 # ----------------------------------------------------------------------------- round trips
 
 
