@@ -343,7 +343,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if attention_bias is not None:  # (B|1, H, T, S): relative positions, the same for every slot
             bias = ops.reshape(ops.cast(attention_bias, "float32"), (-1, Hkv, G, 1, T, 1, S))
             logits = logits + bias
-        scores = ops.softmax(ops.reshape(logits, (batch, Hkv, G, K, T, K * S)), axis=-1)
+        scores = ops.softmax(ops.reshape(logits, (-1, K * S)), axis=-1)  # one row per (b, kv head, g, beam, t)
         if training and self.dropout > 0:
             scores = self.dropout_layer(scores, training=training)
         probs = ops.reshape(ops.cast(scores, values.dtype), (batch * Hkv, G * K * T, K * S))
