@@ -20,8 +20,9 @@ class BeamSampler(Sampler):
     ranked; those among the top K that end in a stop token (or reach `max_new_tokens`) go to
     the input's store of K finished hypotheses, scored `sum_logprob / length**length_penalty`
     (length = generated tokens, the stop token included); the best K others become the new
-    beams, and the rows of the token buffer and of the key/value cache are reordered to
-    follow them. The best `num_return_sequences` hypotheses of the store come back.
+    beams, and the rows of the token buffer follow them; so do the key/value cache's rows on
+    PyTorch, while the compiled loops (JAX, TensorFlow) leave the cache in place and reorder a
+    small ancestry table that tells each beam which slot holds each of its positions. The best `num_return_sequences` hypotheses of the store come back.
 
     Args:
         num_beams: int >= 1, K. `num_beams=1` is greedy decoding.
