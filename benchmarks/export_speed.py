@@ -11,6 +11,7 @@ Encoder: `bert_tiny`'s shape, batch 8 x 128 tokens: ONNX Runtime against Keras
 """
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -80,17 +81,25 @@ def encoder(directory, repeats, threads):
     return [("encoder batch 8 x 128 (ms)", 1000 * keras_time, 1000 * onnx_time, "ms")]
 
 
+def _load():
+    return f"{os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else "n/a"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 timed repeat, 32 new tokens")
     parser.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: its own)")
     args = parser.parse_args()
     repeats, new_tokens = (1, 32) if args.quick else (3, NEW_TOKENS)
+    load_before = _load()
     with tempfile.TemporaryDirectory() as directory:
         rows = generation(directory, repeats, new_tokens, args.threads) + encoder(directory, repeats, args.threads)
     backend = keras.config.backend()
     threads = args.threads or "default"
     print(f"\nKeras backend: {backend}; ONNX Runtime on CPU, {threads} threads. Ratio > 1: the bundle is faster.")
+    # Both sides use every core: other work on the machine changes the numbers, and the ratios
+    # (spinning ONNX Runtime threads suffer most), so the load is part of the result.
+    print(f"Load average (1 min) before / after: {load_before} / {_load()} on {os.cpu_count()} CPUs.")
     print(f"{'':34s} {'keras':>10s} {'onnx':>10s} {'ratio':>7s}")
     for name, keras_value, onnx_value, unit in rows:
         ratio = onnx_value / keras_value if unit == "tokens/s" else keras_value / onnx_value

@@ -6,7 +6,12 @@ Hkv key/value heads, Dh head size, V vocabulary.
 Three kinds of task, three sets of graphs:
     decoder (causal LM, GPT):  prefill  input_ids (B, T), attention_mask (B, T)
                                  -> logits (B, T, V), present.{i}.key/value (B, T, Hkv, Dh)
-                               decode   input_ids (B, 1), attention_mask (B, S + 1),
+                               decode   GPT (gpt_decode.py: built from the weights, not here):
+                                        input_ids (B, 1), position_ids (B, 1),
+                                        past_key_values.{i}.key/value (B, Hkv, S_buf, Dh)
+                                 -> logits (B, 1, V), present.{i}.key/value: the past buffers with
+                                    position S written in place (bound to the same memory)
+                                        other causal LMs: input_ids (B, 1), attention_mask (B, S + 1),
                                         past_key_values.{i}.key/value (B, S, Hkv, Dh)
                                  -> logits (B, 1, V), present.{i}.key/value (B, S + 1, Hkv, Dh)
     encoder (BERT tasks):      forward  the task's inputs (token_ids, segment_ids, padding_mask, ...)
@@ -23,8 +28,8 @@ tokens' positions start at the past length S. A step of a seq2seq decoder (or of
 LM without a dedicated step) pads the past by the new slots and calls the task's own
 `call_with_cache` at index S: its one-token cache write is a `where` (ONNX Equal/Where),
 and its multi-token write an XlaDynamicUpdateSlice that onnx.py converts to Pad + Where.
-GPT has a dedicated step (`_gpt_step`): the same computation from the same layers with
-about half the ONNX nodes, which is what ONNX Runtime's speed depends on at these sizes.
+GPT's prefill has a dedicated step (`_gpt_step`): the same computation from the same layers
+with about half the ONNX nodes, which is what ONNX Runtime's speed depends on at these sizes.
 All integer inputs are int64 (ONNX Runtime's and Hugging Face's convention); masks are 0/1.
 
 Built under the TensorFlow backend only; `tensorflow` is imported when a graph is built.
@@ -42,13 +47,16 @@ class Graph(NamedTuple):
     """One exported graph: `function(*inputs) -> {output name: tensor}`.
 
     `inputs` are `tf.TensorSpec`s named after the graph inputs; `axes` names the
-    dynamic axes of every input and output (the ONNX `dim_param`s).
+    dynamic axes of every input and output (the ONNX `dim_param`s). A graph written
+    directly in ONNX (GPT's decode step, see gpt_decode.py) has no function and carries
+    its `model` instead.
     """
 
     name: str
     function: object
     inputs: list
     axes: dict
+    model: object = None
 
 
 def model_kind(task):
@@ -94,7 +102,7 @@ def build_graphs(task):
     """The graphs of `task`, in the order a runtime uses them."""
     kind = model_kind(task)
     if kind == "decoder":
-        return [_prefill_graph(task), _decode_graph(task)]
+        return [_prefill_graph(task), _gpt_decode_graph(task) if _is_gpt(task) else _decode_graph(task)]
     if kind == "encoder":
         return [_encoder_task_graph(task)]
     return [_seq2seq_encoder_graph(task), _seq2seq_decoder_graph(task)]
@@ -136,11 +144,22 @@ def _stack_cache(tensors, num_layers):
     return tf.transpose(tf.stack(layers, axis=1), (0, 1, 2, 4, 3, 5))
 
 
-def _decoder_step(task):
-    """step(ids (B, T) int32, mask (B, S + T) bool, past: 2L x (B, S, Hkv, Dh)) -> (logits (B, T, V), 2L presents)."""
+def _is_gpt(task):
     from keras_transformer.models.gpt import GPTBackbone
 
-    if type(task.backbone) is GPTBackbone:
+    return type(task.backbone) is GPTBackbone
+
+
+def _gpt_decode_graph(task):
+    """GPT's decode step with caches written in place (gpt_decode.py), built from the weights."""
+    from keras_transformer.export.gpt_decode import decode_model
+
+    return Graph("decode", None, [], {}, model=decode_model(task))
+
+
+def _decoder_step(task):
+    """step(ids (B, T) int32, mask (B, S + T) bool, past: 2L x (B, S, Hkv, Dh)) -> (logits (B, T, V), 2L presents)."""
+    if _is_gpt(task):
         return lambda ids, mask, past: _gpt_step(task, ids, mask, past)
     return lambda ids, mask, past: _cached_step(task, ids, mask, past)
 

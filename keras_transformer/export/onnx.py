@@ -64,7 +64,10 @@ def write_onnx_bundle(task, directory):
             "num_layers": int(layers),
             "num_key_value_heads": int(heads),
             "head_dim": int(head_dim),
-            "layout": "one (batch, sequence, num_key_value_heads, head_dim) float32 array per layer for keys and one for values",
+            "layout": "one float32 array per layer for keys and one for values: (batch, sequence, "
+                      "num_key_value_heads, head_dim) out of prefill and in seq2seq decoders; (batch, "
+                      "num_key_value_heads, sequence, head_dim) in a decode graph with position_ids, "
+                      "which writes them in place",
         }
     _write_json(directory / BUNDLE_FILE, bundle)
     if task.preprocessor is not None:
@@ -77,7 +80,9 @@ def write_onnx_bundle(task, directory):
 
 
 def convert(graph):
-    """One `graphs.Graph` -> a checked ONNX ModelProto with named dynamic axes."""
+    """One `graphs.Graph` -> a checked ONNX ModelProto with named dynamic axes (a graph built in ONNX as it is)."""
+    if graph.model is not None:
+        return graph.model
     import tensorflow as tf
 
     logging.getLogger("tf2onnx").setLevel(logging.ERROR)

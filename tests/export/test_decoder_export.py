@@ -9,6 +9,7 @@ import os
 import sys
 
 import numpy as np
+import onnx
 import onnxruntime
 import pytest
 
@@ -66,12 +67,16 @@ def test_bundle_layout(bundle, lm):
     spec = json.loads((bundle / "bundle.json").read_text())
     assert spec["kind"] == "decoder" and spec["family"] == "gpt" and spec["opset"] <= 18
     decode = spec["graphs"]["decode"]
-    assert [i["name"] for i in decode["inputs"]] == ["input_ids", "attention_mask"] + [
+    assert [i["name"] for i in decode["inputs"]] == ["input_ids", "position_ids"] + [
         f"past_key_values.{i}.{part}" for i in range(2) for part in ("key", "value")
     ]
     inputs = {i["name"]: i for i in decode["inputs"]}
-    assert inputs["past_key_values.1.value"]["shape"] == ["batch", "past_sequence", 2, 8]
+    assert inputs["past_key_values.1.value"]["shape"] == ["batch", 2, "past_sequence", 8]
+    assert {o["name"]: o for o in decode["outputs"]}["present.1.value"]["shape"] == ["batch", 2, "present_sequence", 8]
     assert inputs["input_ids"]["shape"] == ["batch", 1] and inputs["input_ids"]["dtype"] == "int64"
+    for name in ("prefill", "decode"):  # standard ops within opset 18; the decode step's attention is ONNX Runtime's
+        opsets = {o.domain: o.version for o in onnx.load(bundle / f"{name}.onnx").opset_import}
+        assert opsets.get("", 0) <= 18 and set(opsets) <= {"", "ai.onnx.ml", "com.microsoft"}, opsets
     outputs = {o["name"]: o for o in spec["graphs"]["prefill"]["outputs"]}
     assert outputs["present.0.key"]["shape"] == ["batch", "sequence", 2, 8]
     config = json.loads((bundle / "generation_config.json").read_text())
@@ -103,15 +108,56 @@ def test_prefill_and_decode_match_keras(bundle, lm):
     # Three decode steps over full rows: logits of the last position of the growing sequence.
     mask = np.ones((batch, length), np.int64)
     out = _run(prefill, {"input_ids": ids, "attention_mask": mask})
-    past = {f"past_key_values.{i}.{p}": out[f"present.{i}.{p}"] for i in range(2) for p in ("key", "value")}
+    # Prefill caches (B, S, Hkv, Dh) -> decode caches (B, Hkv, S, Dh), passed at exactly S positions: growing form.
+    past = {f"past_key_values.{i}.{p}": out[f"present.{i}.{p}"].transpose(0, 2, 1, 3) for i in range(2)
+            for p in ("key", "value")}
     sequence = np.concatenate([ids, rng.integers(0, vocabulary, (batch, 3))], axis=1)
     expected = to_numpy(lm({"token_ids": sequence.astype("int32"), "padding_mask": np.ones(sequence.shape, bool)}))
     for position in range(length, length + 3):
         step = _run(decode, {"input_ids": sequence[:, position: position + 1],
-                             "attention_mask": np.ones((batch, position + 1), np.int64), **past})
+                             "position_ids": np.full((batch, 1), position, np.int64), **past})
         np.testing.assert_allclose(step["logits"][:, 0], expected[:, position], atol=ATOL)
-        assert step["present.1.key"].shape == (batch, position + 1, 2, 8)
+        assert step["present.1.key"].shape == (batch, 2, position + 1, 8)
         past = {f"past_key_values.{i}.{p}": step[f"present.{i}.{p}"] for i in range(2) for p in ("key", "value")}
+
+
+def test_decode_writes_its_cache_in_place(bundle, lm):
+    """Past and present bound to one buffer wider than needed: the step writes position S and nothing else,
+    reads only positions [0, S], and gives Keras's logits (the runner's form)."""
+    rng = np.random.default_rng(3)
+    decode = onnxruntime.InferenceSession(str(bundle / "decode.onnx"))
+    batch, length, width = 2, 9, 20
+    ids = rng.integers(0, lm.backbone.vocabulary_size, (batch, length + 1))
+    cache = np.zeros(lm.backbone.cache_shape(batch, length), "float32")
+    _, keras_cache = lm.call_with_cache(ids[:, :length].astype("int32"), cache, 0)
+    keras_cache = to_numpy(keras_cache)  # (B, L, 2, Hkv, S, Dh)
+    binding = decode.io_binding()
+    buffers = {}
+    for i in range(2):
+        for j, part in enumerate(("key", "value")):
+            buffer = rng.standard_normal((batch, 2, width, 8)).astype(np.float32)  # garbage beyond position S
+            buffer[:, :, :length] = keras_cache[:, i, j]
+            buffers[(i, part)] = buffer
+            value = onnxruntime.OrtValue.ortvalue_from_numpy(buffer)
+            binding.bind_ortvalue_input(f"past_key_values.{i}.{part}", value)
+            binding.bind_ortvalue_output(f"present.{i}.{part}", value)
+    before = {key: buffer.copy() for key, buffer in buffers.items()}
+    binding.bind_cpu_input("input_ids", ids[:, length:])
+    binding.bind_cpu_input("position_ids", np.full((batch, 1), length, np.int64))
+    binding.bind_output("logits")
+    decode.run_with_iobinding(binding)
+    logits = binding.copy_outputs_to_cpu()[-1]  # outputs come in the order they were bound
+    expected = to_numpy(lm({"token_ids": ids.astype("int32"), "padding_mask": np.ones(ids.shape, bool)}))
+    np.testing.assert_allclose(logits[:, 0], expected[:, length], atol=ATOL)
+    full = np.zeros(lm.backbone.cache_shape(batch, length + 1), "float32")
+    _, full = lm.call_with_cache(ids.astype("int32"), full, 0)
+    full = to_numpy(full)
+    for (i, part), buffer in buffers.items():
+        j = ("key", "value").index(part)
+        np.testing.assert_allclose(buffer[:, :, length], full[:, i, j, :, length], atol=ATOL)
+        untouched = np.ones(width, bool)
+        untouched[length] = False
+        np.testing.assert_array_equal(buffer[:, :, untouched], before[(i, part)][:, :, untouched])
 
 
 def test_bundle_greedy_matches_keras(generator, lm):
@@ -209,3 +255,35 @@ def test_artifacts_identical_to_a_tensorflow_export(bundle, lm, tmp_path):
     assert sorted(os.listdir(tmp_path / "again")) == sorted(os.listdir(bundle))
     for name in os.listdir(bundle):
         assert (tmp_path / "again" / name).read_bytes() == (bundle / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("options", [
+    {"num_key_value_heads": 1, "activation": "gelu"},  # grouped keys/values, exact gelu
+    {"activation": "gated-silu"},
+    {"activation": "relu"},
+])
+def test_decode_graph_variants_match_keras(options):
+    """The hand-built decode graph for GPTs the bundle fixture does not cover, against the Keras model:
+    logits of the next position and the keys/values it appends (built in-process on any backend)."""
+    from keras_transformer.export.gpt_decode import decode_model
+    from keras_transformer.models import GPTBackbone, GPTCausalLM
+    from tests.export.helpers import randomize
+
+    backbone = GPTBackbone(97, num_layers=2, num_heads=4, hidden_dim=32, intermediate_dim=48, max_sequence_length=24,
+                           **options)
+    lm = randomize(GPTCausalLM(backbone), seed=1)
+    session = onnxruntime.InferenceSession(decode_model(lm).SerializeToString())
+    batch, length, heads = 2, 7, options.get("num_key_value_heads", 4)
+    ids = np.random.default_rng(5).integers(0, 97, (batch, length + 1))
+    cache = np.zeros(backbone.cache_shape(batch, length + 1), "float32")
+    _, cache = lm.call_with_cache(ids.astype("int32"), cache, 0)
+    cache = to_numpy(cache)  # (B, L, 2, Hkv, S + 1, Dh): the Keras keys/values of every position
+    past = {f"past_key_values.{i}.{part}": np.ascontiguousarray(cache[:, i, j, :, :length])
+            for i in range(2) for j, part in enumerate(("key", "value"))}
+    out = _run(session, {"input_ids": ids[:, length:], "position_ids": np.full((batch, 1), length, np.int64), **past})
+    expected = to_numpy(lm({"token_ids": ids.astype("int32"), "padding_mask": np.ones(ids.shape, bool)}))
+    np.testing.assert_allclose(out["logits"][:, 0], expected[:, length], atol=ATOL)
+    for i in range(2):
+        for j, part in enumerate(("key", "value")):
+            assert out[f"present.{i}.{part}"].shape == (batch, heads, length + 1, 8)
+            np.testing.assert_allclose(out[f"present.{i}.{part}"], cache[:, i, j], atol=ATOL)
