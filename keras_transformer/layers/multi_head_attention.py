@@ -58,8 +58,9 @@ class MultiHeadAttention(keras.layers.Layer):
             keys/values are written at [cache_index, cache_index + T) and
             attention runs over the whole cache; without it, the cache is used
             as fixed keys/values (cross-attention) and `key`/`value` are
-            ignored. Beam search passes a third form, a dict with "keys" and
-            "values" (B, Hkv, K * S_max, Dh) (K slots of S_max positions) and
+            ignored. Beam search passes a third form, a dict with "keys_t"
+            (B, Hkv, Dh, K * S_max) (keys transposed: K slots of S_max
+            positions on the minor axis), "values" (B, Hkv, K * S_max, Dh) and
             "ancestry" (B, K, S_max) int: the query rows are R = B * K beams;
             beam k writes its new keys/values in its own slot k and reads
             position s from slot ancestry[b, k, s], so choosing beams reorders
@@ -305,27 +306,31 @@ class MultiHeadAttention(keras.layers.Layer):
         """
         H, Hkv, Dh = self.num_heads, self._kv_heads, self._head_dim
         G = H // Hkv
-        keys, values, ancestry = cache["keys"], cache["values"], cache["ancestry"]  # (B, Hkv, K * S, Dh), (B, K, S)
+        keys_t, values, ancestry = cache["keys_t"], cache["values"], cache["ancestry"]
+        # keys_t (B, Hkv, Dh, K * S), values (B, Hkv, K * S, Dh), ancestry (B, K, S)
         _, K, S = ancestry.shape
-        batch = ops.shape(keys)[0]
+        batch = ops.shape(keys_t)[0]
         T = q.shape[1]
 
         def beam_major(x):  # (R, T, Hkv, Dh) -> (B, Hkv, K, T, Dh)
             return ops.transpose(ops.reshape(x, (batch, K, T, Hkv, Dh)), (0, 3, 1, 2, 4))
 
-        # One write per slot on the (B * Hkv, K * S, Dh) layout the products read: XLA then writes
-        # in place, where one write on a (B * Hkv, K, S, Dh) view made it copy the buffers every step.
-        new_keys, new_values = beam_major(k), beam_major(v)
+        # One write per slot on the (B * Hkv, ., .) layout the products read: XLA then writes in
+        # place, where one write on a (B * Hkv, K, S, Dh) view made it copy the buffers every step.
+        new_keys, new_values = beam_major(k), beam_major(v)  # (B, Hkv, K, T, Dh)
+        flat_keys_t = ops.reshape(keys_t, (batch * Hkv, Dh, K * S))
         for slot in range(K):
-            keys = _write_pair_part(keys, new_keys[:, :, slot], slot * S + cache_index)
+            update = ops.reshape(ops.swapaxes(new_keys[:, :, slot], 2, 3), (batch * Hkv, Dh, T))  # (B * Hkv, Dh, T)
+            flat_keys_t = _write_one(flat_keys_t, update, slot * S + cache_index, axis=2)
             values = _write_pair_part(values, new_values[:, :, slot], slot * S + cache_index)
+        keys_t = ops.reshape(flat_keys_t, (batch, Hkv, Dh, K * S))
 
         q = ops.reshape(ops.cast(q, "float32") * self._scale, (batch, K, T, Hkv, G, Dh))
         q = ops.transpose(q, (0, 3, 4, 1, 2, 5))  # -> (B, Hkv, G, K, T, Dh)
         q = ops.reshape(q, (batch * Hkv, G * K * T, Dh))
-        flat_keys = ops.reshape(ops.cast(keys, "float32"), (batch * Hkv, K * S, Dh))  # slots x positions as one axis
-        logits = ops.einsum("nsk,nqk->nsq", flat_keys, q)  # (B * Hkv, K * S, G * K * T), keys as the left operand
-        logits = ops.transpose(logits, (0, 2, 1))  # -> (B * Hkv, G * K * T, K * S)
+        # Keys stored transposed make this a plain (rows x Dh) x (Dh x K * S) product: XLA on CPU ran
+        # it 3x faster than against (K * S, Dh) keys (B * Hkv = 4, 4 query rows, 512 keys: 4.5 vs 15 us).
+        logits = ops.matmul(q, ops.cast(flat_keys_t, "float32"))  # (B * Hkv, G * K * T, Dh) x (., Dh, K * S)
         logits = ops.reshape(logits, (batch, Hkv, G, K, T, K, S))  # query beam, then slot
 
         # Query beam k, token t reads slot j at position s < cache_index iff ancestry[b, k, s] == j,
@@ -352,7 +357,7 @@ class MultiHeadAttention(keras.layers.Layer):
         output = ops.reshape(output, (batch, Hkv, G, K, T, Dh))
         output = ops.transpose(output, (0, 3, 4, 1, 2, 5))  # -> (B, K, T, Hkv, G, Dh)
         output = ops.reshape(output, (batch * K, T, H, Dh))  # -> (R, T, H, Dh)
-        return output, {"keys": keys, "values": values, "ancestry": ancestry}
+        return output, {"keys_t": keys_t, "values": values, "ancestry": ancestry}
 
     def get_config(self):
         config = super().get_config()

@@ -74,8 +74,8 @@ def functional_setattr(model, name, value, default_setattr):
 # pairs: each layer then writes its own two buffers in place and the attention products
 # read them directly, where a stacked form costs XLA a slice copy of every layer's keys and
 # values at each step (and a restack of the whole cache). A layer given a pair returns a pair.
-# Beam search on the compiled backends carries a third per-layer form, a dict of "keys" and
-# "values" (B, Hkv, K * S, Dh) and "ancestry" (B, K, S) (see `MultiHeadAttention`).
+# Beam search on the compiled backends carries a third per-layer form, a dict of "keys_t"
+# (B, Hkv, Dh, K * S), "values" (B, Hkv, K * S, Dh) and "ancestry" (B, K, S) (see `MultiHeadAttention`).
 
 
 def layer_cache_of(cache, i):
@@ -87,7 +87,7 @@ def cache_keys(layer_cache):
     """A layer's cache in any form -> keys (B, Hkv, S, Dh) (a beam cache's first slot: its positions are what count)."""
     if isinstance(layer_cache, dict):
         length = layer_cache["ancestry"].shape[-1]
-        return layer_cache["keys"][:, :, :length]  # (B, Hkv, K * S, Dh) -> (B, Hkv, S, Dh)
+        return keras.ops.swapaxes(layer_cache["keys_t"][..., :length], 2, 3)  # (B, Hkv, Dh, K * S) -> (B, Hkv, S, Dh)
     return layer_cache[0] if isinstance(layer_cache, (list, tuple)) else layer_cache[:, 0]
 
 

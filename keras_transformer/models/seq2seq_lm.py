@@ -16,7 +16,7 @@ class Seq2SeqLM(Task):
     """Encoder-decoder language model: logits (B, T, V) for the target given the source.
 
     A subclass creates its head layers, then calls this constructor, and defines
-    `compute_logits(decoder_hidden)`. The backbone must output
+    `compute_logits(decoder_hidden, head=None)`. The backbone must output
     `{"encoder_sequence_output", "decoder_sequence_output"}` and provide `encode`,
     `compute_cross_cache`, `cache_shape` and `call_with_cache`.
 
@@ -61,7 +61,7 @@ class Seq2SeqLM(Task):
         logits = self.compute_logits(hidden)  # (B, T, D) -> (B, T, V)
         super().__init__(inputs=inputs, outputs=ops.cast(logits, "float32"), **kwargs)
 
-    def compute_logits(self, decoder_hidden):
+    def compute_logits(self, decoder_hidden, head=None):
         """Decoder hidden states (B, T, D) -> logits (B, T, V). Defined by each family."""
         raise NotImplementedError(f"{type(self).__name__} must define `compute_logits`.")
 
@@ -86,6 +86,7 @@ class Seq2SeqLM(Task):
         cross_cache,
         encoder_padding_mask,
         decoder_padding_mask=None,
+        head=None,
     ):
         """Logits for T new decoder tokens at positions [cache_index, cache_index + T).
 
@@ -96,6 +97,7 @@ class Seq2SeqLM(Task):
             cross_cache: (B, L, 2, Hkv, S_enc, Dh) from `compute_cross_cache`.
             encoder_padding_mask: (B, S_enc), True for real source tokens.
             decoder_padding_mask: (B, S_max) key mask over the cache, or None.
+            head: None, or `decode_head()` (the tied projection as a (D, V) array made once per loop).
 
         Returns:
             (logits (B, T, V) float32, updated self_cache).
@@ -103,7 +105,7 @@ class Seq2SeqLM(Task):
         hidden, self_cache = self.backbone.call_with_cache(
             decoder_token_ids, self_cache, cache_index, cross_cache, encoder_padding_mask, decoder_padding_mask
         )
-        return ops.cast(self.compute_logits(hidden), "float32"), self_cache
+        return ops.cast(self.compute_logits(hidden, head), "float32"), self_cache
 
     # --- generation ---------------------------------------------------------
 

@@ -4,6 +4,7 @@ import os
 
 import keras
 import numpy as np
+from keras import ops
 
 from keras_transformer import presets
 from keras_transformer.models.backbone import functional_setattr
@@ -172,6 +173,15 @@ class Task(keras.Model):
 
     # --- config -----------------------------------------------------------
 
+    def decode_head(self):
+        """The output projection as a (D, V) array for `call_with_cache(..., head=...)`, or None.
+
+        None here (the task's own logits serve); tasks whose head is the tied token embedding
+        return `transposed_embedding(backbone)`, which the compiled decoding loops make once per
+        call, outside the loop, and pass to every step.
+        """
+        return None
+
     def get_config(self):
         return {
             "backbone": keras.saving.serialize_keras_object(self.backbone),
@@ -186,6 +196,17 @@ class Task(keras.Model):
         config["backbone"] = presets.deserialize_backbone(config["backbone"])
         config["preprocessor"] = presets.deserialize_preprocessor(config.get("preprocessor"))
         return cls(**config)
+
+
+def transposed_embedding(backbone):
+    """The tied head's (V, D) token embedding as a (D, V) array in the compute dtype.
+
+    XLA on CPU multiplies a few rows by the transposed (V, D) embedding at a third of the speed
+    of the same product with a (D, V) array (4 rows, D 256, V 8000: 131 vs 47 us in a jitted
+    loop), so a decoding loop makes this copy once instead of reading the transpose at every step.
+    """
+    embeddings = backbone.token_embedding.embeddings  # (V, D)
+    return ops.cast(ops.transpose(embeddings), backbone.compute_dtype)  # -> (D, V)
 
 
 def _is_local(filepath, suffix):

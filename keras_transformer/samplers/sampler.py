@@ -183,17 +183,21 @@ def _is_seq2seq(task):
     return hasattr(task, "compute_cross_cache")
 
 
-def _model_step(task, token_ids, cache, index, context, options):
-    """(R, T) ids at positions [index, index + T) -> logits (R, T, V) float32, updated cache."""
+def _model_step(task, token_ids, cache, index, context, options, head=None):
+    """(R, T) ids at positions [index, index + T) -> logits (R, T, V) float32, updated cache.
+
+    head: None, or the task's `decode_head()` made once outside the loop.
+    """
     if options.torch_gpt_step:
         from keras_transformer.samplers import torch_gpt_step
 
         return torch_gpt_step.call_with_cache(task, token_ids, cache, index, task.__dict__.get("_torch_step_weights"))
+    kwargs = {} if head is None else {"head": head}  # a task without `decode_head` need not take `head`
     if _is_seq2seq(task):
         return task.call_with_cache(
-            token_ids, cache, index, context["cross_cache"], context["encoder_padding_mask"]
+            token_ids, cache, index, context["cross_cache"], context["encoder_padding_mask"], **kwargs
         )
-    return task.call_with_cache(token_ids, cache, index)
+    return task.call_with_cache(token_ids, cache, index, **kwargs)
 
 
 def _prepare(task, inputs, options):
@@ -238,7 +242,8 @@ def _start(task, sampler, options, inputs, prepared):
     if options.beam_cache:
         # Every beam gets its own slot of the prefilled cache and reads only its own slot so far.
         K = sampler.num_beams
-        slots = [tuple(_beam_slots(t, K) for t in pair) for pair in prepared["cache"]]  # (B, Hkv, K * W, Dh)
+        # keys transposed (B, Hkv, Dh, K * W), values (B, Hkv, K * W, Dh): see `MultiHeadAttention._attend_beams`
+        slots = [(ops.swapaxes(_beam_slots(keys, K), 2, 3), _beam_slots(values, K)) for keys, values in prepared["cache"]]
         ancestry = ops.arange(num_rows, dtype="int32") % K  # (R,): row b * K + k is beam k
         width = prepared["cache"][0][0].shape[2]
         rows = {"tokens": tokens, "cache": _loop_cache(slots), "ancestry": ops.repeat(ancestry[:, None], width, axis=1)}
@@ -253,7 +258,7 @@ def _start(task, sampler, options, inputs, prepared):
     return ops.cast(inputs["start"], "int32"), state
 
 
-def _body(task, sampler, options, inputs, i, state):
+def _body(task, sampler, options, inputs, i, state, head=None):
     """One step: feed token i - 1, process the logits of position i, let the sampler write token i."""
     ctx = _Context(inputs, options, sampler, task.backbone.vocabulary_size)
     rows = dict(state["rows"])
@@ -264,14 +269,14 @@ def _body(task, sampler, options, inputs, i, state):
         rows["ancestry"] = write_column(rows["ancestry"], i - 1, own_slot)  # (R, W)
         ancestry = ops.reshape(rows["ancestry"], (ctx.batch_size, ctx.num_beams, -1))  # (B, K, W)
         cache = [
-            {"keys": keys, "values": values, "ancestry": ancestry}
-            for keys, values in _model_cache(rows["cache"], ctx.batch_size)
+            {"keys_t": keys_t, "values": values, "ancestry": ancestry}
+            for keys_t, values in _model_cache(rows["cache"], ctx.batch_size)
         ]
-        logits, cache = _model_step(task, token, cache, i - 1, state["context"], options)
-        rows["cache"] = _loop_cache([(c["keys"], c["values"]) for c in cache])
+        logits, cache = _model_step(task, token, cache, i - 1, state["context"], options, head)
+        rows["cache"] = _loop_cache([(c["keys_t"], c["values"]) for c in cache])
     else:
         cache = _model_cache(rows["cache"], ctx.num_rows)
-        logits, cache = _model_step(task, token, cache, i - 1, state["context"], options)
+        logits, cache = _model_step(task, token, cache, i - 1, state["context"], options, head)
         rows["cache"] = _loop_cache(cache)
     logits = logits[:, 0, :]  # (R, 1, V) -> (R, V)
     if options.return_logits:
@@ -398,7 +403,7 @@ def _cache_width(state):
 
 
 def _widen(state, width):
-    """The loop state with every cache buffer padded from W to `width` positions (axis -2)."""
+    """The loop state with every cache buffer padded from W to `width` positions (per beam slot in a beam cache)."""
     extra = width - _cache_width(state)
     if extra <= 0:
         return state
@@ -407,15 +412,17 @@ def _widen(state, width):
         return ops.pad(t, [(0, 0)] * (len(t.shape) - 2) + [(0, extra), (0, 0)])
 
     rows = dict(state["rows"])
-    if "ancestry" in rows:  # a beam cache (N, K * W, Dh): widen each of the K slots
+    if "ancestry" in rows:  # a beam cache: widen each of the K slots of keys_t (N, Dh, K * W), values (N, K * W, Dh)
         old = rows["ancestry"].shape[-1]
 
-        def pad_slots(t):
-            n, total, head_dim = t.shape
-            slots = ops.reshape(t, (n, total // old, old, head_dim))  # (N, K, W, Dh)
-            return ops.reshape(pad(slots), (n, -1, head_dim))
+        def pad_slots(t, axis):  # K slots of W positions on `axis` (1 or 2) -> K slots of `width`
+            shape = tuple(t.shape)
+            padding = [(0, 0)] * 4
+            padding[axis + 1] = (0, extra)
+            slots = ops.reshape(t, shape[:axis] + (shape[axis] // old, old) + shape[axis + 1 :])
+            return ops.reshape(ops.pad(slots, padding), shape[:axis] + (-1,) + shape[axis + 1 :])
 
-        rows["cache"] = [tuple(pad_slots(t) for t in pair) for pair in rows["cache"]]
+        rows["cache"] = [(pad_slots(keys_t, 2), pad_slots(values, 1)) for keys_t, values in rows["cache"]]
         rows["ancestry"] = ops.pad(rows["ancestry"], [(0, 0), (0, extra)])  # (R, W): read only once written
     else:
         rows["cache"] = [tuple(pad(t) for t in pair) for pair in rows["cache"]]
@@ -430,7 +437,7 @@ def _one_step(task, sampler, options, inputs, i, state):
     def cond(i, state):
         return i < first + 1
 
-    def body(i, state):
+    def body(i, state):  # no `decode_head()` here: a (D, V) copy per step would cost more than it saves
         return _body(task, sampler, options, inputs, i, state)
 
     return ops.while_loop(cond, body, (i, state))
@@ -440,9 +447,12 @@ def _run(task, sampler, options, inputs, prepared):
     """The whole decoding loop in one traced function: one while loop per cache width."""
     i, state = _start(task, sampler, options, inputs, prepared)
     length = inputs["token_ids"].shape[1]
+    head = None  # the task's (D, V) output projection, made once for every step (optional interface)
+    if not options.torch_gpt_step and hasattr(task, "decode_head"):
+        head = task.decode_head()
 
     def body(i, state):
-        return _body(task, sampler, options, inputs, i, state)
+        return _body(task, sampler, options, inputs, i, state, head)
 
     for width in cache_widths(length, _cache_width(state)):
         state = _widen(state, width)

@@ -255,7 +255,7 @@ def test_beam_cache_reads_each_beam_history(rng, kv_heads, new_tokens):
 
     keys, values = reference.project_key_value(weights, slot_tokens.reshape(B, K * s_max, D))  # (B, K * S, Hkv, Dh)
     cache = {
-        "keys": ops.convert_to_tensor(keys.transpose(0, 2, 1, 3).astype("float32")),  # (B, Hkv, K * S, Dh)
+        "keys_t": ops.convert_to_tensor(keys.transpose(0, 2, 3, 1).astype("float32")),  # (B, Hkv, Dh, K * S)
         "values": ops.convert_to_tensor(values.transpose(0, 2, 1, 3).astype("float32")),
         "ancestry": ops.convert_to_tensor(ancestry),
     }
@@ -273,7 +273,7 @@ def test_beam_cache_reads_each_beam_history(rng, kv_heads, new_tokens):
     expected_values = values.reshape(B, K, s_max, kv_heads, Dh).copy()
     expected_keys[:, :, index : index + new_tokens] = written_keys.reshape(B, K, new_tokens, kv_heads, Dh)
     expected_values[:, :, index : index + new_tokens] = written_values.reshape(B, K, new_tokens, kv_heads, Dh)
-    got_keys = to_numpy(cache["keys"]).reshape(B, kv_heads, K, s_max, Dh).transpose(0, 2, 3, 1, 4)
+    got_keys = to_numpy(cache["keys_t"]).reshape(B, kv_heads, Dh, K, s_max).transpose(0, 3, 4, 1, 2)
     got_values = to_numpy(cache["values"]).reshape(B, kv_heads, K, s_max, Dh).transpose(0, 2, 3, 1, 4)
     assert_close(got_keys, expected_keys)
     assert_close(got_values, expected_values)
@@ -283,7 +283,7 @@ def test_beam_cache_reads_each_beam_history(rng, kv_heads, new_tokens):
 def test_beam_cache_refuses_masks_and_scores(rng):
     x = _random(rng, B * 2, 1, D)
     layer = _built_layer(rng, x, num_heads=2)
-    cache = {"keys": ops.zeros((B, 2, 2 * T, D // 2)), "values": ops.zeros((B, 2, 2 * T, D // 2)),
+    cache = {"keys_t": ops.zeros((B, 2, D // 2, 2 * T)), "values": ops.zeros((B, 2, 2 * T, D // 2)),
              "ancestry": ops.zeros((B, 2, T), "int32")}
     with pytest.raises(ValueError, match="beam cache"):
         layer(x, cache=cache, cache_index=1, return_attention_scores=True)

@@ -9,6 +9,7 @@ from keras import ops
 from keras_transformer.models.causal_lm import CausalLM
 from keras_transformer.models.gpt.gpt_backbone import GPTBackbone
 from keras_transformer.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
+from keras_transformer.models.task import transposed_embedding
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -45,8 +46,18 @@ class GPTCausalLM(CausalLM):
         logits = backbone.token_embedding(hidden, reverse=True)  # (B, T, D) -> (B, T, V)
         super().__init__(inputs=inputs, outputs=ops.cast(logits, "float32"), **kwargs)
 
-    def call_with_cache(self, token_ids, cache, cache_index, padding_mask=None):
-        """Logits (B, T, V) float32 for T new tokens and the updated cache (see GPTBackbone.call_with_cache)."""
+    def decode_head(self):
+        """The tied head as a (D, V) array (see `Task.decode_head`)."""
+        return transposed_embedding(self.backbone)
+
+    def call_with_cache(self, token_ids, cache, cache_index, padding_mask=None, head=None):
+        """Logits (B, T, V) float32 for T new tokens and the updated cache (see GPTBackbone.call_with_cache).
+
+        `head`: None, or `decode_head()` (the same projection as a (D, V) array made once per loop).
+        """
         hidden, cache = self.backbone.call_with_cache(token_ids, cache, cache_index, padding_mask)
-        logits = self.backbone.token_embedding(hidden, reverse=True)
+        if head is None:
+            logits = self.backbone.token_embedding(hidden, reverse=True)  # (B, T, D) x (V, D)^T -> (B, T, V)
+        else:
+            logits = ops.matmul(hidden, head)  # (B, T, D) x (D, V) -> (B, T, V)
         return ops.cast(logits, "float32"), cache

@@ -4,8 +4,10 @@ Axes: B batch, T decoder length, D model width, V vocabulary.
 """
 
 import keras
+from keras import ops
 
 from keras_transformer.models.seq2seq_lm import Seq2SeqLM
+from keras_transformer.models.task import transposed_embedding
 from keras_transformer.models.transformer.transformer_backbone import TransformerBackbone
 from keras_transformer.models.transformer.transformer_seq2seq_lm_preprocessor import (
     TransformerSeq2SeqLMPreprocessor,
@@ -45,6 +47,12 @@ class TransformerSeq2SeqLM(Seq2SeqLM):
         # === Functional model ===
         super().__init__(backbone, preprocessor, **kwargs)
 
-    def compute_logits(self, decoder_hidden):
-        """Decoder output (B, T, D) -> logits (B, T, V) through the shared embedding."""
-        return self.backbone.token_embedding(decoder_hidden, reverse=True)  # (B, T, D) x (D, V) -> (B, T, V)
+    def decode_head(self):
+        """The tied head as a (D, V) array (see `Task.decode_head`)."""
+        return transposed_embedding(self.backbone)
+
+    def compute_logits(self, decoder_hidden, head=None):
+        """Decoder output (B, T, D) -> logits (B, T, V) through the shared embedding; `head`: None or `decode_head()`."""
+        if head is not None:
+            return ops.matmul(decoder_hidden, head)  # (B, T, D) x (D, V) -> (B, T, V)
+        return self.backbone.token_embedding(decoder_hidden, reverse=True)  # (B, T, D) x (V, D)^T -> (B, T, V)
