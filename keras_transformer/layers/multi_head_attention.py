@@ -59,9 +59,9 @@ class MultiHeadAttention(keras.layers.Layer):
             attention runs over the whole cache; without it, the cache is used
             as fixed keys/values (cross-attention) and `key`/`value` are
             ignored. Beam search passes a third form, a dict with "keys_t"
-            (B, Hkv, Dh, K * S_max) (keys transposed: K slots of S_max
-            positions on the minor axis), "values" (B, Hkv, K * S_max, Dh) and
-            "ancestry" (B, K, S_max) int: the query rows are R = B * K beams;
+            (B, Hkv, Dh, S_max * K) (keys transposed; position s of slot j at
+            s * K + j), "values" (B, Hkv, S_max * K, Dh) and "ancestry"
+            (B, K, S_max) int: the query rows are R = B * K beams;
             beam k writes its new keys/values in its own slot k and reads
             position s from slot ancestry[b, k, s], so choosing beams reorders
             only the small ancestry table, never the cache (see `_attend_beams`).
@@ -307,56 +307,53 @@ class MultiHeadAttention(keras.layers.Layer):
         H, Hkv, Dh = self.num_heads, self._kv_heads, self._head_dim
         G = H // Hkv
         keys_t, values, ancestry = cache["keys_t"], cache["values"], cache["ancestry"]
-        # keys_t (B, Hkv, Dh, K * S), values (B, Hkv, K * S, Dh), ancestry (B, K, S)
+        # keys_t (B, Hkv, Dh, S * K), values (B, Hkv, S * K, Dh), ancestry (B, K, S): position s of
+        # slot j lies at s * K + j, so the K beams' new positions are one contiguous block.
         _, K, S = ancestry.shape
         batch = ops.shape(keys_t)[0]
         T = q.shape[1]
 
-        def beam_major(x):  # (R, T, Hkv, Dh) -> (B, Hkv, K, T, Dh)
-            return ops.transpose(ops.reshape(x, (batch, K, T, Hkv, Dh)), (0, 3, 1, 2, 4))
-
-        # One write per slot on the (B * Hkv, ., .) layout the products read: XLA then writes in
-        # place, where one write on a (B * Hkv, K, S, Dh) view made it copy the buffers every step.
-        new_keys, new_values = beam_major(k), beam_major(v)  # (B, Hkv, K, T, Dh)
-        flat_keys_t = ops.reshape(keys_t, (batch * Hkv, Dh, K * S))
-        for slot in range(K):
-            update = ops.reshape(ops.swapaxes(new_keys[:, :, slot], 2, 3), (batch * Hkv, Dh, T))  # (B * Hkv, Dh, T)
-            flat_keys_t = _write_one(flat_keys_t, update, slot * S + cache_index, axis=2)
-            values = _write_pair_part(values, new_values[:, :, slot], slot * S + cache_index)
-        keys_t = ops.reshape(flat_keys_t, (batch, Hkv, Dh, K * S))
+        # One write of the T * K new positions per buffer, on the (B * Hkv, ., .) layout the products
+        # read: XLA then writes in place (a write on a 4-D view made it copy the buffers every step).
+        k = ops.reshape(k, (batch, K, T, Hkv, Dh))
+        v = ops.reshape(v, (batch, K, T, Hkv, Dh))
+        new_keys_t = ops.reshape(ops.transpose(k, (0, 3, 4, 2, 1)), (batch * Hkv, Dh, T * K))  # (B, Hkv, Dh, T, K)
+        new_values = ops.reshape(ops.transpose(v, (0, 3, 2, 1, 4)), (batch * Hkv, T * K, Dh))  # (B, Hkv, T, K, Dh)
+        flat_keys_t = _write_one(ops.reshape(keys_t, (batch * Hkv, Dh, S * K)), new_keys_t, cache_index * K, axis=2)
+        flat_values = _write_one(ops.reshape(values, (batch * Hkv, S * K, Dh)), new_values, cache_index * K, axis=1)
 
         q = ops.reshape(ops.cast(q, "float32") * self._scale, (batch, K, T, Hkv, G, Dh))
         q = ops.transpose(q, (0, 3, 4, 1, 2, 5))  # -> (B, Hkv, G, K, T, Dh)
         q = ops.reshape(q, (batch * Hkv, G * K * T, Dh))
-        # Keys stored transposed make this a plain (rows x Dh) x (Dh x K * S) product: XLA on CPU ran
-        # it 3x faster than against (K * S, Dh) keys (B * Hkv = 4, 4 query rows, 512 keys: 4.5 vs 15 us).
-        logits = ops.matmul(q, ops.cast(flat_keys_t, "float32"))  # (B * Hkv, G * K * T, Dh) x (., Dh, K * S)
-        logits = ops.reshape(logits, (batch, Hkv, G, K, T, K, S))  # query beam, then slot
+        # Keys stored transposed make this a plain (rows x Dh) x (Dh x S * K) product: XLA on CPU ran
+        # it 3x faster than against (S * K, Dh) keys (B * Hkv = 4, 4 query rows, 512 keys: 4.5 vs 15 us).
+        logits = ops.matmul(q, ops.cast(flat_keys_t, "float32"))  # (B * Hkv, G * K * T, Dh) x (., Dh, S * K)
+        logits = ops.reshape(logits, (batch, Hkv, G, K, T, S, K))  # query beam, then position, slot
 
         # Query beam k, token t reads slot j at position s < cache_index iff ancestry[b, k, s] == j,
         # and its own slot at the new positions up to its own (causal).
         slots = ops.arange(K, dtype="int32")
-        positions = ops.arange(S, dtype="int32")
-        earlier = positions < cache_index  # (S,)
-        on_path = ops.cast(ancestry, "int32")[:, :, None, :] == slots[None, None, :, None]  # (B, K, K, S)
-        own = slots[:, None, None] == slots[None, :, None]  # (K, K, 1): query beam == slot
-        past = ops.logical_and(on_path, earlier)[:, :, None]  # (B, K, 1, K, S)
-        new = ops.logical_and(own[None, :, None], ops.logical_not(earlier))  # (1, K, 1, K, S)
-        causal = causal_mask(T, S, cache_index)[None, None, :, None, :]  # (1, 1, T, 1, S)
-        allowed = ops.logical_and(ops.logical_or(past, new), causal)  # (B, K, T, K, S)
-        logits = logits + mask_to_bias(allowed, "float32")[:, None, None]  # (B, 1, 1, K, T, K, S)
+        earlier = (ops.arange(S, dtype="int32") < cache_index)[:, None]  # (S, 1)
+        on_path = ops.cast(ancestry, "int32")[:, :, :, None] == slots  # (B, K, S, K): query beam, position, slot
+        past = ops.logical_and(on_path, earlier)[:, :, None]  # (B, K, 1, S, K)
+        own = (slots[:, None] == slots[None, :])[:, None, :]  # (K, 1, K): query beam == slot
+        new = ops.logical_and(own, ops.logical_not(earlier))[None, :, None]  # (1, K, 1, S, K)
+        causal = causal_mask(T, S, cache_index)[None, None, :, :, None]  # (1, 1, T, S, 1)
+        allowed = ops.logical_and(ops.logical_or(past, new), causal)  # (B, K, T, S, K)
+        logits = logits + mask_to_bias(allowed, "float32")[:, None, None]  # (B, 1, 1, K, T, S, K)
         if attention_bias is not None:  # (B|1, H, T, S): relative positions, the same for every slot
-            bias = ops.reshape(ops.cast(attention_bias, "float32"), (-1, Hkv, G, 1, T, 1, S))
+            bias = ops.reshape(ops.cast(attention_bias, "float32"), (-1, Hkv, G, 1, T, S, 1))
             logits = logits + bias
-        scores = ops.softmax(ops.reshape(logits, (-1, K * S)), axis=-1)  # one row per (b, kv head, g, beam, t)
+        scores = ops.softmax(ops.reshape(logits, (-1, S * K)), axis=-1)  # one row per (b, kv head, g, beam, t)
         if training and self.dropout > 0:
             scores = self.dropout_layer(scores, training=training)
-        probs = ops.reshape(ops.cast(scores, values.dtype), (batch * Hkv, G * K * T, K * S))
-        flat_values = ops.reshape(values, (batch * Hkv, K * S, Dh))
+        probs = ops.reshape(ops.cast(scores, values.dtype), (batch * Hkv, G * K * T, S * K))
         output = ops.einsum("nqs,nsk->nqk", probs, flat_values)  # (B * Hkv, G * K * T, Dh)
         output = ops.reshape(output, (batch, Hkv, G, K, T, Dh))
         output = ops.transpose(output, (0, 3, 4, 1, 2, 5))  # -> (B, K, T, Hkv, G, Dh)
         output = ops.reshape(output, (batch * K, T, H, Dh))  # -> (R, T, H, Dh)
+        keys_t = ops.reshape(flat_keys_t, (batch, Hkv, Dh, S * K))
+        values = ops.reshape(flat_values, (batch, Hkv, S * K, Dh))
         return output, {"keys_t": keys_t, "values": values, "ancestry": ancestry}
 
     def get_config(self):

@@ -75,7 +75,7 @@ def functional_setattr(model, name, value, default_setattr):
 # read them directly, where a stacked form costs XLA a slice copy of every layer's keys and
 # values at each step (and a restack of the whole cache). A layer given a pair returns a pair.
 # Beam search on the compiled backends carries a third per-layer form, a dict of "keys_t"
-# (B, Hkv, Dh, K * S), "values" (B, Hkv, K * S, Dh) and "ancestry" (B, K, S) (see `MultiHeadAttention`).
+# (B, Hkv, Dh, S * K), "values" (B, Hkv, S * K, Dh) and "ancestry" (B, K, S) (see `MultiHeadAttention`).
 
 
 def layer_cache_of(cache, i):
@@ -86,8 +86,10 @@ def layer_cache_of(cache, i):
 def cache_keys(layer_cache):
     """A layer's cache in any form -> keys (B, Hkv, S, Dh) (a beam cache's first slot: its positions are what count)."""
     if isinstance(layer_cache, dict):
-        length = layer_cache["ancestry"].shape[-1]
-        return keras.ops.swapaxes(layer_cache["keys_t"][..., :length], 2, 3)  # (B, Hkv, Dh, K * S) -> (B, Hkv, S, Dh)
+        batch, heads, head_dim, _ = layer_cache["keys_t"].shape
+        _, K, length = layer_cache["ancestry"].shape
+        slots = keras.ops.reshape(layer_cache["keys_t"], (-1, heads, head_dim, length, K))  # (B, Hkv, Dh, S, K)
+        return keras.ops.swapaxes(slots[..., 0], 2, 3)  # slot 0 -> (B, Hkv, S, Dh)
     return layer_cache[0] if isinstance(layer_cache, (list, tuple)) else layer_cache[:, 0]
 
 

@@ -242,8 +242,12 @@ def _start(task, sampler, options, inputs, prepared):
     if options.beam_cache:
         # Every beam gets its own slot of the prefilled cache and reads only its own slot so far.
         K = sampler.num_beams
-        # keys transposed (B, Hkv, Dh, K * W), values (B, Hkv, K * W, Dh): see `MultiHeadAttention._attend_beams`
-        slots = [(ops.swapaxes(_beam_slots(keys, K), 2, 3), _beam_slots(values, K)) for keys, values in prepared["cache"]]
+        # keys transposed (B, Hkv, Dh, W * K), values (B, Hkv, W * K, Dh): position s of slot j at s * K + j
+        # (see `MultiHeadAttention._attend_beams`); every slot starts as a copy of the prefill.
+        slots = [
+            (ops.repeat(ops.swapaxes(keys, 2, 3), K, axis=3), ops.repeat(values, K, axis=2))
+            for keys, values in prepared["cache"]
+        ]
         ancestry = ops.arange(num_rows, dtype="int32") % K  # (R,): row b * K + k is beam k
         width = prepared["cache"][0][0].shape[2]
         rows = {"tokens": tokens, "cache": _loop_cache(slots), "ancestry": ops.repeat(ancestry[:, None], width, axis=1)}
@@ -299,15 +303,10 @@ def _body(task, sampler, options, inputs, i, state, head=None):
 # model's own shape: there a reshape is a view, and each Keras op costs Python time per step.
 
 
-def _beam_slots(t, K):
-    """(B, Hkv, W, Dh) -> (B, Hkv, K * W, Dh): K copies, one slot per beam."""
-    return ops.reshape(ops.repeat(ops.expand_dims(t, 2), K, axis=2), (t.shape[0], t.shape[1], -1, t.shape[3]))
-
-
 def _loop_cache(cache):
     """L x 2 x (N, Hkv, S, Dh) -> L x 2 x (N * Hkv, S, Dh), the compiled loops' layout.
 
-    N is R, or B for a beam cache (whose S is K slots x W positions).
+    N is R, or B for a beam cache (whose S is W positions x K slots; its keys are transposed).
     """
     if keras.config.backend() == "torch":
         return cache
@@ -403,7 +402,7 @@ def _cache_width(state):
 
 
 def _widen(state, width):
-    """The loop state with every cache buffer padded from W to `width` positions (per beam slot in a beam cache)."""
+    """The loop state with every cache buffer padded from W to `width` positions."""
     extra = width - _cache_width(state)
     if extra <= 0:
         return state
@@ -412,17 +411,12 @@ def _widen(state, width):
         return ops.pad(t, [(0, 0)] * (len(t.shape) - 2) + [(0, extra), (0, 0)])
 
     rows = dict(state["rows"])
-    if "ancestry" in rows:  # a beam cache: widen each of the K slots of keys_t (N, Dh, K * W), values (N, K * W, Dh)
-        old = rows["ancestry"].shape[-1]
-
-        def pad_slots(t, axis):  # K slots of W positions on `axis` (1 or 2) -> K slots of `width`
-            shape = tuple(t.shape)
-            padding = [(0, 0)] * 4
-            padding[axis + 1] = (0, extra)
-            slots = ops.reshape(t, shape[:axis] + (shape[axis] // old, old) + shape[axis + 1 :])
-            return ops.reshape(ops.pad(slots, padding), shape[:axis] + (-1,) + shape[axis + 1 :])
-
-        rows["cache"] = [(pad_slots(keys_t, 2), pad_slots(values, 1)) for keys_t, values in rows["cache"]]
+    if "ancestry" in rows:  # a beam cache: keys_t (N, Dh, W * K), values (N, W * K, Dh), slots minor
+        K = rows["cache"][0][0].shape[-1] // rows["ancestry"].shape[-1]
+        rows["cache"] = [
+            (ops.pad(keys_t, [(0, 0), (0, 0), (0, extra * K)]), ops.pad(values, [(0, 0), (0, extra * K), (0, 0)]))
+            for keys_t, values in rows["cache"]
+        ]
         rows["ancestry"] = ops.pad(rows["ancestry"], [(0, 0), (0, extra)])  # (R, W): read only once written
     else:
         rows["cache"] = [tuple(pad(t) for t in pair) for pair in rows["cache"]]

@@ -254,9 +254,13 @@ def test_beam_cache_reads_each_beam_history(rng, kv_heads, new_tokens):
     weights = attention_weights(layer)
 
     keys, values = reference.project_key_value(weights, slot_tokens.reshape(B, K * s_max, D))  # (B, K * S, Hkv, Dh)
+    keys = keys.reshape(B, K, s_max, kv_heads, Dh)
+    values = values.reshape(B, K, s_max, kv_heads, Dh)
+    keys_t = keys.transpose(0, 3, 4, 2, 1).reshape(B, kv_heads, Dh, s_max * K)  # position s of slot j at s * K + j
+    slot_values = values.transpose(0, 3, 2, 1, 4).reshape(B, kv_heads, s_max * K, Dh)
     cache = {
-        "keys_t": ops.convert_to_tensor(keys.transpose(0, 2, 3, 1).astype("float32")),  # (B, Hkv, Dh, K * S)
-        "values": ops.convert_to_tensor(values.transpose(0, 2, 1, 3).astype("float32")),
+        "keys_t": ops.convert_to_tensor(keys_t.astype("float32")),
+        "values": ops.convert_to_tensor(slot_values.astype("float32")),
         "ancestry": ops.convert_to_tensor(ancestry),
     }
     output, cache = layer(new, cache=cache, cache_index=ops.convert_to_tensor(index, "int32"), use_causal_mask=True)
@@ -269,12 +273,11 @@ def test_beam_cache_reads_each_beam_history(rng, kv_heads, new_tokens):
             assert_close(to_numpy(output)[b * K + k : b * K + k + 1], expected)
 
     written_keys, written_values = reference.project_key_value(weights, new)  # (R, T_new, Hkv, Dh)
-    expected_keys = keys.reshape(B, K, s_max, kv_heads, Dh).copy()
-    expected_values = values.reshape(B, K, s_max, kv_heads, Dh).copy()
+    expected_keys, expected_values = keys.copy(), values.copy()  # (B, K, S, Hkv, Dh)
     expected_keys[:, :, index : index + new_tokens] = written_keys.reshape(B, K, new_tokens, kv_heads, Dh)
     expected_values[:, :, index : index + new_tokens] = written_values.reshape(B, K, new_tokens, kv_heads, Dh)
-    got_keys = to_numpy(cache["keys_t"]).reshape(B, kv_heads, Dh, K, s_max).transpose(0, 3, 4, 1, 2)
-    got_values = to_numpy(cache["values"]).reshape(B, kv_heads, K, s_max, Dh).transpose(0, 2, 3, 1, 4)
+    got_keys = to_numpy(cache["keys_t"]).reshape(B, kv_heads, Dh, s_max, K).transpose(0, 4, 3, 1, 2)
+    got_values = to_numpy(cache["values"]).reshape(B, kv_heads, s_max, K, Dh).transpose(0, 3, 2, 1, 4)
     assert_close(got_keys, expected_keys)
     assert_close(got_values, expected_values)
     np.testing.assert_array_equal(to_numpy(cache["ancestry"]), ancestry)
