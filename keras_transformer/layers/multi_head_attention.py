@@ -315,12 +315,14 @@ class MultiHeadAttention(keras.layers.Layer):
 
         # One write of the T * K new positions per buffer, on the (B * Hkv, ., .) layout the products
         # read: XLA then writes in place (a write on a 4-D view made it copy the buffers every step).
-        k = ops.reshape(k, (batch, K, T, Hkv, Dh))
+        k = ops.reshape(k, (batch, K, T, Hkv, Dh))  # (R, T, Hkv, Dh) -> (B, K, T, Hkv, Dh)
         v = ops.reshape(v, (batch, K, T, Hkv, Dh))
         new_keys_t = ops.reshape(ops.transpose(k, (0, 3, 4, 2, 1)), (batch * Hkv, Dh, T * K))  # (B, Hkv, Dh, T, K)
         new_values = ops.reshape(ops.transpose(v, (0, 3, 2, 1, 4)), (batch * Hkv, T * K, Dh))  # (B, Hkv, T, K, Dh)
-        flat_keys_t = _write_one(ops.reshape(keys_t, (batch * Hkv, Dh, S * K)), new_keys_t, cache_index * K, axis=2)
-        flat_values = _write_one(ops.reshape(values, (batch * Hkv, S * K, Dh)), new_values, cache_index * K, axis=1)
+        flat_keys_t = ops.reshape(keys_t, (batch * Hkv, Dh, S * K))  # (B, Hkv, Dh, S * K) -> (B * Hkv, Dh, S * K)
+        flat_values = ops.reshape(values, (batch * Hkv, S * K, Dh))  # (B, Hkv, S * K, Dh) -> (B * Hkv, S * K, Dh)
+        flat_keys_t = _write_one(flat_keys_t, new_keys_t, cache_index * K, axis=2)
+        flat_values = _write_one(flat_values, new_values, cache_index * K, axis=1)
 
         q = ops.reshape(ops.cast(q, "float32") * self._scale, (batch, K, T, Hkv, G, Dh))
         q = ops.transpose(q, (0, 3, 4, 1, 2, 5))  # -> (B, Hkv, G, K, T, Dh)
@@ -347,12 +349,12 @@ class MultiHeadAttention(keras.layers.Layer):
         scores = ops.softmax(ops.reshape(logits, (-1, S * K)), axis=-1)  # one row per (b, kv head, g, beam, t)
         if training and self.dropout > 0:
             scores = self.dropout_layer(scores, training=training)
-        probs = ops.reshape(ops.cast(scores, values.dtype), (batch * Hkv, G * K * T, S * K))
+        probs = ops.reshape(ops.cast(scores, values.dtype), (batch * Hkv, G * K * T, S * K))  # rows back per kv head
         output = ops.einsum("nqs,nsk->nqk", probs, flat_values)  # (B * Hkv, G * K * T, Dh)
         output = ops.reshape(output, (batch, Hkv, G, K, T, Dh))
         output = ops.transpose(output, (0, 3, 4, 1, 2, 5))  # -> (B, K, T, Hkv, G, Dh)
         output = ops.reshape(output, (batch * K, T, H, Dh))  # -> (R, T, H, Dh)
-        keys_t = ops.reshape(flat_keys_t, (batch, Hkv, Dh, S * K))
+        keys_t = ops.reshape(flat_keys_t, (batch, Hkv, Dh, S * K))  # back to the cache's (B, Hkv, ., .) form
         values = ops.reshape(flat_values, (batch, Hkv, S * K, Dh))
         return output, {"keys_t": keys_t, "values": values, "ancestry": ancestry}
 

@@ -86,7 +86,7 @@ def layer_cache_of(cache, i):
 def cache_keys(layer_cache):
     """A layer's cache in any form -> keys (B, Hkv, S, Dh) (a beam cache's first slot: its positions are what count)."""
     if isinstance(layer_cache, dict):
-        batch, heads, head_dim, _ = layer_cache["keys_t"].shape
+        _, heads, head_dim, _ = layer_cache["keys_t"].shape
         _, K, length = layer_cache["ancestry"].shape
         slots = keras.ops.reshape(layer_cache["keys_t"], (-1, heads, head_dim, length, K))  # (B, Hkv, Dh, S, K)
         return keras.ops.swapaxes(slots[..., 0], 2, 3)  # slot 0 -> (B, Hkv, S, Dh)

@@ -171,7 +171,7 @@ class Task(keras.Model):
             raise ValueError(f"Unexpected arguments for export: {sorted(kwargs)}")
         return export_model(self, filepath, format=format, overwrite=overwrite)
 
-    # --- config -----------------------------------------------------------
+    # --- decoding ---------------------------------------------------------
 
     def decode_head(self):
         """The output projection as a (D, V) array for `call_with_cache(..., head=...)`, or None.
@@ -181,6 +181,8 @@ class Task(keras.Model):
         call, outside the loop, and pass to every step.
         """
         return None
+
+    # --- config -----------------------------------------------------------
 
     def get_config(self):
         return {
