@@ -528,6 +528,14 @@ def decode(task, sampler, options, inputs, streamer=None):
         streamer: None, or a callable receiving after every step the (R,) numpy array of
             the token each row produced (-1 where a row produced none).
     """
+    if keras.config.backend() == "tensorflow" and not sampler.reorders_rows and len(inputs["token_ids"]) == 1:
+        # TensorFlow's XLA rewrites every product of a one-row step into a vector x matrix dot and
+        # runs it at half the speed of a two-row step (greedy, 4 layers, d 256 on CPU: 0.96 vs
+        # 0.49 ms per step). A one-row call decodes two copies of its row and keeps the first;
+        # the copy gets the same noise, so row 0 is what one row alone would give.
+        echo = None if streamer is None else lambda emitted: streamer(emitted[:1])  # (2,) -> (1,)
+        outputs = decode(task, sampler, options, _two_rows(inputs), echo)
+        return {k: v[:1] for k, v in outputs.items()}  # (2, ...) -> (1, ...)
     inputs = {k: ops.convert_to_tensor(v) for k, v in inputs.items()}
     if keras.config.backend() == "torch":
         from keras_transformer.samplers import torch_gpt_step
@@ -542,6 +550,17 @@ def decode(task, sampler, options, inputs, streamer=None):
         return _decode(task, sampler, options, inputs, streamer)
     finally:
         task.__dict__.pop("_torch_step_weights", None)
+
+
+def _two_rows(inputs):
+    """Numpy loop inputs of one row (B = R = 1) repeated to two rows: noise is (L, R), the rest
+    (B | R, ...) or scalars."""
+    rows = {}
+    for name, value in inputs.items():
+        value = np.asarray(value)
+        axis = 1 if name == "noise" else 0
+        rows[name] = value if value.ndim == 0 else np.repeat(value, 2, axis=axis)
+    return rows
 
 
 def _decode(task, sampler, options, inputs, streamer):

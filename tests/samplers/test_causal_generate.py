@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from keras_transformer.samplers import BeamSampler, RandomSampler
+from tests.conftest import to_numpy
 from tests.samplers.helpers import causal_logits, compiled_functions, is_eager_backend
 
 PROMPTS = [[3, 4, 5, 7, 2, 6, 5, 3], [7, 1]]  # ragged: row 1 is padded by 6
@@ -76,6 +77,27 @@ def test_random_sampling_stays_in_the_top_k_and_the_nucleus(lm, greedy):
     other = lm.generate(PROMPTS, max_new_tokens=NEW, stop_token_ids=None, return_dict=True, output_logits=True,
                         sampler=RandomSampler(temperature=temperature, top_k=top_k, top_p=top_p, seed=8))
     assert other["outputs"] != out["outputs"]
+
+
+def test_one_row_decodes_as_it_would_alone(lm, greedy):
+    # TensorFlow decodes a one-row call as two copies of the row (its XLA runs one-row products at
+    # half speed): the tokens, logits, streamed arrays and noise must still be the one row's.
+    prompt = PROMPTS[0]
+    out = lm.generate([prompt], max_new_tokens=NEW, stop_token_ids=None, return_dict=True, output_logits=True)
+    assert out["outputs"] == [greedy[0]] and [np.shape(x) for x in out["logits"]] == [(NEW, VOCAB)]
+    _check_logits(lm, out)
+    steps = []
+    assert lm.generate([prompt], max_new_tokens=NEW, stop_token_ids=None, streamer=steps.append) == [greedy[0]]
+    assert [s.shape for s in steps] == [(1,)] * NEW and [int(s[0]) for s in steps] == greedy[0][len(prompt) :]
+
+    sampler = RandomSampler(temperature=2.0, seed=3)
+    out = lm.generate([prompt], max_new_tokens=NEW, stop_token_ids=None, sampler=sampler, return_dict=True,
+                      output_logits=True)
+    length = 64  # the call's buffer: 8 + 12 positions rounded up to the 64-position bucket
+    uniform = sampler.draw_noise((length, 1))[len(prompt) : len(prompt) + NEW, 0]  # the call's noise of its row
+    expected = to_numpy(sampler.get_next_token(np.asarray(out["logits"][0]), uniform))  # (NEW,)
+    assert out["outputs"][0][len(prompt) :] == expected.tolist()
+    assert out["outputs"][0] != greedy[0]  # it does sample
 
 
 def test_temperature_near_zero_matches_greedy(lm, greedy):
