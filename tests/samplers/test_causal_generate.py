@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from keras_transformer.samplers import BeamSampler, RandomSampler
+from keras_transformer.samplers.generate import LENGTH_BUCKET
 from tests.conftest import to_numpy
 from tests.samplers.helpers import causal_logits, compiled_functions, is_eager_backend
 
@@ -93,7 +94,7 @@ def test_one_row_decodes_as_it_would_alone(lm, greedy):
     sampler = RandomSampler(temperature=2.0, seed=3)
     out = lm.generate([prompt], max_new_tokens=NEW, stop_token_ids=None, sampler=sampler, return_dict=True,
                       output_logits=True)
-    length = 64  # the call's buffer: 8 + 12 positions rounded up to the 64-position bucket
+    length = -(-(len(prompt) + NEW) // LENGTH_BUCKET) * LENGTH_BUCKET  # the call's buffer: rounded up to its bucket
     uniform = sampler.draw_noise((length, 1))[len(prompt) : len(prompt) + NEW, 0]  # the call's noise of its row
     expected = to_numpy(sampler.get_next_token(np.asarray(out["logits"][0]), uniform))  # (NEW,)
     assert out["outputs"][0][len(prompt) :] == expected.tolist()
