@@ -3,6 +3,7 @@ a bounded number of times and do not grow resident memory."""
 
 import gc
 
+import keras
 import numpy as np
 import psutil
 import pytest
@@ -48,7 +49,9 @@ def test_many_generate_calls_compile_a_bounded_number_of_times_and_keep_memory_f
     functions = dict(compiled_functions(lm))
     warm_traces = _traces(lm)
     # One prefill per batch size; one loop per sampler kind and batch size (seeds never retrace).
-    assert len(functions) == 3  # prepare, greedy loop, random loop
+    # TensorFlow decodes one row with its own loop (a padded step, see `samplers.sampler.decode`).
+    own_one_row_loops = 2 if keras.config.backend() == "tensorflow" and 1 in BATCH_SIZES else 0
+    assert len(functions) == 3 + own_one_row_loops  # prepare, greedy loop, random loop (+ their one-row loops)
     if not is_eager_backend():
         assert warm_traces == len(BATCH_SIZES) * 3
 

@@ -65,6 +65,9 @@ class MultiHeadAttention(keras.layers.Layer):
             beam k writes its new keys/values in its own slot k and reads
             position s from slot ancestry[b, k, s], so choosing beams reorders
             only the small ancestry table, never the cache (see `_attend_beams`).
+            A fourth form, a dict with "keys" and "values" (B, Hkv, S_max, Dh),
+            says that only the first query token is real: the others only pad
+            the projections (see `_attend_padded`).
         cache_index: int or scalar int tensor, where to write in the cache.
         return_attention_scores: bool, also return the probabilities.
         training: bool, whether dropout is active.
@@ -181,14 +184,16 @@ class MultiHeadAttention(keras.layers.Layer):
         key = value if key is None else key
         q = self.query_dense(query)  # (B, T, H, Dh)
         if isinstance(cache, dict):
+            form = "A beam cache" if "ancestry" in cache else "A padded-query cache"
             if attention_mask is not None or return_attention_scores or cache_index is None:
                 raise ValueError(
-                    "A beam cache takes `cache_index` and no `attention_mask` or `return_attention_scores`. "
+                    f"{form} takes `cache_index` and no `attention_mask` or `return_attention_scores`. "
                     f"Received: cache_index={cache_index}, attention_mask={attention_mask is not None}, "
                     f"return_attention_scores={return_attention_scores}"
                 )
-            output, cache = self._attend_beams(q, self.key_dense(key), self.value_dense(value), cache, cache_index,
-                                               attention_bias, training)
+            attend = self._attend_beams if "ancestry" in cache else self._attend_padded
+            output, cache = attend(q, self.key_dense(key), self.value_dense(value), cache, cache_index,
+                                   attention_bias, training)
             return self.output_dense(output), cache
 
         if cache is not None and cache_index is None:
@@ -290,6 +295,27 @@ class MultiHeadAttention(keras.layers.Layer):
         output = ops.reshape(output, (batch, H, query_length, Dh))  # -> (B, H, T, Dh)
         output = ops.transpose(output, (0, 2, 1, 3))  # -> (B, T, H, Dh)
         return output, (ops.cast(scores, self.compute_dtype) if return_scores else None)
+
+    def _attend_padded(self, q, k, v, cache, cache_index, attention_bias, training):
+        """Causal self-attention of the first of T query tokens -> ((B, T, H, Dh), updated cache).
+
+        q (B, T, H, Dh), new k/v (B, T, Hkv, Dh); cache {"keys", "values"} (B, Hkv, S, Dh). Only
+        the first token is real, at position cache_index: only its keys/values are written and
+        only it attends. The other rows only make the projections matrix products (TensorFlow's
+        XLA turns the products of a single token into vector x matrix dots at half speed); they
+        get the real row's attention output, so they stay finite, and nothing they compute is
+        written or read.
+        """
+        T = q.shape[1]
+        k = ops.transpose(k[:, :1], (0, 2, 1, 3))  # (B, 1, Hkv, Dh) -> (B, Hkv, 1, Dh)
+        v = ops.transpose(v[:, :1], (0, 2, 1, 3))
+        keys, values = _write((cache["keys"], cache["values"]), k, v, cache_index)  # (B, Hkv, S, Dh) each
+        mask = merge_masks(None, None, causal_mask(1, keys.shape[2], cache_index))  # (1, 1, 1, S)
+        if attention_bias is not None:  # (B|1, H, T, S)
+            attention_bias = attention_bias[:, :, :1]
+        output, _ = self._attend_cached(q[:, :1], keys, values, mask, attention_bias, False, training)
+        output = ops.repeat(output, T, axis=1)  # (B, 1, H, Dh) -> (B, T, H, Dh)
+        return output, {"keys": keys, "values": values}
 
     def _attend_beams(self, q, k, v, cache, cache_index, attention_bias, training):
         """Causal self-attention of R = B * K beam rows over a beam cache -> ((R, T, H, Dh), updated cache).

@@ -85,6 +85,8 @@ def layer_cache_of(cache, i):
 
 def cache_keys(layer_cache):
     """A layer's cache in any form -> keys (B, Hkv, S, Dh) (a beam cache's first slot: its positions are what count)."""
+    if isinstance(layer_cache, dict) and "keys" in layer_cache:  # a padded-query cache
+        return layer_cache["keys"]
     if isinstance(layer_cache, dict):
         _, heads, head_dim, _ = layer_cache["keys_t"].shape
         _, K, length = layer_cache["ancestry"].shape

@@ -150,6 +150,7 @@ class DecodeOptions:
         self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
         self.torch_gpt_step = False  # set by `decode`: the plain-PyTorch GPT step (torch_gpt_step.py)
         self.beam_cache = False  # set by `decode`: beams keep their cache slots, an ancestry table follows them
+        self.padded_step = False  # set by `decode`: each step pads its one token to two (see `_body`)
         self.pad_id = int(pad_id)
         self.repetition = bool(repetition)
         self.no_repeat_ngram_size = int(no_repeat_ngram_size)
@@ -278,6 +279,16 @@ def _body(task, sampler, options, inputs, i, state, head=None):
         ]
         logits, cache = _model_step(task, token, cache, i - 1, state["context"], options, head)
         rows["cache"] = _loop_cache([(c["keys_t"], c["values"]) for c in cache])
+    elif options.padded_step:
+        # The token and a copy of it: only the first is real (see `MultiHeadAttention._attend_padded`);
+        # the copy makes every product a two-row matrix product.
+        pair = ops.repeat(token, 2, axis=1)  # (R, 1) -> (R, 2)
+        cache = [
+            {"keys": keys, "values": values}
+            for keys, values in _model_cache(rows["cache"], ctx.num_rows)
+        ]
+        logits, cache = _model_step(task, pair, cache, i - 1, state["context"], options, head)  # (R, 2, V)
+        rows["cache"] = _loop_cache([(c["keys"], c["values"]) for c in cache])
     else:
         cache = _model_cache(rows["cache"], ctx.num_rows)
         logits, cache = _model_step(task, token, cache, i - 1, state["context"], options, head)
@@ -528,14 +539,12 @@ def decode(task, sampler, options, inputs, streamer=None):
         streamer: None, or a callable receiving after every step the (R,) numpy array of
             the token each row produced (-1 where a row produced none).
     """
-    if keras.config.backend() == "tensorflow" and not sampler.reorders_rows and len(inputs["token_ids"]) == 1:
-        # TensorFlow's XLA rewrites every product of a one-row step into a vector x matrix dot and
-        # runs it at half the speed of a two-row step (greedy, 4 layers, d 256 on CPU: 0.96 vs
-        # 0.49 ms per step). A one-row call decodes two copies of its row and keeps the first;
-        # the copy gets the same noise, so row 0 is what one row alone would give.
-        echo = None if streamer is None else lambda emitted: streamer(emitted[:1])  # (2,) -> (1,)
-        outputs = decode(task, sampler, options, _two_rows(inputs), echo)
-        return {k: v[:1] for k, v in outputs.items()}  # (2, ...) -> (1, ...)
+    # TensorFlow's XLA rewrites every product of a one-token, one-row step into a vector x matrix
+    # dot and runs it at half the speed of a two-row product (greedy, 4 layers, d 256 on CPU: 0.96
+    # vs 0.49 ms per step). A one-row loop there pads each step's token to two (see `_body`).
+    options.padded_step = (
+        keras.config.backend() == "tensorflow" and not sampler.reorders_rows and len(inputs["token_ids"]) == 1
+    )
     inputs = {k: ops.convert_to_tensor(v) for k, v in inputs.items()}
     if keras.config.backend() == "torch":
         from keras_transformer.samplers import torch_gpt_step
@@ -550,17 +559,6 @@ def decode(task, sampler, options, inputs, streamer=None):
         return _decode(task, sampler, options, inputs, streamer)
     finally:
         task.__dict__.pop("_torch_step_weights", None)
-
-
-def _two_rows(inputs):
-    """Numpy loop inputs of one row (B = R = 1) repeated to two rows: noise is (L, R), the rest
-    (B | R, ...) or scalars."""
-    rows = {}
-    for name, value in inputs.items():
-        value = np.asarray(value)
-        axis = 1 if name == "noise" else 0
-        rows[name] = value if value.ndim == 0 else np.repeat(value, 2, axis=axis)
-    return rows
 
 
 def _decode(task, sampler, options, inputs, streamer):

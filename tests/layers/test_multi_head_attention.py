@@ -283,7 +283,45 @@ def test_beam_cache_reads_each_beam_history(rng, kv_heads, new_tokens):
     np.testing.assert_array_equal(to_numpy(cache["ancestry"]), ancestry)
 
 
-def test_beam_cache_refuses_masks_and_scores(rng):
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_padded_query_cache_runs_only_the_first_token(rng, kv_heads):
+    """A padded-query cache {"keys", "values"}: of T query tokens only the first is real.
+
+    It must give the plain causal attention of the first token at every row, with a bias row
+    for that token only, and write only its keys/values: the pad rows are random and must
+    change nothing. kv_heads=1 is grouped-query attention.
+    """
+    s_max, index, heads, pads = T, 3, 2, 2
+    Dh = D // heads
+    x = _random(rng, B, s_max, D)
+    layer = _built_layer(rng, x, num_heads=heads, num_key_value_heads=kv_heads)
+    weights = attention_weights(layer)
+    keys, values = reference.project_key_value(weights, x)  # (B, S, Hkv, Dh)
+    old = _random(rng, B, kv_heads, s_max, Dh)  # what the cache holds from `index` on: never read
+    cache_keys, cache_values = old.copy(), _random(rng, B, kv_heads, s_max, Dh)
+    cache_keys[:, :, :index] = keys[:, :index].transpose(0, 2, 1, 3)
+    cache_values[:, :, :index] = values[:, :index].transpose(0, 2, 1, 3)
+    query = np.concatenate([x[:, index : index + 1], _random(rng, B, pads, D)], axis=1)  # (B, 1 + pads, D)
+    bias = _random(rng, 1, heads, 1 + pads, s_max)  # (1, H, T, S): only its first query row counts
+    cache = {"keys": ops.convert_to_tensor(cache_keys), "values": ops.convert_to_tensor(cache_values)}
+    output, cache = layer(query, attention_bias=bias, cache=cache, cache_index=ops.convert_to_tensor(index, "int32"),
+                          use_causal_mask=True)
+
+    # The numpy reference over the first index + 1 positions, with the bias row of the real token.
+    sequence_bias = np.zeros((1, heads, index + 1, index + 1), "float32")
+    sequence_bias[:, :, index] = bias[:, :, 0, : index + 1]
+    expected = reference.multi_head_attention(weights, x[:, : index + 1], use_causal_mask=True,
+                                              attention_bias=sequence_bias)[:, index:]  # (B, 1, D)
+    assert tuple(output.shape) == (B, 1 + pads, D)
+    assert_close(to_numpy(output), np.repeat(expected, 1 + pads, axis=1))
+    written_keys, written_values = cache_keys.copy(), cache_values.copy()
+    written_keys[:, :, index] = keys[:, index]
+    written_values[:, :, index] = values[:, index]
+    assert_close(to_numpy(cache["keys"]), written_keys)
+    assert_close(to_numpy(cache["values"]), written_values)
+
+
+def test_dict_caches_refuse_masks_and_scores(rng):
     x = _random(rng, B * 2, 1, D)
     layer = _built_layer(rng, x, num_heads=2)
     cache = {"keys_t": ops.zeros((B, 2, D // 2, 2 * T)), "values": ops.zeros((B, 2, 2 * T, D // 2)),
@@ -292,6 +330,11 @@ def test_beam_cache_refuses_masks_and_scores(rng):
         layer(x, cache=cache, cache_index=1, return_attention_scores=True)
     with pytest.raises(ValueError, match="beam cache"):
         layer(x, cache=cache, cache_index=1, attention_mask=np.ones((B * 2, T), bool))
+    padded = {"keys": ops.zeros((B * 2, 2, T, D // 2)), "values": ops.zeros((B * 2, 2, T, D // 2))}
+    with pytest.raises(ValueError, match="padded-query cache"):
+        layer(x, cache=padded, cache_index=1, return_attention_scores=True)
+    with pytest.raises(ValueError, match="padded-query cache"):
+        layer(x, cache=padded, cache_index=None)
 
 
 # ----------------------------------------------------------------------------- round trips

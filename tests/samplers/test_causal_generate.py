@@ -81,7 +81,7 @@ def test_random_sampling_stays_in_the_top_k_and_the_nucleus(lm, greedy):
 
 
 def test_one_row_decodes_as_it_would_alone(lm, greedy):
-    # TensorFlow decodes a one-row call as two copies of the row (its XLA runs one-row products at
+    # TensorFlow pads each step of a one-row call to two tokens (its XLA runs one-row products at
     # half speed): the tokens, logits, streamed arrays and noise must still be the one row's.
     prompt = PROMPTS[0]
     out = lm.generate([prompt], max_new_tokens=NEW, stop_token_ids=None, return_dict=True, output_logits=True)

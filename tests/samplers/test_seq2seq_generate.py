@@ -65,6 +65,17 @@ def test_cached_decoding_matches_full_forward(lm):
         assert 1 not in ids[1:-1]
 
 
+def test_one_source_decodes_as_it_would_in_a_batch(lm):
+    # One row takes its own loop on TensorFlow (each step pads its token to two, see `decode`):
+    # the logits must still be the full forward's, the tokens those of the row in a batch.
+    batch = lm.generate(SOURCES, max_new_tokens=NEW, return_dict=True)["outputs"]
+    for source, expected in zip(SOURCES, batch):
+        out = lm.generate([source], max_new_tokens=NEW, return_dict=True, output_logits=True)
+        assert out["outputs"] == [expected]
+        reference = seq2seq_logits(lm, [source], out["outputs"])[0]
+        np.testing.assert_allclose(out["logits"][0], reference[:-1], atol=2e-4, rtol=2e-4)
+
+
 def test_strings_in_strings_out(lm):
     sources = ["1 2 3", "3 1"]
     encoder_ids, encoder_mask = lm.preprocessor.generate_preprocess(sources)
