@@ -43,13 +43,18 @@ bench: install
 	$(PY) benchmarks/export_speed.py
 
 # On a machine with an NVIDIA GPU: the device, then fit, generate and the fused-attention path
-# against the explicit one, on every backend (each script prints the device it ran on).
-gpu-check: install
+# against the explicit one, on every backend (attention.py first: it prints the device).
+# A GPU machine that cannot reach a package registry can use its own Python instead of the venv
+# (keras, keras-hub and the backends importable there; the repository on PYTHONPATH):
+#   make gpu-check PY=python3 GPU_INSTALL= BACKENDS="jax torch"
+GPU_INSTALL ?= install
+gpu-check: $(GPU_INSTALL)
 	nvidia-smi
 	@for b in $(BACKENDS); do \
+	  echo "=== KERAS_BACKEND=$$b ==="; \
+	  KERAS_BACKEND=$$b $(PY) benchmarks/attention.py && \
 	  KERAS_BACKEND=$$b $(PY) benchmarks/train.py && \
-	  KERAS_BACKEND=$$b $(PY) benchmarks/generate.py --repeats 3 && \
-	  KERAS_BACKEND=$$b $(PY) benchmarks/attention.py || exit 1; \
+	  KERAS_BACKEND=$$b $(PY) benchmarks/generate.py --repeats 3 || exit 1; \
 	done
 
 clean:
