@@ -53,6 +53,7 @@ gpu-check: $(GPU_INSTALL)
 	@for b in $(BACKENDS); do \
 	  echo "=== KERAS_BACKEND=$$b ==="; \
 	  KERAS_BACKEND=$$b $(PY) benchmarks/attention.py && \
+	  KERAS_BACKEND=$$b $(PY) benchmarks/attention.py --dtype bfloat16 && \
 	  KERAS_BACKEND=$$b $(PY) benchmarks/train.py && \
 	  KERAS_BACKEND=$$b $(PY) benchmarks/generate.py --repeats 3 || exit 1; \
 	done
