@@ -184,14 +184,14 @@ class MultiHeadAttention(keras.layers.Layer):
         key = value if key is None else key
         q = self.query_dense(query)  # (B, T, H, Dh)
         if isinstance(cache, dict):
-            form = "A beam cache" if "ancestry" in cache else "A padded-query cache"
+            beams = "ancestry" in cache  # else a padded-query cache {"keys", "values"}
             if attention_mask is not None or return_attention_scores or cache_index is None:
                 raise ValueError(
-                    f"{form} takes `cache_index` and no `attention_mask` or `return_attention_scores`. "
-                    f"Received: cache_index={cache_index}, attention_mask={attention_mask is not None}, "
-                    f"return_attention_scores={return_attention_scores}"
+                    f"{'A beam' if beams else 'A padded-query'} cache takes `cache_index` and no `attention_mask` "
+                    f"or `return_attention_scores`. Received: cache_index={cache_index}, "
+                    f"attention_mask={attention_mask is not None}, return_attention_scores={return_attention_scores}"
                 )
-            attend = self._attend_beams if "ancestry" in cache else self._attend_padded
+            attend = self._attend_beams if beams else self._attend_padded
             output, cache = attend(q, self.key_dense(key), self.value_dense(value), cache, cache_index,
                                    attention_bias, training)
             return self.output_dense(output), cache
