@@ -74,12 +74,23 @@ def resolve(preset):
     registered = [row["name"] for row in list_presets()]
     if preset in registered:
         return zoo_dir() / preset
-    close = difflib.get_close_matches(preset, registered, n=3, cutoff=0.5)
+    close = closest_presets(preset, registered)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     raise ValueError(
         f"Unknown preset {preset!r}: not a registered name nor a directory.{hint} "
         f"Registered presets: {', '.join(registered)}"
     )
+
+
+def closest_presets(name, registered, n=3):
+    """The registered names closest to a mistyped `name` (case, `-` for `_` and spaces forgiven), best first."""
+
+    def normal(text):
+        return text.strip().lower().replace("-", "_").replace(" ", "_")
+
+    by_normal = {normal(candidate): candidate for candidate in registered}
+    close = difflib.get_close_matches(normal(name), list(by_normal), n=n, cutoff=0.5)
+    return [by_normal[candidate] for candidate in close]
 
 
 def get_class(class_name, base=None):
@@ -114,11 +125,26 @@ def load_backbone(cls, preset, load_weights=True, **overrides):
     spec = config["backbone"]
     backbone_cls = get_class(spec["class_name"], Backbone)
     if cls is not Backbone and not issubclass(backbone_cls, cls):
-        raise ValueError(f"Preset {str(preset)!r} holds a {backbone_cls.__name__}, not a {cls.__name__}.")
+        fitting = _presets_of(cls)
+        hint = f" Presets for a {cls.__name__}: {', '.join(fitting)}." if fitting else ""
+        raise ValueError(f"Preset {str(preset)!r} holds a {backbone_cls.__name__}, not a {cls.__name__}.{hint}")
     backbone = backbone_cls(**{**spec["config"], **overrides})
     if load_weights:
         _load_weights(backbone, path, config, BACKBONE_WEIGHTS_FILE)
     return backbone
+
+
+def _presets_of(cls):
+    """Registered preset names whose backbone is a `cls` (for error messages)."""
+    names = []
+    for row in list_presets():
+        spec = _read_json(Path(row["path"]) / CONFIG_FILE).get("backbone", {})
+        try:
+            get_class(spec.get("class_name", ""), cls)  # a ValueError unless a `cls`
+        except ValueError:
+            continue
+        names.append(row["name"])
+    return names
 
 
 def load_tokenizer(preset):

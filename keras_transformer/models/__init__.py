@@ -11,6 +11,7 @@ from keras_transformer.models.bert import (
 from keras_transformer.models.causal_lm import CausalLM
 from keras_transformer.models.gpt import GPTBackbone, GPTCausalLM, GPTCausalLMPreprocessor
 from keras_transformer.models.masked_lm import MaskedLM
+from keras_transformer.models.packing import pack_documents
 from keras_transformer.models.preprocessor import Preprocessor
 from keras_transformer.models.seq2seq_lm import Seq2SeqLM
 from keras_transformer.models.t5 import T5Backbone, T5Seq2SeqLM, T5Seq2SeqLMPreprocessor

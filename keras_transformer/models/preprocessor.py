@@ -37,6 +37,14 @@ class Preprocessor:
         texts = as_string_list(texts, name)
         return self.tokenizer.tokenize(texts)
 
+    def check_length(self, sequence, length):
+        """A ValueError for an id list longer than `length`, with the fix (a subclass may name another)."""
+        if len(sequence) > length:
+            raise ValueError(
+                f"A sequence of {len(sequence)} tokens is longer than `sequence_length`={length}. Pass "
+                "truncate=True to the preprocessor to cut it, or build it with a larger sequence_length."
+            )
+
     def pad(self, sequences, length=None, pad_id=None):
         """Right-pad id lists -> (ids (B, L) int32, mask (B, L) bool). Too-long sequences are an error."""
         length = length or self.sequence_length
@@ -44,11 +52,7 @@ class Preprocessor:
         ids = np.full((len(sequences), length), pad_id, dtype="int32")
         mask = np.zeros((len(sequences), length), dtype=bool)
         for row, sequence in enumerate(sequences):
-            if len(sequence) > length:
-                raise ValueError(
-                    f"A sequence of {len(sequence)} tokens is longer than `sequence_length`={length}. "
-                    "Truncate the text or build the preprocessor with a larger sequence_length."
-                )
+            self.check_length(sequence, length)
             ids[row, : len(sequence)] = sequence
             mask[row, : len(sequence)] = True
         return ids, mask
