@@ -68,6 +68,16 @@ def functional_setattr(model, name, value, default_setattr):
         default_setattr(name, value)
 
 
+def call_layer(layer, *args, **kwargs):
+    """How a decoding step calls its layers unless told otherwise: through Keras.
+
+    Every family's cached step (`call_with_cache`) takes a `call_layer` argument and calls its
+    layers through it, so one description of the step serves every runtime: PyTorch's decoding
+    loop passes `samplers.torch_kernels.TorchKernels`, plain-PyTorch kernels chosen by layer type.
+    """
+    return layer(*args, **kwargs)
+
+
 # --- key/value caches ---------------------------------------------------------
 # A backbone's cache is one (B, L, 2, Hkv, S, Dh) tensor, or a list of L per-layer caches,
 # each a (keys, values) pair of (B, Hkv, S, Dh) buffers. `generate` carries the list of

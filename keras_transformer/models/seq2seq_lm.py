@@ -9,6 +9,7 @@ from keras import ops
 
 from keras_transformer import samplers
 from keras_transformer.metrics import Perplexity
+from keras_transformer.models.backbone import call_layer
 from keras_transformer.models.task import Task
 
 
@@ -61,7 +62,7 @@ class Seq2SeqLM(Task):
         logits = self.compute_logits(hidden)  # (B, T, D) -> (B, T, V)
         super().__init__(inputs=inputs, outputs=ops.cast(logits, "float32"), **kwargs)
 
-    def compute_logits(self, decoder_hidden, head=None):
+    def compute_logits(self, decoder_hidden, head=None, call_layer=call_layer):
         """Decoder hidden states (B, T, D) -> logits (B, T, V). Defined by each family."""
         raise NotImplementedError(f"{type(self).__name__} must define `compute_logits`.")
 
@@ -87,6 +88,7 @@ class Seq2SeqLM(Task):
         encoder_padding_mask,
         decoder_padding_mask=None,
         head=None,
+        call_layer=call_layer,
     ):
         """Logits for T new decoder tokens at positions [cache_index, cache_index + T).
 
@@ -98,14 +100,16 @@ class Seq2SeqLM(Task):
             encoder_padding_mask: (B, S_enc), True for real source tokens.
             decoder_padding_mask: (B, S_max) key mask over the cache, or None.
             head: None, or `decode_head()` (the tied projection as a (D, V) array made once per loop).
+            call_layer: how the layers are called (see `backbone.call_layer`).
 
         Returns:
             (logits (B, T, V) float32, updated self_cache).
         """
         hidden, self_cache = self.backbone.call_with_cache(
-            decoder_token_ids, self_cache, cache_index, cross_cache, encoder_padding_mask, decoder_padding_mask
+            decoder_token_ids, self_cache, cache_index, cross_cache, encoder_padding_mask, decoder_padding_mask,
+            call_layer,
         )
-        return ops.cast(self.compute_logits(hidden, head), "float32"), self_cache
+        return ops.cast(self.compute_logits(hidden, head, call_layer), "float32"), self_cache
 
     # --- generation ---------------------------------------------------------
 

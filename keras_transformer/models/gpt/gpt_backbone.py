@@ -7,7 +7,7 @@ Dh head size, D model width, V vocabulary.
 import keras
 
 from keras_transformer.layers import PositionalEmbedding, TransformerDecoderBlock
-from keras_transformer.models.backbone import Backbone, check_positive_ints, layer_cache_of, like_cache
+from keras_transformer.models.backbone import Backbone, call_layer, check_positive_ints, layer_cache_of, like_cache
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -126,23 +126,25 @@ class GPTBackbone(Backbone):
         heads = self.num_key_value_heads or self.num_heads
         return (batch_size, self.num_layers, 2, heads, max_length, self.hidden_dim // self.num_heads)
 
-    def call_with_cache(self, token_ids, cache, cache_index, padding_mask=None):
+    def call_with_cache(self, token_ids, cache, cache_index, padding_mask=None, call_layer=call_layer):
         """Run T new tokens at positions [cache_index, cache_index + T), reading and writing the cache.
 
         token_ids: (B, T). cache: (B, L, 2, Hkv, S_max, Dh), or a list of L per-layer (keys, values) pairs of (B, Hkv, S_max, Dh).
         padding_mask: (B, S_max) key mask or None.
+        call_layer: how the layers are called (see `backbone.call_layer`).
         Returns (hidden (B, T, D), updated cache in the form it came).
         """
-        x = self.token_embedding(token_ids)  # (B, T, D)
-        x = x + self.position_embedding(x, start_index=cache_index)
+        x = call_layer(self.token_embedding, token_ids)  # (B, T, D)
+        x = x + call_layer(self.position_embedding, x, start_index=cache_index)
         layer_caches = []
         for i, block in enumerate(self.transformer_layers):
-            x, layer_cache = block(
-                x, padding_mask=padding_mask, self_attention_cache=layer_cache_of(cache, i), cache_index=cache_index
+            x, layer_cache = call_layer(
+                block, x, padding_mask=padding_mask, self_attention_cache=layer_cache_of(cache, i),
+                cache_index=cache_index,
             )
             layer_caches.append(layer_cache)
         cache = like_cache(layer_caches, cache)
-        return self.layer_norm(x), cache
+        return call_layer(self.layer_norm, x), cache
 
 
     # --- distribution -----------------------------------------------------

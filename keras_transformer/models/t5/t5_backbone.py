@@ -9,7 +9,9 @@ import keras
 from keras import ops
 
 from keras_transformer.layers import RelativePositionBias, TransformerDecoderBlock, TransformerEncoderBlock
-from keras_transformer.models.backbone import Backbone, check_positive_ints, cache_keys, layer_cache_of, like_cache
+from keras_transformer.models.backbone import (
+    Backbone, call_layer, check_positive_ints, cache_keys, layer_cache_of, like_cache,
+)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -251,28 +253,31 @@ class T5Backbone(Backbone):
         return ops.stack(caches, axis=1)  # L x (B, 2, Hkv, S_enc, Dh) -> (B, L, 2, Hkv, S_enc, Dh)
 
     def call_with_cache(
-        self, decoder_token_ids, self_cache, cache_index, cross_cache, encoder_padding_mask, decoder_padding_mask=None
+        self, decoder_token_ids, self_cache, cache_index, cross_cache, encoder_padding_mask, decoder_padding_mask=None,
+        call_layer=call_layer,
     ):
         """Decode T new tokens at positions [cache_index, cache_index + T), reading and writing the cache.
 
         decoder_token_ids (B, T); self_cache (B, L, 2, Hkv, S_max, Dh); cross_cache (B, L, 2, Hkv, S_enc, Dh);
         either cache may also be a list of L per-layer (keys, values) pairs of (B, Hkv, S, Dh);
         encoder_padding_mask (B, S_enc); decoder_padding_mask (B, S_max) or None.
+        call_layer: how the layers are called (see `backbone.call_layer`).
         Returns (hidden (B, T, D), updated self_cache in the form it came).
         """
-        x = self.token_embedding(decoder_token_ids)  # (B, T, D)
+        x = call_layer(self.token_embedding, decoder_token_ids)  # (B, T, D)
         # Queries at cache_index.., keys over the whole cache; keys past the queries are causally masked.
-        bias = self.decoder_relative_position_bias(x, cache_keys(layer_cache_of(self_cache, 0))[:, 0], query_start=cache_index)  # (1, H, T, S_max)
+        keys = cache_keys(layer_cache_of(self_cache, 0))[:, 0]  # (B, S_max, Dh): only its length counts
+        bias = call_layer(self.decoder_relative_position_bias, x, keys, query_start=cache_index)  # (1, H, T, S_max)
         layer_caches = []
         for i, block in enumerate(self.decoder_layers):
-            x, layer_cache, _ = block(
-                x, padding_mask=decoder_padding_mask, encoder_padding_mask=encoder_padding_mask,
+            x, layer_cache, _ = call_layer(
+                block, x, padding_mask=decoder_padding_mask, encoder_padding_mask=encoder_padding_mask,
                 self_attention_bias=bias, self_attention_cache=layer_cache_of(self_cache, i), cache_index=cache_index,
                 cross_attention_cache=layer_cache_of(cross_cache, i),
             )
             layer_caches.append(layer_cache)
         self_cache = like_cache(layer_caches, self_cache)
-        return self.decoder_layer_norm(x), self_cache
+        return call_layer(self.decoder_layer_norm, x), self_cache
 
     # --- distribution -----------------------------------------------------
 

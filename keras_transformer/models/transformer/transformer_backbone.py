@@ -10,7 +10,7 @@ import keras
 from keras import ops
 
 from keras_transformer.layers import PositionalEmbedding, TransformerDecoderBlock, TransformerEncoderBlock
-from keras_transformer.models.backbone import Backbone, check_positive_ints, layer_cache_of, like_cache
+from keras_transformer.models.backbone import Backbone, call_layer, check_positive_ints, layer_cache_of, like_cache
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -162,11 +162,11 @@ class TransformerBackbone(Backbone):
 
     # --- the two stacks ---------------------------------------------------
 
-    def embed(self, token_ids, start_index=0):
+    def embed(self, token_ids, start_index=0, call_layer=call_layer):
         """Token ids (B, T) -> sqrt(D) * embedding + sinusoid for positions start_index.., (B, T, D)."""
-        x = self.token_embedding(token_ids)  # (B, T) -> (B, T, D)
+        x = call_layer(self.token_embedding, token_ids)  # (B, T) -> (B, T, D)
         x = x * math.sqrt(self.token_embedding.output_dim)
-        return x + self.position_embedding(x, start_index=start_index)
+        return x + call_layer(self.position_embedding, x, start_index=start_index)
 
     def encode(self, encoder_token_ids, encoder_padding_mask, training=None):
         """Encoder stack: ids (B, S_enc), mask (B, S_enc) -> (B, S_enc, D)."""
@@ -197,7 +197,8 @@ class TransformerBackbone(Backbone):
         return ops.stack(caches, axis=1)  # L x (B, 2, Hkv, S_enc, Dh) -> (B, L, 2, Hkv, S_enc, Dh)
 
     def call_with_cache(
-        self, decoder_token_ids, self_cache, cache_index, cross_cache, encoder_padding_mask, decoder_padding_mask=None
+        self, decoder_token_ids, self_cache, cache_index, cross_cache, encoder_padding_mask, decoder_padding_mask=None,
+        call_layer=call_layer,
     ):
         """Decode T new tokens at positions [cache_index, cache_index + T), reading and writing the cache.
 
@@ -206,12 +207,14 @@ class TransformerBackbone(Backbone):
         encoder_padding_mask (B, S_enc); decoder_padding_mask (B, S_max) or None.
         Returns (hidden (B, T, D), updated self_cache in the form it came).
         """
-        x = self.embed(decoder_token_ids, start_index=cache_index)  # (B, T, D)
+        x = self.embed(decoder_token_ids, start_index=cache_index, call_layer=call_layer)  # (B, T, D)
         layer_caches = []
         for i, block in enumerate(self.decoder_layers):
-            x, layer_cache, _ = block(
+            x, layer_cache, _ = call_layer(
+                block,
                 x, padding_mask=decoder_padding_mask, encoder_padding_mask=encoder_padding_mask,
-                self_attention_cache=layer_cache_of(self_cache, i), cache_index=cache_index, cross_attention_cache=layer_cache_of(cross_cache, i),
+                self_attention_cache=layer_cache_of(self_cache, i), cache_index=cache_index,
+                cross_attention_cache=layer_cache_of(cross_cache, i),
             )
             layer_caches.append(layer_cache)
         self_cache = like_cache(layer_caches, self_cache)

@@ -6,6 +6,7 @@ Axes: B batch, T decoder length, D model width, V vocabulary.
 import keras
 from keras import ops
 
+from keras_transformer.models.backbone import call_layer
 from keras_transformer.models.seq2seq_lm import Seq2SeqLM
 from keras_transformer.models.task import transposed_embedding
 from keras_transformer.models.transformer.transformer_backbone import TransformerBackbone
@@ -51,8 +52,8 @@ class TransformerSeq2SeqLM(Seq2SeqLM):
         """The tied head as a (D, V) array (see `Task.decode_head`)."""
         return transposed_embedding(self.backbone)
 
-    def compute_logits(self, decoder_hidden, head=None):
+    def compute_logits(self, decoder_hidden, head=None, call_layer=call_layer):
         """Decoder output (B, T, D) -> logits (B, T, V) through the shared embedding; `head`: None or `decode_head()`."""
         if head is not None:
             return ops.matmul(decoder_hidden, head)  # (B, T, D) x (D, V) -> (B, T, V)
-        return self.backbone.token_embedding(decoder_hidden, reverse=True)  # (B, T, D) x (V, D)^T -> (B, T, V)
+        return call_layer(self.backbone.token_embedding, decoder_hidden, reverse=True)  # (B, T, D) x (V, D)^T -> (B, T, V)

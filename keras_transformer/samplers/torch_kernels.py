@@ -1,0 +1,292 @@
+"""Plain-PyTorch kernels for the layers a cached decoding step calls, chosen by layer type.
+
+Axes: R decoded rows, T new tokens, S key length (cache width), S_enc encoder length,
+D model width, H query heads, Hkv key/value heads, G = H / Hkv, Dh head size, V vocabulary.
+
+PyTorch's eager decoding loop pays Python for every Keras layer call and op: about 60 layer
+calls and 400 ops per step at gpt_tiny's size, several times the arithmetic of a one-token step.
+A family describes its step once (`call_with_cache`), calling its layers through a
+`call_layer(layer, *args, **kwargs)` argument. On PyTorch the loop passes a `TorchKernels`,
+which runs each layer of a known type with one PyTorch call per operation (reading the
+layer's own weights) and writes the caches in place; a layer of any other type (or a call
+with arguments a kernel does not cover) goes through Keras as usual. So every family built
+from these layers (decoder blocks with or without cross-attention, pre- or post-norm, layer or
+RMS norm, learned or sinusoidal positions, relative position bias, tied or separate heads)
+gets the fast step, and a new layer type needs one kernel here, never a model copy.
+
+The decoding tests hold every family's kernel step to its Keras step, logits and caches.
+"""
+
+import inspect
+
+import keras
+import torch
+import torch.nn.functional as F
+
+from keras_transformer.layers.feed_forward import FeedForward
+from keras_transformer.layers.positional_embedding import PositionalEmbedding
+from keras_transformer.layers.relative_position_bias import RelativePositionBias
+from keras_transformer.layers.transformer_decoder_block import TransformerDecoderBlock
+
+
+def supports(task):
+    """Whether the kernels may run `task`: PyTorch, a step that takes `call_layer`, and float32 everywhere
+    (mixed precision keeps Keras's casts)."""
+    if keras.config.backend() != "torch" or not isinstance(task, keras.Model):
+        return False
+    if "call_layer" not in inspect.signature(task.call_with_cache).parameters:
+        return False
+    return all(layer.dtype_policy.name == "float32" for layer in task._flatten_layers())
+
+
+class TorchKernels:
+    """`call_layer` for a step on PyTorch: a plain-PyTorch kernel per known layer type, Keras otherwise.
+
+    Made once per `generate` call: weights arranged for the kernels (fused projections,
+    (in, out) matrices) are read from the layers then, so a call after training sees the new
+    weights. Callable as `kernels(layer, *args, **kwargs)`.
+    """
+
+    def __init__(self):
+        self._weights = {}  # id(layer) -> the layer's weights arranged for its kernel
+        self._masks = {}  # (start, T, S) -> causal mask (T, S), for the step in progress
+        self.through_keras = set()  # names of the layer types that ran through Keras (slow, still right)
+
+    def __call__(self, layer, *args, **kwargs):
+        kernel = _KERNELS.get(type(layer))
+        if kernel is not None:
+            result = kernel(self, layer, *args, **kwargs)
+            if result is not NotImplemented:
+                return result
+        self.through_keras.add(type(layer).__name__)
+        return layer(*args, **kwargs)
+
+    def weights(self, layer, arrange):
+        key = id(layer)
+        if key not in self._weights:
+            self._weights[key] = arrange(layer)
+        return self._weights[key]
+
+    def causal_mask(self, start, length, width, device):
+        """(T, S) bool, True where query t (at start + t) may attend key s: s <= start + t."""
+        key = (start, length, width)
+        if key not in self._masks:
+            self._masks = {}  # one step's layers share it; the next step has another start
+            keys = torch.arange(width, device=device)
+            queries = start + torch.arange(length, device=device)
+            self._masks[key] = keys[None, :] <= queries[:, None]
+        return self._masks[key]
+
+
+# --- embeddings and norms ------------------------------------------------------
+
+
+def _reversible_embedding(kernels, layer, inputs, reverse=False):
+    if not reverse:
+        return F.embedding(inputs.long(), _value(layer.embeddings))  # (R, T) -> (R, T, D)
+    if layer.reverse_dtype is not None and layer.reverse_dtype != "float32":
+        return NotImplemented
+
+    def arrange(layer):  # a contiguous (D, V): at a few rows a transposed (V, D) reads at half speed
+        kernel = _value(layer.embeddings).t() if layer.tie_weights else _value(layer.reverse_embeddings)
+        return kernel.detach().contiguous()
+
+    logits = inputs @ kernels.weights(layer, arrange)  # (R, T, D) x (D, V) -> (R, T, V)
+    cap = layer.logit_soft_cap
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+def _positional_embedding(kernels, layer, inputs, start_index=0):
+    start, length = int(start_index), inputs.shape[1]
+    table = _value(layer.embeddings) if layer.position_type == "learned" else layer._table  # (P, D)
+    return table[start : start + length][None].expand(inputs.shape)  # (T, D) -> (R, T, D)
+
+
+def _layer_norm(kernels, layer, x):
+    if layer.rms_scaling or layer.axis not in (-1, [-1], len(x.shape) - 1, [len(x.shape) - 1]):
+        return NotImplemented
+    gamma = _value(layer.gamma) if layer.scale else None
+    beta = _value(layer.beta) if layer.center else None
+    return F.layer_norm(x, (x.shape[-1],), gamma, beta, layer.epsilon)
+
+
+def _rms_norm(kernels, layer, x):
+    if layer.axis not in (-1, [-1], len(x.shape) - 1, [len(x.shape) - 1]):
+        return NotImplemented
+    return F.rms_norm(x, (x.shape[-1],), _value(layer.scale), layer.epsilon)
+
+
+def _dense(kernels, layer, x):
+    if layer.activation not in (None, keras.activations.linear) or len(layer.kernel.shape) != 2:
+        return NotImplemented
+    return _linear(x, _value(layer.kernel), None if layer.bias is None else _value(layer.bias))
+
+
+def _dropout(kernels, layer, x, training=None):
+    return NotImplemented if training else x
+
+
+def _relative_position_bias(kernels, layer, query, key, query_start=0):
+    """(1, H, T, S): the layer's bucket of each distance s - (query_start + t), looked up in a table of buckets."""
+    start, length, width = int(query_start), query.shape[1], key.shape[1]
+    low, high = -(start + length - 1), width - 1 - start  # the distances s - (start + t), t < T, s < S
+    table = kernels.weights(layer, lambda layer: {"low": 0, "high": -1, "buckets": None})
+    if low < table["low"] or high > table["high"]:  # (re)made for every distance this call may meet
+        low, high = min(low, table["low"], -2 * width), max(high, table["high"], width)
+        distances = torch.arange(low, high + 1, dtype=torch.int32, device=query.device)
+        table.update(low=low, high=high, buckets=layer._bucket(distances).long())
+    keys = torch.arange(width, device=query.device)
+    queries = start + torch.arange(length, device=query.device)
+    buckets = table["buckets"][keys[None, :] - queries[:, None] - table["low"]]  # (T, S)
+    bias = F.embedding(buckets, _value(layer.embeddings))  # (T, S) -> (T, S, H)
+    return bias.permute(2, 0, 1)[None]  # -> (1, H, T, S)
+
+
+# --- attention, feed-forward, decoder block -------------------------------------
+
+
+def _value(weight):
+    """A variable's tensor (a layer's weight may also be a plain tensor, e.g. derived from others)."""
+    return weight.value if isinstance(weight, keras.Variable) else weight
+
+
+def _linear(x, kernel, bias):
+    y = x @ kernel  # (..., in) x (in, out)
+    return y if bias is None else y + bias
+
+
+def _attention_weights(attention, fused):
+    """Projections as (in, out) matrices; `fused`: query, key and value in one (D, (H + 2 Hkv) Dh) matrix."""
+    projections = (attention.query_dense, attention.key_dense, attention.value_dense)
+    if not fused:
+        projections = projections[:1]
+    width = attention.query_dense.kernel.shape[0]
+    kernel = torch.cat([_value(p.kernel).reshape(width, -1) for p in projections], dim=1).detach().contiguous()
+    bias = None
+    if attention.query_dense.bias is not None:
+        bias = torch.cat([_value(p.bias).reshape(-1) for p in projections]).detach()
+    output = attention.output_dense
+    H, Dh = attention.num_heads, attention._head_dim
+    return {
+        "projection": (kernel, bias),
+        "output": (_value(output.kernel).reshape(H * Dh, -1), None if output.bias is None else _value(output.bias)),
+    }
+
+
+def _attend(attention, q, keys, values, allowed, bias):
+    """q (R, T, H, Dh), keys/values (R, Hkv, S, Dh), allowed (R|1, 1, T, S) bool or None,
+    bias (R|1, H, T, S) or None -> (R, T, H * Dh).
+
+    Each key/value head serves its G query heads as one (G * T)-row product, so grouped-query
+    attention reads the cache without repeating it. Plain products: PyTorch's CPU
+    flash-attention kernel costs more than these at a few queries.
+    """
+    H, Hkv, Dh = attention.num_heads, attention._kv_heads, attention._head_dim
+    G = H // Hkv
+    rows, length = q.shape[0], q.shape[1]
+    width = keys.shape[2]
+    q = q.permute(0, 2, 1, 3).reshape(rows, Hkv, G * length, Dh)  # (R, T, H, Dh) -> (R, Hkv, G * T, Dh)
+    logits = (q * attention._scale) @ keys.transpose(2, 3)  # (R, Hkv, G * T, Dh) x (R, Hkv, Dh, S)
+    logits = logits.view(rows, H, length, width)  # -> (R, H, T, S)
+    if bias is not None:
+        logits = logits + bias
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, -1.0e9)  # MultiHeadAttention's mask bias
+    probs = logits.softmax(dim=-1).view(rows, Hkv, G * length, width)
+    out = probs @ values  # (R, Hkv, G * T, S) x (R, Hkv, S, Dh) -> (R, Hkv, G * T, Dh)
+    return out.view(rows, H, length, Dh).transpose(1, 2).reshape(rows, length, H * Dh)  # -> (R, T, H * Dh)
+
+
+def _self_attention(kernels, attention, h, cache, start, padding_mask, bias):
+    """Causal self-attention of h (R, T, D) at positions [start, start + T), writing the new keys/values
+    into the cache pair (R, Hkv, S, Dh) in place -> (output (R, T, D), cache)."""
+    H, Hkv, Dh = attention.num_heads, attention._kv_heads, attention._head_dim
+    weights = kernels.weights(attention, lambda layer: _attention_weights(layer, fused=True))
+    rows, length, _ = h.shape
+    qkv = _linear(h, *weights["projection"])  # (R, T, D) -> (R, T, (H + 2 Hkv) Dh)
+    q, k, v = qkv.split([H * Dh, Hkv * Dh, Hkv * Dh], dim=-1)
+    keys, values = (c if c.is_contiguous() else c.contiguous() for c in cache)  # rows may be broadcast views
+    keys[:, :, start : start + length] = k.view(rows, length, Hkv, Dh).transpose(1, 2)  # -> (R, Hkv, T, Dh)
+    values[:, :, start : start + length] = v.view(rows, length, Hkv, Dh).transpose(1, 2)
+    allowed = kernels.causal_mask(start, length, keys.shape[2], h.device)[None, None]  # (1, 1, T, S)
+    if padding_mask is not None:
+        allowed = allowed & padding_mask.bool()[:, None, None, :]  # (R, S) -> (R, 1, T, S)
+    out = _attend(attention, q.view(rows, length, H, Dh), keys, values, allowed, bias)
+    return _linear(out, *weights["output"]), (keys, values)  # (R, T, H * Dh) -> (R, T, D)
+
+
+def _cross_attention(kernels, attention, h, cache, encoder_padding_mask, bias):
+    """Attention of h (R, T, D) over the encoder's cached keys/values (R, Hkv, S_enc, Dh) -> (R, T, D)."""
+    H, Dh = attention.num_heads, attention._head_dim
+    weights = kernels.weights(attention, lambda layer: _attention_weights(layer, fused=False))
+    rows, length, _ = h.shape
+    q = _linear(h, *weights["projection"]).view(rows, length, H, Dh)  # (R, T, D) -> (R, T, H, Dh)
+    allowed = None if encoder_padding_mask is None else encoder_padding_mask.bool()[:, None, None, :]  # (R, 1, 1, S_enc)
+    out = _attend(attention, q, cache[0], cache[1], allowed, bias)
+    return _linear(out, *weights["output"])
+
+
+def _feed_forward(kernels, layer, x, training=None):
+    if training:
+        return NotImplemented
+    hidden = _linear(x, _value(layer.intermediate_dense.kernel), _bias(layer.intermediate_dense))  # (R, T, F)
+    if layer._gated:
+        gate = _linear(x, _value(layer.gate_dense.kernel), _bias(layer.gate_dense))
+        hidden = layer._activation_fn(gate) * hidden
+    else:
+        hidden = layer._activation_fn(hidden)
+    return _linear(hidden, _value(layer.output_dense.kernel), _bias(layer.output_dense))  # (R, T, F) -> (R, T, D)
+
+
+def _bias(dense):
+    return None if dense.bias is None else _value(dense.bias)
+
+
+def _decoder_block(
+    kernels, block, inputs, encoder_outputs=None, padding_mask=None, encoder_padding_mask=None,
+    self_attention_bias=None, cross_attention_bias=None, self_attention_cache=None, cache_index=None,
+    cross_attention_cache=None, use_causal_mask=True, return_attention_scores=False, training=None,
+):
+    """`TransformerDecoderBlock.call` with a (keys, values) cache pair, at inference: same residual rule and returns."""
+    cross = block.use_cross_attention
+    if (
+        training or return_attention_scores or not use_causal_mask or cache_index is None
+        or not isinstance(self_attention_cache, (list, tuple))
+        or (cross and not isinstance(cross_attention_cache, (list, tuple)))
+    ):
+        return NotImplemented
+    start = int(cache_index)
+
+    def pre(x, norm):
+        return kernels(norm, x) if block.norm_first else x
+
+    def post(x, h, norm):
+        return x + h if block.norm_first else kernels(norm, x + h)
+
+    x = inputs
+    h, self_attention_cache = _self_attention(
+        kernels, block.self_attention, pre(x, block.self_attention_norm), self_attention_cache, start,
+        padding_mask, self_attention_bias,
+    )
+    x = post(x, h, block.self_attention_norm)
+    if cross:
+        h = _cross_attention(kernels, block.cross_attention, pre(x, block.cross_attention_norm),
+                             cross_attention_cache, encoder_padding_mask, cross_attention_bias)
+        x = post(x, h, block.cross_attention_norm)
+    x = post(x, kernels(block.feed_forward, pre(x, block.feed_forward_norm)), block.feed_forward_norm)
+    return (x, self_attention_cache, cross_attention_cache) if cross else (x, self_attention_cache)
+
+
+_KERNELS = {
+    keras.layers.ReversibleEmbedding: _reversible_embedding,
+    PositionalEmbedding: _positional_embedding,
+    keras.layers.LayerNormalization: _layer_norm,
+    keras.layers.RMSNormalization: _rms_norm,
+    keras.layers.Dense: _dense,
+    keras.layers.Dropout: _dropout,
+    RelativePositionBias: _relative_position_bias,
+    FeedForward: _feed_forward,
+    TransformerDecoderBlock: _decoder_block,
+}
+
+__all__ = ["TorchKernels", "supports"]

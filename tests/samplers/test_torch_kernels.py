@@ -1,0 +1,124 @@
+"""The plain-PyTorch layer kernels (samplers/torch_kernels.py) against the Keras layers, for every family.
+
+On PyTorch `generate` passes `TorchKernels` as the `call_layer` of the task's one step
+description; these tests run each family's `call_with_cache` both ways (prefill, then one token
+per step; grouped-query attention, post-norm, RMS norm, relative position bias, cross-attention
+with a padded source, tied and separate heads) and require the same logits and caches. On the
+other backends they check the kernels are never chosen.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_transformer.models import (
+    GPTBackbone, GPTCausalLM, T5Backbone, T5Seq2SeqLM, TransformerBackbone, TransformerSeq2SeqLM,
+)
+from keras_transformer.samplers import torch_kernels
+from tests.conftest import to_numpy
+
+ATOL = 2e-5
+VOCABULARY = 37
+
+
+def _gpt(**kwargs):
+    config = dict(vocabulary_size=VOCABULARY, num_layers=2, num_heads=4, hidden_dim=16, intermediate_dim=24,
+                  max_sequence_length=32)
+    return GPTCausalLM(GPTBackbone(**{**config, **kwargs}))
+
+
+def _t5(**kwargs):
+    config = dict(vocabulary_size=VOCABULARY, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=24,
+                  key_dim=6, dropout=0.0, relative_attention_num_buckets=8, relative_attention_max_distance=12)
+    return T5Seq2SeqLM(T5Backbone(**{**config, **kwargs}))
+
+
+def _transformer():
+    return TransformerSeq2SeqLM(TransformerBackbone(
+        VOCABULARY, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=24, max_sequence_length=32,
+        dropout=0.0,
+    ))
+
+
+MODELS = {
+    "gpt": _gpt,
+    "gpt_gqa_relu": lambda: _gpt(num_key_value_heads=2, activation="relu"),
+    "t5_tied_relu": _t5,
+    "t5_untied_gated": lambda: _t5(activation="gated-gelu", tie_embedding_weights=False),
+    "transformer_post_norm": _transformer,
+}
+
+
+def test_chosen_only_for_float32_on_pytorch():
+    keras.utils.set_random_seed(3)
+    on_torch = keras.config.backend() == "torch"
+    assert torch_kernels.supports(_gpt()) is on_torch
+    assert torch_kernels.supports(_t5()) is on_torch
+    assert not torch_kernels.supports(_gpt(dtype="mixed_float16"))
+    assert not torch_kernels.supports(_t5(dtype="bfloat16"))
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_logits_and_caches_match_keras(name):
+    keras.utils.set_random_seed(3)
+    task = MODELS[name]()
+    if keras.config.backend() != "torch":
+        assert not torch_kernels.supports(task)  # elsewhere the Keras layers are the only path
+        return
+    import torch
+
+    rng = np.random.default_rng(0)
+    batch, length, prefill = 3, 12, 5
+    ids = rng.integers(0, VOCABULARY, (batch, length)).astype("int32")
+    seq2seq = hasattr(task, "compute_cross_cache")
+    step_args = ()
+    if seq2seq:
+        source = rng.integers(1, VOCABULARY, (batch, 7)).astype("int32")
+        source_mask = np.arange(7)[None, :] < np.array([[7], [4], [2]])  # padded sources
+        cross = task.compute_cross_cache(task.encode(source, source_mask))  # (B, L, 2, Hkv, S_enc, Dh)
+        cross_pairs = [(cross[:, i, 0], cross[:, i, 1]) for i in range(cross.shape[1])]
+        step_args = (cross, source_mask)
+    shape = task.backbone.cache_shape(batch, length)
+    keras_cache = np.zeros(shape, "float32")
+    _, layers, _, kv, _, head_dim = shape
+    cache = [(torch.zeros((batch, kv, length, head_dim)), torch.zeros((batch, kv, length, head_dim)))
+             for _ in range(layers)]
+    kernels = torch_kernels.TorchKernels()
+    start = 0
+    with torch.no_grad():
+        for width in [prefill] + [1] * (length - prefill):
+            chunk = ids[:, start : start + width]
+            expected, keras_cache = task.call_with_cache(chunk, keras_cache, start, *step_args)
+            args = (cross_pairs, torch.as_tensor(source_mask)) if seq2seq else ()
+            logits, cache = task.call_with_cache(
+                torch.as_tensor(chunk), cache, torch.tensor(start, dtype=torch.int32), *args, call_layer=kernels
+            )
+            np.testing.assert_allclose(to_numpy(logits), to_numpy(expected), atol=ATOL, rtol=0,
+                                       err_msg=f"{name}: positions {start}..{start + width - 1}")
+            start += width
+    # L x 2 x (B, Hkv, S, Dh) -> (B, L, 2, Hkv, S, Dh)
+    stacked = np.stack([np.stack([to_numpy(k), to_numpy(v)], axis=1) for k, v in cache], axis=1)
+    np.testing.assert_allclose(stacked, to_numpy(keras_cache), atol=ATOL, rtol=0)
+
+
+def test_every_layer_of_a_step_has_a_kernel():
+    """A layer (or a call) without a kernel still works, through Keras, but slowly: the families' steps need none."""
+    keras.utils.set_random_seed(3)
+    if keras.config.backend() != "torch":
+        return
+    import torch
+
+    for name, build in MODELS.items():
+        task = build()
+        shape = task.backbone.cache_shape(2, 8)  # (B, L, 2, Hkv, S, Dh)
+        cache = [(torch.zeros(shape[:1] + shape[3:]), torch.zeros(shape[:1] + shape[3:])) for _ in range(shape[1])]
+        args = ()
+        if hasattr(task, "compute_cross_cache"):
+            mask = np.ones((2, 3), bool)
+            cross = task.compute_cross_cache(task.encode(np.ones((2, 3), "int32"), mask))
+            args = ([(cross[:, i, 0], cross[:, i, 1]) for i in range(shape[1])], torch.as_tensor(mask))
+        kernels = torch_kernels.TorchKernels()
+        with torch.no_grad():
+            task.call_with_cache(torch.ones((2, 1), dtype=torch.int32), cache, torch.tensor(0), *args,
+                                 call_layer=kernels)
+        assert kernels.through_keras == set(), name
