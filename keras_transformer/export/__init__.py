@@ -165,30 +165,47 @@ def load_preset_task(preset, load_weights=True):
     """The task a preset directory (or registered name) holds, with its preprocessor if it has one.
 
     Presets written by `Task.save_to_preset` name their task class; presets holding only a
-    backbone get the task their family exports (the causal LM for GPT, ...).
+    backbone get their backbone's language-model task (see `language_model_task`).
     """
+    from keras_transformer.models.backbone import Backbone
     from keras_transformer.models.task import Task
 
     path, config = presets.load_config(preset)
-    class_name = (config.get("task") or {}).get("class_name") or _DEFAULT_TASKS.get(config.get("family"))
-    if class_name is None:
-        raise ValueError(
-            f"The preset {str(preset)!r} names no task and its family {config.get('family')!r} has no "
-            f"default task to export. Families with one: {sorted(_DEFAULT_TASKS)}"
-        )
-    task_cls = presets.get_class(class_name, Task)
+    class_name = (config.get("task") or {}).get("class_name")
+    if class_name is not None:
+        task_cls = presets.get_class(class_name, Task)
+    else:
+        task_cls = language_model_task(presets.get_class(config["backbone"]["class_name"], Backbone))
     has_tokenizer = "preprocessor" in config or (path / "tokenizer.json").is_file()
     preprocessor = "auto" if has_tokenizer and task_cls.preprocessor_cls is not None else None
     return task_cls.from_preset(str(path), load_weights=load_weights, preprocessor=preprocessor)
 
 
-# Family -> the task a backbone-only preset is exported as.
-_DEFAULT_TASKS = {
-    "gpt": "GPTCausalLM",
-    "bert": "BertMaskedLM",
-    "t5": "T5Seq2SeqLM",
-    "transformer": "TransformerSeq2SeqLM",
-}
+def language_model_task(backbone_cls):
+    """The task class a backbone-only preset is exported as: the language model (causal, masked or
+    seq2seq) built on exactly this backbone class; a ValueError when the family defines none."""
+    from keras_transformer.models.causal_lm import CausalLM
+    from keras_transformer.models.masked_lm import MaskedLM
+    from keras_transformer.models.seq2seq_lm import Seq2SeqLM
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    found = sorted(
+        {cls for base in (CausalLM, MaskedLM, Seq2SeqLM) for cls in subclasses(base) if cls.backbone_cls is backbone_cls},
+        key=lambda cls: cls.__name__,
+    )
+    if len(found) != 1:
+        raise ValueError(
+            f"A preset holding only a {backbone_cls.__name__} is exported as the language model built on it; "
+            f"found {[cls.__name__ for cls in found] or 'none'}. Save the task itself (`task.save_to_preset`)."
+        )
+    return found[0]
 
 
-__all__ = ["FORMATS", "INSTALL_HINT", "check_requirements", "export_model", "export_models", "load_preset_task", "write"]
+__all__ = [
+    "FORMATS", "INSTALL_HINT", "check_requirements", "export_model", "export_models", "language_model_task",
+    "load_preset_task", "write",
+]

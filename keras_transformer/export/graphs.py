@@ -6,12 +6,12 @@ Hkv key/value heads, Dh head size, V vocabulary.
 Three kinds of task, three sets of graphs:
     decoder (causal LM, GPT):  prefill  input_ids (B, T), attention_mask (B, T)
                                  -> logits (B, T, V), present.{i}.key/value (B, T, Hkv, Dh)
-                               decode   GPT (gpt_decode.py: built from the weights, not here):
+                               decode   when the ONNX kernels cover the task's step (decode_graph.py):
                                         input_ids (B, 1), position_ids (B, 1),
                                         past_key_values.{i}.key/value (B, Hkv, S_buf, Dh)
                                  -> logits (B, 1, V), present.{i}.key/value: the past buffers with
                                     position S written in place (bound to the same memory)
-                                        other causal LMs: input_ids (B, 1), attention_mask (B, S + 1),
+                                        otherwise: input_ids (B, 1), attention_mask (B, S + 1),
                                         past_key_values.{i}.key/value (B, S, Hkv, Dh)
                                  -> logits (B, 1, V), present.{i}.key/value (B, S + 1, Hkv, Dh)
     encoder (BERT tasks):      forward  the task's inputs (token_ids, segment_ids, padding_mask, ...)
@@ -23,13 +23,11 @@ Three kinds of task, three sets of graphs:
                                         cross_key_values.{i}.key/value (B, S_enc, Hkv, Dh)
                                  -> logits (B, 1, V), present.{i}.key/value (B, S + 1, Hkv, Dh)
 
-The key/value caches grow by one position per step, as in Hugging Face optimum: the new
-tokens' positions start at the past length S. A step of a seq2seq decoder (or of a causal
-LM without a dedicated step) pads the past by the new slots and calls the task's own
-`call_with_cache` at index S: its one-token cache write is a `where` (ONNX Equal/Where),
+The traced key/value caches grow by one position per step, as in Hugging Face optimum: the new
+tokens' positions start at the past length S. A traced step (every prefill, seq2seq decoders,
+causal LMs the ONNX kernels do not cover) pads the past by the new slots and calls the task's
+own `call_with_cache` at index S: its one-token cache write is a `where` (ONNX Equal/Where),
 and its multi-token write an XlaDynamicUpdateSlice that onnx.py converts to Pad + Where.
-GPT's prefill has a dedicated step (`_gpt_step`): the same computation from the same layers
-with about half the ONNX nodes, which is what ONNX Runtime's speed depends on at these sizes.
 All integer inputs are int64 (ONNX Runtime's and Hugging Face's convention); masks are 0/1.
 
 Built under the TensorFlow backend only; `tensorflow` is imported when a graph is built.
@@ -48,7 +46,7 @@ class Graph(NamedTuple):
 
     `inputs` are `tf.TensorSpec`s named after the graph inputs; `axes` names the
     dynamic axes of every input and output (the ONNX `dim_param`s). A graph written
-    directly in ONNX (GPT's decode step, see gpt_decode.py) has no function and carries
+    directly in ONNX (a decode step with in-place caches, see decode_graph.py) has no function and carries
     its `model` instead.
     """
 
@@ -102,7 +100,7 @@ def build_graphs(task):
     """The graphs of `task`, in the order a runtime uses them."""
     kind = model_kind(task)
     if kind == "decoder":
-        return [_prefill_graph(task), _gpt_decode_graph(task) if _is_gpt(task) else _decode_graph(task)]
+        return [_prefill_graph(task), _in_place_decode_graph(task) or _decode_graph(task)]
     if kind == "encoder":
         return [_encoder_task_graph(task)]
     return [_seq2seq_encoder_graph(task), _seq2seq_decoder_graph(task)]
@@ -144,23 +142,19 @@ def _stack_cache(tensors, num_layers):
     return tf.transpose(tf.stack(layers, axis=1), (0, 1, 2, 4, 3, 5))
 
 
-def _is_gpt(task):
-    from keras_transformer.models.gpt import GPTBackbone
+def _in_place_decode_graph(task):
+    """The decode step built by running the task's own step with ONNX kernels (decode_graph.py), caches
+    written in place; None when the step needs something those kernels do not build."""
+    from keras_transformer.export.decode_graph import Unsupported, decode_model
 
-    return type(task.backbone) is GPTBackbone
-
-
-def _gpt_decode_graph(task):
-    """GPT's decode step with caches written in place (gpt_decode.py), built from the weights."""
-    from keras_transformer.export.gpt_decode import decode_model
-
-    return Graph("decode", None, [], {}, model=decode_model(task))
+    try:
+        return Graph("decode", None, [], {}, model=decode_model(task))
+    except Unsupported:
+        return None
 
 
 def _decoder_step(task):
     """step(ids (B, T) int32, mask (B, S + T) bool, past: 2L x (B, S, Hkv, Dh)) -> (logits (B, T, V), 2L presents)."""
-    if _is_gpt(task):
-        return lambda ids, mask, past: _gpt_step(task, ids, mask, past)
     return lambda ids, mask, past: _cached_step(task, ids, mask, past)
 
 
@@ -174,120 +168,6 @@ def _cached_step(task, ids, mask, past):
     cache = tf.pad(cache, [[0, 0], [0, 0], [0, 0], [0, 0], [0, tf.shape(ids)[1]], [0, 0]])  # (B, L, 2, Hkv, S + T, Dh)
     logits, cache = task.call_with_cache(ids, cache, position, padding_mask=mask)
     return logits, _present(cache, layers)
-
-
-def _gpt_step(task, ids, mask, past):
-    """GPT's cached forward pass written for ONNX Runtime: the model's layers and weights, a lean attention.
-
-    The same computation as `GPTBackbone.call_with_cache` (and the parity tests hold it to
-    it), with about half the ONNX nodes: the attention mask is built once, each layer
-    concatenates its new keys/values to the past and projects with single MatMuls, and
-    layer norms take the form ONNX Runtime fuses into LayerNormalization kernels.
-    """
-    import tensorflow as tf
-
-    backbone = task.backbone
-    batch_time = tf.shape(ids)  # (B, T)
-    past_length = tf.shape(past[0])[1]  # S
-    x = backbone.token_embedding(ids)  # (B, T) -> (B, T, D)
-    x = x + backbone.position_embedding(x, start_index=past_length)
-    bias = _causal_bias(mask, past_length, batch_time[1])  # (B, 1, T, S + T)
-    presents = []
-    for i, block in enumerate(backbone.transformer_layers):
-        h = _layer_norm(block.self_attention_norm, x) if block.norm_first else x
-        h, key, value = _attention_step(block.self_attention, h, past[2 * i], past[2 * i + 1], bias, batch_time)
-        presents += [key, value]
-        x = _residual(block, x, h, block.self_attention_norm)
-        h = _layer_norm(block.feed_forward_norm, x) if block.norm_first else x
-        x = _residual(block, x, _feed_forward(block.feed_forward, h), block.feed_forward_norm)
-    x = _layer_norm(backbone.layer_norm, x)
-    logits = backbone.token_embedding(x, reverse=True)  # (B, T, D) -> (B, T, V)
-    return tf.cast(logits, "float32"), presents
-
-
-def _causal_bias(mask, past_length, length):
-    """Key mask (B, S + T) and causality -> additive bias (B, 1, T, S + T): 0 to attend, -1e9 not."""
-    import tensorflow as tf
-
-    keys = tf.range(past_length + length)[None, :]  # (1, S + T)
-    queries = past_length + tf.range(length)[:, None]  # (T, 1): absolute query positions
-    allowed = tf.logical_and(mask[:, None, None, :], (keys <= queries)[None, None])  # (B, 1, T, S + T)
-    return tf.where(allowed, 0.0, -1.0e9)
-
-
-def _attention_step(attention, h, past_key, past_value, bias, batch_time):
-    """MultiHeadAttention over past + new keys/values: h (B, T, D) -> (output (B, T, D), keys, values (B, S + T, Hkv, Dh))."""
-    import tensorflow as tf
-
-    heads, kv_heads, head_dim = attention.num_heads, attention._kv_heads, attention._head_dim
-    query = _project(attention.query_dense, h, batch_time, heads, head_dim)  # (B, T, H, Dh)
-    key = tf.concat([past_key, _project(attention.key_dense, h, batch_time, kv_heads, head_dim)], axis=1)
-    value = tf.concat([past_value, _project(attention.value_dense, h, batch_time, kv_heads, head_dim)], axis=1)
-    k, v = key, value  # (B, S + T, Hkv, Dh)
-    if kv_heads != heads:
-        k = tf.repeat(k, heads // kv_heads, axis=2)  # (B, S + T, Hkv, Dh) -> (B, S + T, H, Dh)
-        v = tf.repeat(v, heads // kv_heads, axis=2)
-    # (B, H, T, Dh) x (B, H, Dh, S + T) -> (B, H, T, S + T)
-    scores = tf.matmul(tf.transpose(query, [0, 2, 1, 3]), tf.transpose(k, [0, 2, 3, 1])) * attention._scale
-    probs = tf.nn.softmax(scores + bias, axis=-1)
-    out = tf.matmul(probs, tf.transpose(v, [0, 2, 1, 3]))  # (B, H, T, S + T) x (B, H, S + T, Dh) -> (B, H, T, Dh)
-    out = tf.reshape(tf.transpose(out, [0, 2, 1, 3]), tf.concat([batch_time, [heads * head_dim]], 0))  # (B, T, H * Dh)
-    dense = attention.output_dense
-    out = tf.matmul(out, tf.reshape(dense.kernel, (heads * head_dim, -1)))  # (B, T, H * Dh) x (H * Dh, D) -> (B, T, D)
-    if dense.bias is not None:
-        out = out + dense.bias
-    return out, key, value
-
-
-def _project(dense, x, batch_time, heads, head_dim):
-    """EinsumDense "btd,dhk->bthk" as one MatMul: (B, T, D) -> (B, T, heads, head_dim)."""
-    import tensorflow as tf
-
-    y = tf.matmul(x, tf.reshape(dense.kernel, (-1, heads * head_dim)))  # (B, T, D) x (D, H * Dh) -> (B, T, H * Dh)
-    if dense.bias is not None:
-        y = y + tf.reshape(dense.bias, (heads * head_dim,))
-    return tf.reshape(y, tf.concat([batch_time, [heads, head_dim]], 0))  # -> (B, T, H, Dh)
-
-
-def _feed_forward(layer, x):
-    """`FeedForward.call` at inference, with plain MatMuls: (B, T, D) -> (B, T, D)."""
-    hidden = _dense(layer.intermediate_dense, x)  # (B, T, D) -> (B, T, F)
-    if layer._gated:
-        hidden = layer._activation_fn(_dense(layer.gate_dense, x)) * hidden
-    else:
-        hidden = layer._activation_fn(hidden)
-    return _dense(layer.output_dense, hidden)  # (B, T, F) -> (B, T, D)
-
-
-def _dense(layer, x):
-    """A Dense layer without activation as one MatMul (Keras's TensorFlow Dense adds reshapes around it)."""
-    import tensorflow as tf
-
-    y = tf.matmul(x, layer.kernel)  # (B, T, D_in) x (D_in, D_out)
-    return y + layer.bias if layer.bias is not None else y
-
-
-def _layer_norm(layer, x):
-    """A LayerNormalization over the last axis, in the form ONNX Runtime fuses; other norms are called."""
-    import keras
-    import tensorflow as tf
-
-    if type(layer) is not keras.layers.LayerNormalization or layer.rms_scaling or layer.axis not in (-1, [-1], 2, [2]):
-        return layer(x)
-    mean = tf.reduce_mean(x, axis=-1, keepdims=True)
-    centered = x - mean
-    variance = tf.reduce_mean(tf.pow(centered, 2.0), axis=-1, keepdims=True)
-    out = centered / tf.sqrt(variance + layer.epsilon)
-    if layer.scale:
-        out = out * layer.gamma
-    if layer.center:
-        out = out + layer.beta
-    return out
-
-
-def _residual(block, x, out, norm):
-    """The block's residual rule: x + out (pre-norm), norm(x + out) (post-norm)."""
-    return x + out if block.norm_first else _layer_norm(norm, x + out)
 
 
 def _prefill_graph(task):

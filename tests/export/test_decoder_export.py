@@ -263,9 +263,9 @@ def test_artifacts_identical_to_a_tensorflow_export(bundle, lm, tmp_path):
     {"activation": "relu"},
 ])
 def test_decode_graph_variants_match_keras(options):
-    """The hand-built decode graph for GPTs the bundle fixture does not cover, against the Keras model:
+    """The decode graph built by the ONNX kernels, for GPTs the bundle fixture does not cover, against the Keras model:
     logits of the next position and the keys/values it appends (built in-process on any backend)."""
-    from keras_transformer.export.gpt_decode import decode_model
+    from keras_transformer.export.decode_graph import decode_model
     from keras_transformer.models import GPTBackbone, GPTCausalLM
     from tests.export.helpers import randomize
 

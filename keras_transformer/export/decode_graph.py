@@ -1,0 +1,184 @@
+"""A causal LM's decode step as an ONNX graph, built by running its own step with ONNX kernels per layer type.
+
+Axes: B rows, T = 1 new token, S_buf cache buffer length, H heads, Hkv key/value heads,
+Dh head size, D model width, F feed-forward width, V vocabulary, P positions.
+
+    decode  input_ids (B, 1), position_ids (B, 1) (the new token's position S),
+            past_key_values.{i}.key/value (B, Hkv, S_buf, Dh)
+      -> logits (B, 1, V), present.{i}.key/value (B, Hkv, S_buf, Dh)
+
+The family's own step (`backbone.call_with_cache` + `task.compute_logits`, written once in its
+files) runs with `OnnxKernels` as its `call_layer` and symbolic `Value`s for tensors: each
+layer call adds that layer type's ONNX nodes, reading the layer's weights. Any family built
+from the layer types here gets the graph; a step that needs something else (cross-attention,
+post-norm blocks, a layer without a kernel) raises `Unsupported`, and the export falls back to
+the step traced by tf2onnx (graphs.py).
+
+Why not the tf2onnx step: it concatenates every layer's whole past to the new keys/values and
+transposes the result twice, a copy of the cache per step that dominated batched and beam
+decoding. ONNX Runtime's GroupQueryAttention (com.microsoft domain, CPU kernel) reads the first
+S + 1 slots of a buffer and, when the present is bound to the very same memory as the past (IO
+binding), writes the new position into it in place: the runner keeps one buffer per cache for
+the whole generation. Called with a past of exactly S positions and no binding, the same graph
+returns presents of S + 1 positions (the growing form the parity tests use). The kernels also
+emit what ONNX Runtime fuses: one QKV MatMul, residual additions inside SkipLayerNormalization
+(a residual sum stays pending until the next norm takes it), feed-forward biases inside
+FastGelu/BiasGelu.
+"""
+
+import numpy as np
+
+OPSET_IMPORTS = (("", 17), ("com.microsoft", 1))
+
+
+class Unsupported(Exception):
+    """The step needs something the ONNX kernels do not build; the export uses the traced step instead."""
+
+
+def decode_model(task):
+    """`task` (a causal LM whose step the kernels cover) -> the checked ONNX ModelProto of its in-place decode step."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    backbone = task.backbone
+    if not hasattr(task, "compute_logits"):
+        raise Unsupported(f"{type(task).__name__} has no `compute_logits`.")
+    _, layers, _, kv_heads, _, head_dim = backbone.cache_shape(1, 1)
+    builder = _Builder()
+    kernels = OnnxKernels(builder)
+    inputs = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", 1]),
+        helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", 1]),
+    ]
+    past = []
+    for i in range(layers):
+        names = [f"past_key_values.{i}.{part}" for part in ("key", "value")]
+        inputs += [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", kv_heads, "past_sequence",
+                                                                           head_dim]) for name in names]
+        past.append(tuple(Value(builder, name) for name in names))
+    hidden, present = backbone.call_with_cache(
+        Value(builder, "input_ids"), past, Value(builder, "position_ids"), call_layer=kernels
+    )
+    logits = task.compute_logits(hidden, call_layer=kernels)
+    builder.rename(logits.materialize(), "logits")
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 1, int(backbone.vocabulary_size)])]
+    for i, pair in enumerate(present):
+        for part, value in zip(("key", "value"), pair):
+            if value.name != f"present.{i}.{part}":
+                raise Unsupported(f"layer {i}'s cache did not come from a GroupQueryAttention node")
+            outputs.append(helper.make_tensor_value_info(value.name, TensorProto.FLOAT,
+                                                         ["batch", kv_heads, "present_sequence", head_dim]))
+    model = helper.make_model(
+        helper.make_graph(builder.nodes, "decode", inputs, outputs, builder.initializers),
+        opset_imports=[helper.make_opsetid(domain, version) for domain, version in OPSET_IMPORTS],
+        ir_version=8,  # what tf2onnx writes for opset 17; ONNX Runtime reads IR versions up to 13
+        producer_name="keras_transformer",
+    )
+    onnx.checker.check_model(model)
+    return model
+
+
+class Value:
+    """A tensor of the graph being built, by name; `+` of two values stays pending until a norm or a reader needs it.
+
+    A pending sum x + branch (+ bias) is what a LayerNormalization turns into one
+    SkipLayerNormalization node (which also outputs the sum for the residual stream).
+    """
+
+    def __init__(self, builder, name, branch=None, bias=None):
+        self.builder, self.name, self.branch, self.bias = builder, name, branch, bias
+
+    def __add__(self, other):
+        if not isinstance(other, Value):
+            raise Unsupported(f"adding a {type(other).__name__} to a graph value")
+        if self.branch is None and other.branch is None:
+            return Value(self.builder, self.name, branch=other.name, bias=other.bias)
+        return Value(self.builder, self.builder.node("Add", [self.materialize(), other.materialize()]))
+
+    def __mul__(self, factor):
+        if not isinstance(factor, (int, float)):
+            raise Unsupported(f"multiplying a graph value by a {type(factor).__name__}")
+        return Value(self.builder, self.builder.node("Mul", [self.materialize(), self.builder.scalar(factor)]))
+
+    def __getitem__(self, index):
+        raise Unsupported("indexing a graph value")
+
+    def materialize(self):
+        """The name of this value's tensor, adding the pending sum's nodes if any."""
+        name = self.name
+        if self.bias is not None:
+            if self.branch is None:
+                name = self.builder.node("Add", [name, self.bias])
+            else:
+                branch = self.builder.node("Add", [self.branch, self.bias])
+                self.branch, self.bias = branch, None
+        if self.branch is not None:
+            name = self.builder.node("Add", [name, self.branch])
+        self.name, self.branch, self.bias = name, None, None
+        return name
+
+
+class OnnxKernels:
+    """`call_layer` for the decode graph: each known layer type adds its ONNX nodes; anything else is `Unsupported`.
+
+    It reads each row's position from `position_ids` (GroupQueryAttention takes each row's past
+    length and the longest total length, computed once for all layers).
+    """
+
+    def __init__(self, builder):
+        from onnx import TensorProto
+
+        self.builder = builder
+        squeezed = builder.node("Squeeze", ["position_ids", builder.const("axis_1", np.array([1]))])  # (B,)
+        self.past_lengths = builder.node("Cast", [squeezed], to=TensorProto.INT32)
+        total = builder.node("Add", [builder.node("ReduceMax", ["position_ids"], keepdims=0), builder.const("one", np.array(1))])
+        self.total_length = builder.node("Cast", [total], to=TensorProto.INT32)  # ()
+
+    def __call__(self, layer, *args, **kwargs):
+        from keras_transformer.export import onnx_kernels
+
+        kernel = onnx_kernels.KERNELS.get(type(layer))
+        if kernel is None:
+            raise Unsupported(f"no ONNX kernel for a {type(layer).__name__} layer")
+        return kernel(self, layer, *args, **kwargs)
+
+
+class _Builder:
+    """Nodes and initializers, named from their order (the same model gives the same bytes)."""
+
+    def __init__(self):
+        self.nodes, self.initializers = [], []
+
+    def const(self, name, value):
+        """An initializer; its name starts with its index (layer names repeat across blocks)."""
+        from onnx import numpy_helper
+
+        name = f"const_{len(self.initializers)}_{name}"
+        self.initializers.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def scalar(self, value):
+        return self.const("scalar", np.float32(value))
+
+    def node(self, op, inputs, outputs=1, domain="", names=None, **attributes):
+        from onnx import helper
+
+        position = len(self.nodes)
+        # None: a generated name; "": an optional output left out.
+        names = [f"{op.lower()}_{position}_{j}" if name is None else name
+                 for j, name in enumerate(names or [None] * outputs)]
+        self.nodes.append(helper.make_node(op, inputs, names, name=f"{op}_{position}", domain=domain, **attributes))
+        return names[0] if outputs == 1 else names
+
+    def rename(self, name, new_name):
+        """Give the tensor `name` (made by the last node) the graph output's name."""
+        last = self.nodes[-1]
+        if name not in last.output:
+            raise Unsupported(f"{new_name} is not made by the last node")
+        last.output[list(last.output).index(name)] = new_name
+
+
+def weight(variable):
+    import keras
+
+    return np.asarray(keras.ops.convert_to_numpy(variable), np.float32)
