@@ -32,28 +32,12 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from timing import paired  # noqa: E402
 
 SHAPE = dict(vocabulary_size=8000, num_layers=4, num_heads=4, hidden_dim=256, intermediate_dim=1024)
 PROMPT, NEW_TOKENS, LONG_NEW_TOKENS = 16, 128, 512
-
-
-def seconds(fn):
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def paired(fns, repeats):
-    """Time the functions in turn, `repeats` rounds after a first (compiling) call of each.
-
-    Returns (first-call seconds, best seconds, per-round seconds) per function. This machine's
-    speed drifts by tens of percent within seconds; alternating the calls lets the drift hit all
-    of them alike, and ratios are taken round by round (their median is reported).
-    """
-    firsts = [seconds(fn) for fn in fns]
-    rounds = [[seconds(fn) for fn in fns] for _ in range(repeats)]
-    per_fn = list(zip(*rounds))
-    return firsts, [min(times) for times in per_fn], per_fn
 
 
 class Ours:

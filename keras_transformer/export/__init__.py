@@ -124,17 +124,14 @@ def write(task, directory, format):
     """Write the export of `task` into the existing empty `directory` (TensorFlow backend only)."""
     if keras.config.backend() != "tensorflow":
         raise RuntimeError("keras_transformer.export.write runs under the TensorFlow backend only.")
-    from keras_transformer.layers.multi_head_attention import where_cache_writes
+    if format == "onnx":
+        from keras_transformer.export.onnx import write_onnx_bundle
 
-    with where_cache_writes():  # one-token cache writes as Equal/Where nodes
-        if format == "onnx":
-            from keras_transformer.export.onnx import write_onnx_bundle
+        write_onnx_bundle(task, directory)
+    else:
+        from keras_transformer.export.saved_model import write_saved_model
 
-            write_onnx_bundle(task, directory)
-        else:
-            from keras_transformer.export.saved_model import write_saved_model
-
-            write_saved_model(task, directory)
+        write_saved_model(task, directory)
 
 
 def _write_in_tensorflow_child(task, targets):

@@ -134,12 +134,25 @@ def _named(prefix, tensors):
     return {f"{prefix}.{i // 2}.{('key', 'value')[i % 2]}": tensor for i, tensor in enumerate(tensors)}
 
 
-def _stack_cache(tensors, num_layers):
-    """2L tensors (B, S, Hkv, Dh) -> one Keras cache (B, L, 2, Hkv, S, Dh)."""
+def _layer_caches(tensors, extra=0):
+    """2L tensors (B, S, Hkv, Dh) -> L `KVCache`s (B, Hkv, S + extra, Dh), `extra` empty slots for the new
+    tokens; their one-token writes are a `where` (plain Equal/Where nodes for tf2onnx)."""
     import tensorflow as tf
 
-    layers = [tf.stack(tensors[2 * i: 2 * i + 2], axis=1) for i in range(num_layers)]  # L x (B, 2, S, Hkv, Dh)
-    return tf.transpose(tf.stack(layers, axis=1), (0, 1, 2, 4, 3, 5))
+    from keras_transformer.layers.kv_cache import KVCache
+
+    def heads_first(t):  # (B, S, Hkv, Dh) -> (B, Hkv, S + extra, Dh)
+        return tf.pad(tf.transpose(t, (0, 2, 1, 3)), [[0, 0], [0, 0], [0, extra], [0, 0]])
+
+    return [KVCache(heads_first(tensors[i]), heads_first(tensors[i + 1]), write="where")
+            for i in range(0, len(tensors), 2)]
+
+
+def _layer_presents(caches):
+    """L `KVCache`s (B, Hkv, S, Dh) -> 2L tensors (B, S, Hkv, Dh): keys and values of each layer."""
+    import tensorflow as tf
+
+    return [tf.transpose(t, (0, 2, 1, 3)) for cache in caches for t in (cache.keys, cache.values)]
 
 
 def _in_place_decode_graph(task):
@@ -162,12 +175,10 @@ def _cached_step(task, ids, mask, past):
     """Any causal LM: its own `call_with_cache` on the past plus T empty slots, at index S."""
     import tensorflow as tf
 
-    layers = len(past) // 2
     position = tf.shape(past[0])[1]  # S: the first new token's position
-    cache = _stack_cache(past, layers)  # (B, L, 2, Hkv, S, Dh)
-    cache = tf.pad(cache, [[0, 0], [0, 0], [0, 0], [0, 0], [0, tf.shape(ids)[1]], [0, 0]])  # (B, L, 2, Hkv, S + T, Dh)
+    cache = _layer_caches(past, extra=tf.shape(ids)[1])  # L x (B, Hkv, S + T, Dh)
     logits, cache = task.call_with_cache(ids, cache, position, padding_mask=mask)
-    return logits, _present(cache, layers)
+    return logits, _layer_presents(cache)
 
 
 def _prefill_graph(task):
@@ -287,12 +298,12 @@ def _seq2seq_decoder_graph(task):
     def decoder(input_ids, encoder_attention_mask, *caches):
         past, cross = caches[: 2 * layers], caches[2 * layers:]
         position = tf.shape(past[0])[1]  # S: the new token's position
-        self_cache = tf.pad(_stack_cache(past, layers), [[0, 0], [0, 0], [0, 0], [0, 0], [0, 1], [0, 0]])  # S + 1 slots
+        self_cache = _layer_caches(past, extra=1)  # L x (B, Hkv, S + 1, Dh)
         logits, self_cache = task.call_with_cache(
-            tf.cast(input_ids, "int32"), self_cache, position, _stack_cache(cross, layers),
+            tf.cast(input_ids, "int32"), self_cache, position, _layer_caches(cross),
             tf.cast(encoder_attention_mask, "bool"),
         )
-        return {"logits": logits, **_named("present", _present(self_cache, layers))}
+        return {"logits": logits, **_named("present", _layer_presents(self_cache))}
 
     past_specs, past_axes = _cache_specs(task, "past_key_values", "past_sequence")
     cross_specs, cross_axes = _cache_specs(task, "cross_key_values", "encoder_sequence")

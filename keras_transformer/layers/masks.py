@@ -52,3 +52,27 @@ def large_negative(dtype):
 def mask_to_bias(mask, dtype):
     """Boolean mask -> additive bias in `dtype` (0 where attending, large negative elsewhere)."""
     return ops.where(mask, ops.zeros((), dtype), ops.full((), large_negative(dtype), dtype))
+
+
+def split_mask(attention_mask, query, query_length, key_length):
+    """Validate a (B, S) or (B, T, S) mask; return (padding_mask, full_mask)."""
+    if attention_mask is None:
+        return None, None
+    shape = tuple(attention_mask.shape)
+    batch = query.shape[0]
+    if len(shape) == 2:
+        expected = (batch, key_length)
+    elif len(shape) == 3:
+        expected = (batch, query_length, key_length)
+    else:
+        raise ValueError(
+            "`attention_mask` must have shape (B, S) or (B, T, S). "
+            f"Received: attention_mask.shape={shape}"
+        )
+    for got, want in zip(shape, expected):
+        if isinstance(got, int) and isinstance(want, int) and got != want:
+            raise ValueError(
+                f"`attention_mask` has shape {shape} but the attention needs {expected} "
+                "(B batch, T queries, S keys)."
+            )
+    return (attention_mask, None) if len(shape) == 2 else (None, attention_mask)

@@ -3,6 +3,7 @@
 import keras
 
 from keras_transformer import presets
+from keras_transformer.layers.kv_cache import as_cache
 from keras_transformer.models.input_checks import check_inputs
 
 
@@ -79,30 +80,22 @@ def call_layer(layer, *args, **kwargs):
 
 
 # --- key/value caches ---------------------------------------------------------
-# A backbone's cache is one (B, L, 2, Hkv, S, Dh) tensor, or a list of L per-layer caches,
-# each a (keys, values) pair of (B, Hkv, S, Dh) buffers. `generate` carries the list of
-# pairs: each layer then writes its own two buffers in place and the attention products
-# read them directly, where a stacked form costs XLA a slice copy of every layer's keys and
-# values at each step (and a restack of the whole cache). A layer given a pair returns a pair.
-# Beam search on the compiled backends carries a third per-layer form, a dict of "keys_t"
-# (B, Hkv, Dh, S * K), "values" (B, Hkv, S * K, Dh) and "ancestry" (B, K, S) (see `MultiHeadAttention`).
+# A backbone's cache is one (B, L, 2, Hkv, S, Dh) tensor, or a list of L per-layer caches:
+# (keys, values) pairs of (B, Hkv, S, Dh) buffers or cache objects (`layers/kv_cache.py`).
+# `generate` carries the list: each layer then writes its own two buffers in place and the
+# attention products read them directly, where a stacked form costs XLA a slice copy of every
+# layer's keys and values at each step (and a restack of the whole cache). A layer returns its
+# cache in the form it came.
 
 
 def layer_cache_of(cache, i):
-    """Layer i's cache from either form: a (keys, values) pair, or a (B, 2, Hkv, S, Dh) tensor."""
+    """Layer i's cache: from a list of per-layer caches, or a stacked (B, L, 2, Hkv, S, Dh) tensor."""
     return cache[i] if isinstance(cache, (list, tuple)) else cache[:, i]
 
 
 def cache_keys(layer_cache):
     """A layer's cache in any form -> keys (B, Hkv, S, Dh) (a beam cache's first slot: its positions are what count)."""
-    if isinstance(layer_cache, dict) and "keys" in layer_cache:  # a padded-query cache
-        return layer_cache["keys"]
-    if isinstance(layer_cache, dict):
-        _, heads, head_dim, _ = layer_cache["keys_t"].shape
-        _, K, length = layer_cache["ancestry"].shape
-        slots = keras.ops.reshape(layer_cache["keys_t"], (-1, heads, head_dim, length, K))  # (B, Hkv, Dh, S, K)
-        return keras.ops.swapaxes(slots[..., 0], 2, 3)  # slot 0 -> (B, Hkv, S, Dh)
-    return layer_cache[0] if isinstance(layer_cache, (list, tuple)) else layer_cache[:, 0]
+    return as_cache(layer_cache).keys
 
 
 def like_cache(layer_caches, cache):

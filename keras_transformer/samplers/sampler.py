@@ -10,7 +10,8 @@ The loop, one compiled function per (sampler settings, options) and input shapes
   i keep their own prompt token, so ragged (right-padded) prompts need no attention mask:
   position i is written before any query at >= i reads it, so a pad key is never attended.
 
-This module is the only place with backend checks (besides torch_gpt_step.py, a plain-PyTorch GPT step it uses on PyTorch): `jax.jit` (model variables passed as
+This module is the only place with backend checks (with torch_kernels.py, the plain-PyTorch
+layer kernels its PyTorch loop passes to the model's step): `jax.jit` (model variables passed as
 state through a `keras.StatelessScope`) with `lax.while_loop`, `tf.function(jit_compile=True)`
 with `tf.while_loop`, and an eager loop under `torch.no_grad()` on PyTorch.
 """
@@ -19,8 +20,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_transformer.layers.kv_cache import BeamCache, PaddedQueryCache
 from keras_transformer.models.backbone import split_cache
-from keras_transformer.samplers.noise import noise_grid, uniform_noise
 
 # Score of impossible tokens and beams: finite, so that sums never make inf - inf = NaN.
 NEG = -1.0e9
@@ -43,25 +44,16 @@ class Sampler:
 
         Args:
             logits: (R, V) float32, after the logits processors.
-            uniform: (R,) float32 noise in (0, 1], fresh at every step (see `draw_noise`), or
-                None for a sampler that draws no seed (see `draw_seed`).
+            uniform: (R,) float32 noise in (0, 1], fresh at every step (see `draw_noise`).
 
         Returns:
             (R,) int token ids.
         """
         raise NotImplementedError(f"{type(self).__name__} must define `get_next_token`.")
 
-    def draw_seed(self):
-        """The seed of one `generate` call's noise (an int32), or None: deterministic samplers draw none."""
-        return None
-
     def draw_noise(self, shape):
-        """The noise one `generate` call reads, (L, R) float32 in (0, 1]: entry [i, r] is
-        `uniform_noise(seed, i, R)[r]` (see `noise.py`), computed in the loop; ones without a seed."""
-        seed = self.draw_seed()
-        if seed is None:
-            return np.ones(shape, "float32")
-        return ops.convert_to_numpy(noise_grid(seed, shape))
+        """Host-side noise for one `generate` call, (L, R) in (0, 1]; deterministic samplers need none."""
+        return np.ones(shape, "float32")
 
     def get_config(self):
         return {}
@@ -87,7 +79,7 @@ class Sampler:
     def _step(self, i, scores, state, ctx):
         """Write token i of every row; a row is done at a stop token or after max_new_tokens."""
         rows, done = dict(state["rows"]), state["done"]
-        picked = ops.cast(self.get_next_token(scores, step_noise(ctx, i)), "int32")  # (R,)
+        picked = ops.cast(self.get_next_token(scores, ops.take(ctx.noise, i, axis=0)), "int32")  # (R,)
         in_prompt = i < ctx.prompt_lengths  # (R,)
         emitted = ops.logical_and(ops.logical_not(in_prompt), ops.logical_not(done))
         token = ops.where(in_prompt, column(rows["tokens"], i), ops.where(done, ctx.pad_id, picked))
@@ -106,7 +98,7 @@ class Sampler:
         return outputs
 
     def _trace_key(self):
-        """What the compiled loop depends on: the config without the seed (an input of the loop)."""
+        """What the compiled loop depends on: the config without the seed (noise comes from the host)."""
         config = {k: v for k, v in self.get_config().items() if k != "seed"}
         return (type(self).__name__, tuple(sorted((k, repr(v)) for k, v in config.items())))
 
@@ -141,13 +133,6 @@ def write_column(tokens, i, values):
     return ops.where(positions == i, ops.cast(values, tokens.dtype)[:, None], tokens)
 
 
-def step_noise(ctx, i):
-    """The uniform noise of step i (R,) from the call's seed, or None when the sampler draws no seed."""
-    if ctx.seed is None:
-        return None
-    return uniform_noise(ctx.seed, i, ctx.num_rows)
-
-
 def is_stop_token(tokens, stop_token_ids):
     """Boolean mask of the same shape as `tokens`: which ones are stop tokens (a static tuple)."""
     hit = ops.zeros(ops.shape(tokens), "bool")
@@ -165,7 +150,6 @@ class DecodeOptions:
     def __init__(self, stop_token_ids=(), pad_id=0, repetition=False, no_repeat_ngram_size=0,
                  return_logits=False, streaming=False):
         self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
-        self.torch_gpt_step = False  # set by `decode`: the plain-PyTorch GPT step (torch_gpt_step.py)
         self.beam_cache = False  # set by `decode`: beams keep their cache slots, an ancestry table follows them
         self.padded_step = False  # set by `decode`: each step pads its one token to two (see `_body`)
         self.pad_id = int(pad_id)
@@ -182,8 +166,7 @@ class _Context:
     """Per-call tensors and static settings the loop body reads (never changed by the loop)."""
 
     def __init__(self, inputs, options, sampler, vocabulary_size):
-        # R a tensor where the batch is dynamic (the SavedModel's trace), else an int; L is static.
-        self.num_rows, self.length = ops.shape(inputs["token_ids"])[0], inputs["token_ids"].shape[1]
+        self.num_rows, self.length = inputs["token_ids"].shape  # R, L
         self.num_beams = sampler.num_beams
         self.batch_size = self.num_rows // self.num_beams
         self.vocabulary_size = vocabulary_size
@@ -192,7 +175,7 @@ class _Context:
         self.limits = self.prompt_lengths + self.max_new_tokens  # (R,) position after each row's last token
         self.min_new_tokens = inputs["min_new_tokens"]
         self.repetition_penalty = inputs["repetition_penalty"]
-        self.seed = inputs.get("seed")  # int32 scalar, or None: no noise (see `step_noise`)
+        self.noise = inputs["noise"]  # (L, R)
         self.stop_token_ids = options.stop_token_ids
         self.pad_id = options.pad_id
         self.options = options
@@ -202,16 +185,16 @@ def _is_seq2seq(task):
     return hasattr(task, "compute_cross_cache")
 
 
-def _model_step(task, token_ids, cache, index, context, options, head=None):
+def _model_step(task, token_ids, cache, index, context, head=None, kernels=None):
     """(R, T) ids at positions [index, index + T) -> logits (R, T, V) float32, updated cache.
 
     head: None, or the task's `decode_head()` made once outside the loop.
+    kernels: None (the layers run through Keras), or `TorchKernels` on PyTorch, passed to the
+    task's step as its `call_layer`.
     """
-    if options.torch_gpt_step:
-        from keras_transformer.samplers import torch_gpt_step
-
-        return torch_gpt_step.call_with_cache(task, token_ids, cache, index, task.__dict__.get("_torch_step_weights"))
     kwargs = {} if head is None else {"head": head}  # a task without `decode_head` need not take `head`
+    if kernels is not None:
+        kwargs["call_layer"] = kernels
     if _is_seq2seq(task):
         return task.call_with_cache(
             token_ids, cache, index, context["cross_cache"], context["encoder_padding_mask"], **kwargs
@@ -219,13 +202,13 @@ def _model_step(task, token_ids, cache, index, context, options, head=None):
     return task.call_with_cache(token_ids, cache, index, **kwargs)
 
 
-def _prepare(task, inputs, options):
+def _prepare(task, inputs, kernels=None):
     """Encode (seq2seq) and prefill the cache, once per input (not per beam): shared by every sampler.
 
     inputs: prompt_token_ids (B, L), prefill_token_ids (B, P), and for seq2seq
     encoder_token_ids / encoder_padding_mask (B, S_enc). Returns {"cache", "context"}.
     """
-    batch_size, length = ops.shape(inputs["prompt_token_ids"])[0], inputs["prompt_token_ids"].shape[1]
+    batch_size, length = inputs["prompt_token_ids"].shape
     context = {}
     if _is_seq2seq(task):
         encoder_outputs = task.encode(inputs["encoder_token_ids"], inputs["encoder_padding_mask"])  # (B, S_enc, D)
@@ -243,7 +226,7 @@ def _prepare(task, inputs, options):
         for _ in range(layers)
     ]
     if prefill.shape[1]:
-        _, cache = _model_step(task, prefill, cache, 0, context, options)
+        _, cache = _model_step(task, prefill, cache, 0, context, kernels=kernels)
     return {"cache": cache, "context": context}
 
 
@@ -251,7 +234,7 @@ def _start(task, sampler, options, inputs, prepared):
     """Loop state from the prepared cache: rows repeated per beam. Returns (i, state)."""
     ctx = _Context(inputs, options, sampler, task.backbone.vocabulary_size)
     tokens = inputs["token_ids"]  # (R, L)
-    num_rows, length = ops.shape(tokens)[0], tokens.shape[1]
+    num_rows, length = tokens.shape
 
     def per_row(x):  # (B, ...) -> (R, ...): every beam of an input starts from the same cache and encoder
         if sampler.num_beams == 1:
@@ -262,7 +245,7 @@ def _start(task, sampler, options, inputs, prepared):
         # Every beam gets its own slot of the prefilled cache and reads only its own slot so far.
         K = sampler.num_beams
         # keys transposed (B, Hkv, Dh, W * K), values (B, Hkv, W * K, Dh): position s of slot j at s * K + j
-        # (see `MultiHeadAttention._attend_beams`); every slot starts as a copy of the prefill.
+        # (see `kv_cache.BeamCache`); every slot starts as a copy of the prefill.
         slots = [
             (ops.repeat(ops.swapaxes(keys, 2, 3), K, axis=3), ops.repeat(values, K, axis=2))
             for keys, values in prepared["cache"]
@@ -281,7 +264,7 @@ def _start(task, sampler, options, inputs, prepared):
     return ops.cast(inputs["start"], "int32"), state
 
 
-def _body(task, sampler, options, inputs, i, state, head=None):
+def _body(task, sampler, options, inputs, i, state, head=None, kernels=None):
     """One step: feed token i - 1, process the logits of position i, let the sampler write token i."""
     ctx = _Context(inputs, options, sampler, task.backbone.vocabulary_size)
     rows = dict(state["rows"])
@@ -291,25 +274,19 @@ def _body(task, sampler, options, inputs, i, state, head=None):
         own_slot = ops.arange(ctx.num_rows, dtype="int32") % ctx.num_beams  # (R,)
         rows["ancestry"] = write_column(rows["ancestry"], i - 1, own_slot)  # (R, W)
         ancestry = ops.reshape(rows["ancestry"], (ctx.batch_size, ctx.num_beams, -1))  # (B, K, W)
-        cache = [
-            {"keys_t": keys_t, "values": values, "ancestry": ancestry}
-            for keys_t, values in _model_cache(rows["cache"], ctx.batch_size)
-        ]
-        logits, cache = _model_step(task, token, cache, i - 1, state["context"], options, head)
-        rows["cache"] = _loop_cache([(c["keys_t"], c["values"]) for c in cache])
+        cache = [BeamCache(keys_t, values, ancestry) for keys_t, values in _model_cache(rows["cache"], ctx.batch_size)]
+        logits, cache = _model_step(task, token, cache, i - 1, state["context"], head, kernels)
+        rows["cache"] = _loop_cache([(c.keys_t, c.values) for c in cache])
     elif options.padded_step:
-        # The token and a copy of it: only the first is real (see `MultiHeadAttention._attend_padded`);
+        # The token and a copy of it: only the first is real (see `kv_cache.PaddedQueryCache`);
         # the copy makes every product a two-row matrix product.
         pair = ops.repeat(token, 2, axis=1)  # (R, 1) -> (R, 2)
-        cache = [
-            {"keys": keys, "values": values}
-            for keys, values in _model_cache(rows["cache"], ctx.num_rows)
-        ]
-        logits, cache = _model_step(task, pair, cache, i - 1, state["context"], options, head)  # (R, 2, V)
-        rows["cache"] = _loop_cache([(c["keys"], c["values"]) for c in cache])
+        cache = [PaddedQueryCache(keys, values) for keys, values in _model_cache(rows["cache"], ctx.num_rows)]
+        logits, cache = _model_step(task, pair, cache, i - 1, state["context"], head, kernels)  # (R, 2, V)
+        rows["cache"] = _loop_cache([(c.keys, c.values) for c in cache])
     else:
         cache = _model_cache(rows["cache"], ctx.num_rows)
-        logits, cache = _model_step(task, token, cache, i - 1, state["context"], options, head)
+        logits, cache = _model_step(task, token, cache, i - 1, state["context"], head, kernels)
         rows["cache"] = _loop_cache(cache)
     logits = logits[:, 0, :]  # (R, 1, V) -> (R, V)
     if options.return_logits:
@@ -351,7 +328,7 @@ def _model_cache(cache, leading):
 
 def reorder_rows(rows, index):
     """The loop's per-row state (token buffer, cache, ...) with its rows taken in the order `index` (R,)."""
-    num_rows = ops.shape(index)[0]
+    num_rows = index.shape[0]
 
     def take(value):
         return ops.take(value, index, axis=0)
@@ -452,7 +429,7 @@ def _widen(state, width):
     return {**state, "rows": rows}
 
 
-def _one_step(task, sampler, options, inputs, i, state):
+def _one_step(task, sampler, options, inputs, i, state, kernels=None):
     """One step as a one-iteration loop: `i` is then a loop variable, not an argument that
     TensorFlow's XLA bridge takes as a compile-time constant (it compiled a step per position)."""
     first = i
@@ -461,21 +438,21 @@ def _one_step(task, sampler, options, inputs, i, state):
         return i < first + 1
 
     def body(i, state):  # no `decode_head()` here: a (D, V) copy per step would cost more than it saves
-        return _body(task, sampler, options, inputs, i, state)
+        return _body(task, sampler, options, inputs, i, state, kernels=kernels)
 
     return ops.while_loop(cond, body, (i, state))
 
 
-def _run(task, sampler, options, inputs, prepared):
+def _run(task, sampler, options, inputs, prepared, kernels=None):
     """The whole decoding loop in one traced function: one while loop per cache width."""
     i, state = _start(task, sampler, options, inputs, prepared)
     length = inputs["token_ids"].shape[1]
     head = None  # the task's (D, V) output projection, made once for every step (optional interface)
-    if not options.torch_gpt_step and hasattr(task, "decode_head"):
+    if kernels is None and hasattr(task, "decode_head"):  # the kernels arrange their own head
         head = task.decode_head()
 
     def body(i, state):
-        return _body(task, sampler, options, inputs, i, state, head)
+        return _body(task, sampler, options, inputs, i, state, head, kernels)
 
     for width in cache_widths(length, _cache_width(state)):
         state = _widen(state, width)
@@ -486,20 +463,6 @@ def _run(task, sampler, options, inputs, prepared):
 
         i, state = ops.while_loop(cond, body, (i, state))
     return sampler._outputs(state)
-
-
-def trace_prepare(task, inputs):
-    """`decode`'s encoder and prefill as a traceable function (no compilation, no backend branch).
-
-    For callers that trace the loop themselves: the SavedModel's `generate` signatures run
-    `trace_prepare` then `trace_run` inside a `tf.function`, with the batch dynamic.
-    """
-    return _prepare(task, inputs, DecodeOptions())
-
-
-def trace_run(task, sampler, options, inputs, prepared):
-    """`decode`'s loop as a traceable function: the sampler's outputs (see `trace_prepare`)."""
-    return _run(task, sampler, options, inputs, prepared)
 
 
 # --- compilation, per backend ------------------------------------------------
@@ -566,7 +529,7 @@ def decode(task, sampler, options, inputs, streamer=None):
         inputs: dict of numpy arrays. Per input: prompt_token_ids (B, L), prefill_token_ids
             (B, P), and encoder_token_ids / encoder_padding_mask (B, S_enc) for seq2seq. Per row
             (R = B * num_beams): token_ids (R, L), prompt_lengths (R,), seen (R, V) with a
-            repetition penalty. Scalars: start, max_new_tokens, min_new_tokens, seed (samplers with noise),
+            repetition penalty, noise (L, R). Scalars: start, max_new_tokens, min_new_tokens,
             repetition_penalty.
         streamer: None, or a callable receiving after every step the (R,) numpy array of
             the token each row produced (-1 where a row produced none).
@@ -578,35 +541,33 @@ def decode(task, sampler, options, inputs, streamer=None):
         keras.config.backend() == "tensorflow" and not sampler.reorders_rows and len(inputs["token_ids"]) == 1
     )
     inputs = {k: ops.convert_to_tensor(v) for k, v in inputs.items()}
+    kernels = None
     if keras.config.backend() == "torch":
-        from keras_transformer.samplers import torch_gpt_step
+        from keras_transformer.samplers import torch_kernels
 
-        options.torch_gpt_step = torch_gpt_step.supports(task)
-        if options.torch_gpt_step:  # read at every call, so that a call after training sees the new weights
-            task.__dict__["_torch_step_weights"] = torch_gpt_step.StepWeights(task)
+        # Made per call: the kernels read the weights now, so a call after training sees the new ones.
+        kernels = torch_kernels.TorchKernels() if torch_kernels.supports(task) else None
     # Compiled loops: beams keep their cache slots (no copy of the cache per step). PyTorch's eager
-    # loop keeps reordering cache rows: its plain-PyTorch GPT step reads (R, Hkv, S, Dh) caches.
+    # loop keeps reordering cache rows: its kernels read (R, Hkv, S, Dh) caches.
     options.beam_cache = sampler.num_beams > 1 and keras.config.backend() != "torch"
-    try:
-        return _decode(task, sampler, options, inputs, streamer)
-    finally:
-        task.__dict__.pop("_torch_step_weights", None)
+    return _decode(task, sampler, options, inputs, streamer, kernels)
 
 
-def _decode(task, sampler, options, inputs, streamer):
+def _decode(task, sampler, options, inputs, streamer, kernels):
     prepare_names = ("prompt_token_ids", "prefill_token_ids", "encoder_token_ids", "encoder_padding_mask")
     prepare_inputs = {k: v for k, v in inputs.items() if k in prepare_names}
     loop_inputs = {k: v for k, v in inputs.items() if k not in prepare_names}
-    prepared = _compiled(task, ("prepare", options.torch_gpt_step), lambda: lambda x: _prepare(task, x, options))(
-        prepare_inputs
-    )
+    # The kernels are an argument (PyTorch's eager calls only): they are made anew for every call.
+    prepared = _compiled(task, ("prepare",), lambda: lambda x, k: _prepare(task, x, k))(prepare_inputs, kernels)
     key = (sampler._trace_key(), options.key())
     if streamer is None:
-        run = _compiled(task, ("run",) + key, lambda: lambda x, p: _run(task, sampler, options, x, p))
-        outputs = run(loop_inputs, prepared)
+        run = _compiled(task, ("run",) + key, lambda: lambda x, p, k: _run(task, sampler, options, x, p, k))
+        outputs = run(loop_inputs, prepared, kernels)
     else:
         start = _compiled(task, ("start",) + key, lambda: lambda x, p: _start(task, sampler, options, x, p))
-        step = _compiled(task, ("step",) + key, lambda: lambda x, i, s: _one_step(task, sampler, options, x, i, s))
+        step = _compiled(
+            task, ("step",) + key, lambda: lambda x, i, s, k: _one_step(task, sampler, options, x, i, s, k)
+        )
         length = inputs["token_ids"].shape[1]
         i, state = start(loop_inputs, prepared)
         widths = cache_widths(length, _cache_width(state))
@@ -614,7 +575,7 @@ def _decode(task, sampler, options, inputs, streamer):
             ops.convert_to_numpy(sampler._is_running(state))
         ):
             state = _widen(state, next(w for w in widths if w >= position))  # step i writes at i - 1
-            i, state = step(loop_inputs, i, state)
+            i, state = step(loop_inputs, i, state, kernels)
             emitted = ops.convert_to_numpy(state["emitted"])
             if np.any(emitted >= 0):
                 streamer(emitted)

@@ -9,6 +9,7 @@ import pytest
 from keras import ops
 
 from keras_transformer.layers import MultiHeadAttention
+from keras_transformer.layers.kv_cache import BeamCache, PaddedQueryCache
 from tests import reference
 from tests.conftest import to_numpy
 from tests.layers.helpers import (
@@ -258,11 +259,11 @@ def test_beam_cache_reads_each_beam_history(rng, kv_heads, new_tokens):
     values = values.reshape(B, K, s_max, kv_heads, Dh)
     keys_t = keys.transpose(0, 3, 4, 2, 1).reshape(B, kv_heads, Dh, s_max * K)  # position s of slot j at s * K + j
     slot_values = values.transpose(0, 3, 2, 1, 4).reshape(B, kv_heads, s_max * K, Dh)
-    cache = {
-        "keys_t": ops.convert_to_tensor(keys_t.astype("float32")),
-        "values": ops.convert_to_tensor(slot_values.astype("float32")),
-        "ancestry": ops.convert_to_tensor(ancestry),
-    }
+    cache = BeamCache(
+        ops.convert_to_tensor(keys_t.astype("float32")),
+        ops.convert_to_tensor(slot_values.astype("float32")),
+        ops.convert_to_tensor(ancestry),
+    )
     output, cache = layer(new, cache=cache, cache_index=ops.convert_to_tensor(index, "int32"), use_causal_mask=True)
 
     for b in range(B):
@@ -276,16 +277,16 @@ def test_beam_cache_reads_each_beam_history(rng, kv_heads, new_tokens):
     expected_keys, expected_values = keys.copy(), values.copy()  # (B, K, S, Hkv, Dh)
     expected_keys[:, :, index : index + new_tokens] = written_keys.reshape(B, K, new_tokens, kv_heads, Dh)
     expected_values[:, :, index : index + new_tokens] = written_values.reshape(B, K, new_tokens, kv_heads, Dh)
-    got_keys = to_numpy(cache["keys_t"]).reshape(B, kv_heads, Dh, s_max, K).transpose(0, 4, 3, 1, 2)
-    got_values = to_numpy(cache["values"]).reshape(B, kv_heads, s_max, K, Dh).transpose(0, 3, 2, 1, 4)
+    got_keys = to_numpy(cache.keys_t).reshape(B, kv_heads, Dh, s_max, K).transpose(0, 4, 3, 1, 2)
+    got_values = to_numpy(cache.values).reshape(B, kv_heads, s_max, K, Dh).transpose(0, 3, 2, 1, 4)
     assert_close(got_keys, expected_keys)
     assert_close(got_values, expected_values)
-    np.testing.assert_array_equal(to_numpy(cache["ancestry"]), ancestry)
+    np.testing.assert_array_equal(to_numpy(cache.ancestry), ancestry)
 
 
 @pytest.mark.parametrize("kv_heads", [2, 1])
 def test_padded_query_cache_runs_only_the_first_token(rng, kv_heads):
-    """A padded-query cache {"keys", "values"}: of T query tokens only the first is real.
+    """A `PaddedQueryCache`: of T query tokens only the first is real.
 
     It must give the plain causal attention of the first token at every row, with a bias row
     for that token only, and write only its keys/values: the pad rows are random and must
@@ -303,7 +304,7 @@ def test_padded_query_cache_runs_only_the_first_token(rng, kv_heads):
     cache_values[:, :, :index] = values[:, :index].transpose(0, 2, 1, 3)
     query = np.concatenate([x[:, index : index + 1], _random(rng, B, pads, D)], axis=1)  # (B, 1 + pads, D)
     bias = _random(rng, 1, heads, 1 + pads, s_max)  # (1, H, T, S): only its first query row counts
-    cache = {"keys": ops.convert_to_tensor(cache_keys), "values": ops.convert_to_tensor(cache_values)}
+    cache = PaddedQueryCache(ops.convert_to_tensor(cache_keys), ops.convert_to_tensor(cache_values))
     output, cache = layer(query, attention_bias=bias, cache=cache, cache_index=ops.convert_to_tensor(index, "int32"),
                           use_causal_mask=True)
 
@@ -317,20 +318,19 @@ def test_padded_query_cache_runs_only_the_first_token(rng, kv_heads):
     written_keys, written_values = cache_keys.copy(), cache_values.copy()
     written_keys[:, :, index] = keys[:, index]
     written_values[:, :, index] = values[:, index]
-    assert_close(to_numpy(cache["keys"]), written_keys)
-    assert_close(to_numpy(cache["values"]), written_values)
+    assert_close(to_numpy(cache.keys), written_keys)
+    assert_close(to_numpy(cache.values), written_values)
 
 
-def test_dict_caches_refuse_masks_and_scores(rng):
+def test_step_caches_refuse_masks_and_scores(rng):
     x = _random(rng, B * 2, 1, D)
     layer = _built_layer(rng, x, num_heads=2)
-    cache = {"keys_t": ops.zeros((B, 2, D // 2, 2 * T)), "values": ops.zeros((B, 2, 2 * T, D // 2)),
-             "ancestry": ops.zeros((B, 2, T), "int32")}
+    cache = BeamCache(ops.zeros((B, 2, D // 2, 2 * T)), ops.zeros((B, 2, 2 * T, D // 2)), ops.zeros((B, 2, T), "int32"))
     with pytest.raises(ValueError, match="beam cache"):
         layer(x, cache=cache, cache_index=1, return_attention_scores=True)
     with pytest.raises(ValueError, match="beam cache"):
         layer(x, cache=cache, cache_index=1, attention_mask=np.ones((B * 2, T), bool))
-    padded = {"keys": ops.zeros((B * 2, 2, T, D // 2)), "values": ops.zeros((B * 2, 2, T, D // 2))}
+    padded = PaddedQueryCache(ops.zeros((B * 2, 2, T, D // 2)), ops.zeros((B * 2, 2, T, D // 2)))
     with pytest.raises(ValueError, match="padded-query cache"):
         layer(x, cache=padded, cache_index=1, return_attention_scores=True)
     with pytest.raises(ValueError, match="padded-query cache"):
