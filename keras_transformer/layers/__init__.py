@@ -1,6 +1,7 @@
 """Transformer layers: attention, positions, feed-forward and the encoder/decoder blocks."""
 
 from keras_transformer.layers.feed_forward import FeedForward
+from keras_transformer.layers.kv_cache import KVCache
 from keras_transformer.layers.multi_head_attention import MultiHeadAttention
 from keras_transformer.layers.positional_embedding import PositionalEmbedding
 from keras_transformer.layers.relative_position_bias import RelativePositionBias
@@ -9,6 +10,7 @@ from keras_transformer.layers.transformer_encoder_block import TransformerEncode
 
 __all__ = [
     "FeedForward",
+    "KVCache",
     "MultiHeadAttention",
     "PositionalEmbedding",
     "RelativePositionBias",
