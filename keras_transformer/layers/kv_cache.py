@@ -64,9 +64,10 @@ class KVCache:
         products: XLA then writes the buffer in place, where a write on the 4-D shape made it copy the
         whole buffer at every decoding step.
         """
-        if self.write == "where":
-            return write(buffer, update, index, axis=2, where=True)
-        _, heads, length, head_dim = buffer.shape
+        length, head_dim = buffer.shape[2], buffer.shape[3]
+        heads = update.shape[1]  # static even where the buffer's is not (a dynamic batch: the SavedModel's trace)
+        if self.write == "where" or None in (heads, length, head_dim, update.shape[2]):  # or dynamic lengths
+            return write(buffer, update, index, axis=2, where=self.write == "where")
         flat = ops.reshape(buffer, (-1, length, head_dim))  # (B, Hkv, S, Dh) -> (B * Hkv, S, Dh)
         flat = write(flat, ops.reshape(update, (-1, update.shape[2], head_dim)), index, axis=1)
         return ops.reshape(flat, (-1, heads, length, head_dim))  # -> (B, Hkv, S, Dh)
