@@ -1,16 +1,19 @@
-"""The main job, end to end: train a small GPT on the Python standard library, generate, export, deploy.
+"""The main job, end to end: fine-tune the trained `gpt_stdlib` on the Python standard library, generate, export, deploy.
 
     make demo                        # default backend (TensorFlow)
     KERAS_BACKEND=jax make demo      # or jax / torch
     python examples/demo.py --steps 300 --out out/demo
 
 Stages: read the corpus (the running interpreter's own standard library, nothing downloaded) ->
-train with `model.fit` (Keras progress bars) -> held-out perplexity -> greedy, top-p and beam
-samples -> ONNX bundle export -> generation from the bundle in a process without Keras.
+load the `gpt_stdlib` preset (a small GPT already trained on it) -> held-out perplexity -> a
+short `model.fit` on whole source files, packed into windows (Keras progress bars) -> held-out
+perplexity again -> greedy, top-p and beam samples, with the samplers' own options against
+repetition -> ONNX bundle export -> generation from the bundle in a process without Keras.
 """
 
 import argparse
 import os
+import random
 import subprocess
 import sys
 import time
@@ -24,7 +27,11 @@ import numpy as np  # noqa: E402
 import keras_transformer as kt  # noqa: E402
 from keras_transformer.corpus import stdlib_texts  # noqa: E402
 
-PROMPTS = ["def __init__(self", "import os\n", "    for line in"]
+PROMPTS = ["def __init__(self", "    for line in", "import os\n"]
+# A 0.9M-parameter model left to itself repeats a line ("import sys" x 16): the samplers' own
+# options keep it from looping.
+AGAINST_REPETITION = {"repetition_penalty": 1.2, "no_repeat_ngram_size": 4}
+HELD_OUT_WINDOWS = 64
 
 
 class Stages:
@@ -43,70 +50,75 @@ class Stages:
     def summary(self):
         print("\n== Summary")
         for title, seconds in self.rows:
-            print(f"  {title:<42} {seconds:7.1f} s")
-        print(f"  {'total':<42} {sum(s for _, s in self.rows):7.1f} s")
+            print(f"  {title:<52} {seconds:7.1f} s")
+        print(f"  {'total':<52} {sum(s for _, s in self.rows):7.1f} s")
 
 
-def windows(tokenizer, texts, length, limit):
-    """Concatenate the files' tokens (separated by the end token) and cut windows of `length + 1` ids."""
-    ids = []
-    for text in texts:
-        ids.extend(tokenizer.tokenize(text))
-        ids.append(tokenizer.eos_token_id)
-        if len(ids) >= limit * (length + 1):
-            break
-    n = len(ids) // (length + 1)
-    return np.asarray(ids[: n * (length + 1)], "int32").reshape(n, length + 1)
-
-
-def as_batch(rows):
-    x = {"token_ids": rows[:, :-1], "padding_mask": np.ones(rows[:, :-1].shape, bool)}
-    return x, rows[:, 1:], np.ones(rows[:, 1:].shape, "float32")
-
-
-def load_data(tokenizer, sequence_length, steps, batch_size):
-    train = windows(tokenizer, stdlib_texts("train"), sequence_length, steps * batch_size)
-    held_out = windows(tokenizer, stdlib_texts("held_out"), sequence_length, 64)
-    print(f"  {len(train)} training windows and {len(held_out)} held-out windows of {sequence_length} tokens "
-          f"from {sys.base_prefix}")
-    return train, held_out
-
-
-def build_model(tokenizer, sequence_length):
-    backbone = kt.models.GPTBackbone(
-        vocabulary_size=tokenizer.vocabulary_size, num_layers=2, num_heads=4, hidden_dim=128,
-        intermediate_dim=512, max_sequence_length=256,
-    )
-    preprocessor = kt.models.GPTCausalLMPreprocessor(tokenizer, sequence_length=sequence_length)
-    lm = kt.models.GPTCausalLM(backbone, preprocessor)
-    lm.compile(optimizer=keras.optimizers.AdamW(3e-3, weight_decay=0.01))
-    print(f"  GPTCausalLM: {lm.count_params():,} parameters on the {keras.config.backend()} backend")
+def load_model(preset, sequence_length):
+    # The preset's weights, with a packing preprocessor: whole files train, cut into windows.
+    tokenizer = kt.presets.load_tokenizer(preset)
+    preprocessor = kt.models.GPTCausalLMPreprocessor(tokenizer, sequence_length=sequence_length, packing=True)
+    lm = kt.models.GPTCausalLM.from_preset(preset, preprocessor=preprocessor)
+    lm.compile(optimizer=keras.optimizers.AdamW(1e-4, weight_decay=0.01, clipnorm=1.0))  # low: it is trained
+    print(f"  {preset}: GPTCausalLM, {lm.count_params():,} parameters, on the {keras.config.backend()} backend")
     return lm
 
 
-def train(lm, train_rows, epochs, batch_size):
-    x, y, w = as_batch(train_rows)
-    lm.fit(x, y, sample_weight=w, batch_size=batch_size, epochs=epochs, verbose=1)
+def load_data(lm, steps, batch_size):
+    """Packed windows: `steps * batch_size` drawn from many training files, and a fixed set of held-out ones."""
+    files = [text for text in stdlib_texts("train") if text]  # a few stdlib files are empty
+    random.Random(0).shuffle(files)
+    # Read about four times the text needed (~4 characters per token), then draw windows from all of it:
+    # the preset saw every file once already, and a few files alone pull it towards their style.
+    needed_chars = 4 * 4 * steps * batch_size * lm.preprocessor.sequence_length
+    train = []
+    while files and sum(map(len, train)) < needed_chars:
+        train.append(files.pop())
+    x, y, w = lm.preprocessor(train)
+    order = np.random.default_rng(0).permutation(len(y))[: steps * batch_size]
+    train_windows = {name: value[order] for name, value in x.items()}, y[order], w[order]
+    held_out = first(lm.preprocessor(stdlib_texts("held_out", max_chars=HELD_OUT_WINDOWS * 600)), HELD_OUT_WINDOWS)
+    print(f"  {len(order)} training windows drawn from {len(train)} whole files and {len(held_out[1])} held-out "
+          f"windows of {lm.preprocessor.sequence_length} tokens, from {sys.base_prefix}")
+    return train_windows, held_out
 
 
-def evaluate(lm, held_out):
-    x, y, w = as_batch(held_out)
+def first(windows, n):
+    x, y, w = windows
+    return {name: value[:n] for name, value in x.items()}, y[:n], w[:n]
+
+
+def evaluate(lm, held_out, when):
+    x, y, w = held_out
     results = lm.evaluate(x, y, sample_weight=w, batch_size=16, verbose=0, return_dict=True)
-    print(f"  held-out loss {results['loss']:.3f}, perplexity {results['perplexity']:.1f}, "
-          f"next-token accuracy {results['accuracy']:.1%}")
+    print(f"  {when}: held-out perplexity {results['perplexity']:.1f}, next-token accuracy {results['accuracy']:.1%}")
+    return results["perplexity"]
 
 
-def sample(lm):
+def train(lm, windows, batch_size):
+    x, y, w = windows
+    lm.fit(x, y, sample_weight=w, batch_size=batch_size, epochs=1, verbose=1)
+
+
+def show(name, outputs, prompts=PROMPTS):
+    print(f"  --- {name}")
+    for prompt, text in zip(prompts, outputs):
+        continuation = text[len(prompt):] if text.startswith(prompt) else text
+        print("    " + (prompt + continuation).replace("\n", "\n    ").rstrip())
+        print("    ...")
+
+
+def sample(lm, max_new_tokens):
+    # The same greedy search, left alone and then with the options against repetition.
+    show("greedy, as is", lm.generate(PROMPTS[-1:], max_new_tokens=max_new_tokens), PROMPTS[-1:])
+    options = ", ".join(f"{k}={v}" for k, v in AGAINST_REPETITION.items())
     samplers = {
-        "greedy": "greedy",
-        "top-p 0.9": kt.samplers.RandomSampler(temperature=0.8, top_p=0.9, seed=1),
-        "beam 4": kt.samplers.BeamSampler(num_beams=4),
+        f"greedy, {options}": "greedy",
+        f"top-p 0.9 (temperature 0.7, seed 1), {options}": kt.samplers.RandomSampler(temperature=0.7, top_p=0.9, seed=1),
+        f"beam search (4 beams), {options}": kt.samplers.BeamSampler(num_beams=4),
     }
     for name, sampler in samplers.items():
-        outputs = lm.generate(PROMPTS, max_new_tokens=32, sampler=sampler)
-        print(f"  --- {name}")
-        for prompt, text in zip(PROMPTS, outputs):
-            print("   ", repr(prompt), "->", repr(text[len(prompt):] if text.startswith(prompt) else text))
+        show(name, lm.generate(PROMPTS, max_new_tokens=max_new_tokens, sampler=sampler, **AGAINST_REPETITION))
 
 
 def export(lm, out):
@@ -116,19 +128,21 @@ def export(lm, out):
     return bundle
 
 
-def run_bundle(bundle):
-    command = [sys.executable, str(bundle / "generate.py"), "--prompt", PROMPTS[0], "--sampler", "greedy",
-               "--max-new-tokens", "32"]
+def run_bundle(bundle, max_new_tokens):
+    command = [sys.executable, str(bundle / "generate.py"), "--prompt", PROMPTS[0], "--sampler", "beam",
+               "--max-new-tokens", str(max_new_tokens)]
     print("  $", " ".join(repr(c) if " " in c else c for c in command))
     result = subprocess.run(command, capture_output=True, text=True, check=True)
-    print("   ", result.stdout.strip().replace("\n", "\n    "))
+    print("    " + result.stdout.strip().replace("\n", "\n    "))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=250, help="training steps (batches)")
+    parser.add_argument("--preset", default="gpt_stdlib", help="the trained preset to start from")
+    parser.add_argument("--steps", type=int, default=100, help="training steps (batches)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--sequence-length", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--out", default="out/demo")
     args = parser.parse_args()
     out = Path(args.out).resolve()
@@ -136,17 +150,18 @@ def main():
     keras.utils.set_random_seed(0)
 
     stages = Stages()
-    tokenizer = kt.tokenizers.Tokenizer.load(kt.presets.resolve("gpt_tiny"))
-    train_rows, held_out = stages.run("Read the standard library and tokenize", load_data, tokenizer,
-                                      args.sequence_length, args.steps, args.batch_size)
-    lm = stages.run("Build the model", build_model, tokenizer, args.sequence_length)
-    stages.run("Train with model.fit", train, lm, train_rows, 1, args.batch_size)
-    stages.run("Evaluate on held-out files", evaluate, lm, held_out)
+    lm = stages.run(f"Load the trained preset {args.preset!r}", load_model, args.preset, args.sequence_length)
+    train_windows, held_out = stages.run("Read the standard library and pack it into windows", load_data, lm,
+                                         args.steps, args.batch_size)
+    before = stages.run("Evaluate on held-out files, before training", evaluate, lm, held_out, "before")
+    stages.run("Train with model.fit", train, lm, train_windows, args.batch_size)
+    after = stages.run("Evaluate on held-out files, after training", evaluate, lm, held_out, "after")
+    print(f"  held-out perplexity {before:.1f} -> {after:.1f}")
     stages.run("Save the trained preset", lm.save_to_preset, out / "gpt_preset")
     print(f"  preset: {out / 'gpt_preset'}")
-    stages.run("Generate: greedy, top-p and beam search", sample, lm)
+    stages.run("Generate: greedy, top-p and beam search", sample, lm, args.max_new_tokens)
     bundle = stages.run("Export an ONNX bundle", export, lm, out)
-    stages.run("Generate from the bundle without Keras", run_bundle, bundle)
+    stages.run("Generate from the bundle without Keras", run_bundle, bundle, args.max_new_tokens)
     stages.summary()
     print(f"\nEverything was written under {out}")
 
