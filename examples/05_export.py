@@ -142,16 +142,28 @@ for sampler, options in [("greedy", {}), ("beam", {"num_beams": 3})]:
         print("   ", repr(text))
     assert from_keras == from_onnx
 
-# The SavedModel's `generate` signature: ids in, ids out, the decoding loop inside the graph.
-ids = loaded.generate(
-    token_ids=tf.constant(x["token_ids"]), padding_mask=tf.constant(real), max_new_tokens=tf.constant(16),
-    temperature=tf.constant(0.0), top_k=tf.constant(0), top_p=tf.constant(1.0), seed=tf.constant(0),
-)
-saved_model_texts = [
-    tokenizer.detokenize(np.asarray(row)[np.asarray(mask)]) for row, mask in zip(ids["token_ids"], ids["padding_mask"])
-]
-print("SavedModel greedy identical:", saved_model_texts == lm.generate(PROMPTS, max_new_tokens=16))
-assert saved_model_texts == lm.generate(PROMPTS, max_new_tokens=16)
+# The SavedModel's `generate` and `generate_beam` signatures: ids in, ids out, the Keras decoding
+# loop itself inside the graph (the same samplers and noise: a seed gives the same tokens).
+prompts = {"token_ids": tf.constant(x["token_ids"]), "padding_mask": tf.constant(real),
+           "max_new_tokens": tf.constant(16), "min_new_tokens": tf.constant(0), "repetition_penalty": tf.constant(1.0)}
+
+
+def texts(outputs):
+    return [tokenizer.detokenize(np.asarray(row)[np.asarray(mask)])
+            for row, mask in zip(outputs["token_ids"], outputs["padding_mask"])]
+
+
+for name, outputs, keras_sampler in [
+    ("greedy", loaded.generate(**prompts, temperature=tf.constant(0.0), top_k=tf.constant(0),
+                               top_p=tf.constant(1.0), seed=tf.constant(0)), "greedy"),
+    ("random", loaded.generate(**prompts, temperature=tf.constant(0.8), top_k=tf.constant(40),
+                               top_p=tf.constant(0.9), seed=tf.constant(7)),
+     kt.samplers.RandomSampler(temperature=0.8, top_k=40, top_p=0.9, seed=7)),
+    ("beam-4", loaded.generate_beam(**prompts, length_penalty=tf.constant(1.0)), kt.samplers.BeamSampler(num_beams=4)),
+]:
+    identical = texts(outputs) == lm.generate(PROMPTS, max_new_tokens=16, sampler=keras_sampler)
+    print(f"SavedModel {name} identical:", identical)
+    assert identical
 
 # %% [markdown]
 # ## The bundle without Keras

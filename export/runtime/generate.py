@@ -15,9 +15,9 @@ Axes: B inputs, K beams, R = B * K rows, L token buffer length, V vocabulary.
 
 The decoding loop is the one of `keras_transformer.samplers`, step for step, so the same
 model gives the same tokens: greedy and beam search exactly, and random sampling too for
-the same seed (the noise is drawn the same way). Prompts of different lengths share a
-batch: the prefill graph runs the positions every prompt has, then the decode graph runs
-one position at a time, feeding a row its own prompt token until its prompt ends and its
+the same seed (the noise is the same hash of (seed, step, row), see `_uniform_noise`).
+Prompts of different lengths share a batch: the prefill graph runs the positions every
+prompt has, then the decode graph runs one position at a time, feeding a row its own prompt token until its prompt ends and its
 chosen token afterwards; no padding enters the key/value caches. A row stops at its end
 token (kept) or after `max_new_tokens`. A GPT bundle's decode graph writes its caches in
 place, into buffers the runner allocates and binds once per generation (`_cache_buffers`).
@@ -177,12 +177,11 @@ class Generator:
         stop = _stop_tokens(stop_token_ids, self.config.get("eos_token_id"), vocabulary_size)
         loop = _Loop(self, np.repeat(tokens, beams, axis=0), np.repeat(lengths, beams), max_new_tokens, pad, stop)
         if beams == 1:
-            noise = None
-            if sampler == "random":
-                noise = _noise(seed, (min(_round_up(length, self.config.get("noise_length_bucket", 64)), max_length),
-                                      len(rows)))
+            noise_seed = None
+            if sampler == "random":  # a fresh seed per call when none is given, as `RandomSampler(seed=None)`
+                noise_seed = _seed_to_int32(seed if seed is not None else np.random.randint(2**31))
             pick = _Picker(sampler, temperature, top_k, top_p)
-            found = loop.sample(start, logits, self._cache_buffers(state, length), pick, noise)
+            found = loop.sample(start, logits, self._cache_buffers(state, length), pick, noise_seed)
         else:
             found = loop.beam_search(start, np.repeat(logits, beams, axis=0),
                                      self._cache_buffers(_tile_state(state, beams), length), beams,
@@ -283,13 +282,14 @@ class _Loop:
         self.pad = pad
         self.stop = stop  # tuple of stop token ids
 
-    def sample(self, i, logits, state, pick, noise):
-        """Greedy or random: one token per row per step. Returns each row's new tokens."""
+    def sample(self, i, logits, state, pick, seed):
+        """Greedy or random (seed: the noise's int32 seed, None for greedy): one token per row per step.
+        Returns each row's new tokens."""
         tokens, lengths = self.tokens, self.lengths
         done = np.zeros(tokens.shape[0], bool)
         limits = lengths + self.max_new_tokens
         while True:
-            picked = pick(logits, None if noise is None else noise[i])
+            picked = pick(logits, None if seed is None else _uniform_noise(seed, i, tokens.shape[0]))
             in_prompt = i < lengths
             emitted = ~in_prompt & ~done
             token = np.where(in_prompt, tokens[:, i], np.where(done, self.pad, picked))
@@ -459,14 +459,30 @@ def _reorder_state(state, rows):
     return {**state, "slots": None if np.array_equal(slots, np.arange(rows.size)) else slots}
 
 
-def _round_up(value, multiple):
-    return -(-value // multiple) * multiple
+# The noise of random sampling: the numpy twin of `keras_transformer/samplers/noise.py` (this file
+# must not import Keras), held equal to it by tests/samplers/test_noise.py.
 
 
-def _noise(seed, shape):
-    """The uniform numbers of `RandomSampler.draw_noise`: (L, B) in (0, 1], one per position and row."""
-    seed = seed if seed is not None else np.random.randint(2**31)
-    return (1.0 - np.random.default_rng(seed).random(shape)).astype(np.float32)
+def _mix(x):
+    """lowbias32 on uint32 arrays (multiplications wrap modulo 2**32)."""
+    x = x ^ (x >> np.uint32(16))
+    x = x * np.uint32(0x7FEB352D)
+    x = x ^ (x >> np.uint32(15))
+    x = x * np.uint32(0x846CA68B)
+    return x ^ (x >> np.uint32(16))
+
+
+def _uniform_noise(seed, step, num_rows):
+    """Step `step`'s noise (R,) float32 in (0, 1]: entry r a hash of (seed, step, r) only."""
+    h = _mix(np.array([seed], np.int32).view(np.uint32) ^ np.uint32(0x9E3779B9))  # (1,): arrays wrap silently
+    h = _mix(h ^ np.array([step], np.int32).view(np.uint32))
+    h = _mix(h ^ np.arange(num_rows, dtype=np.uint32))  # (R,)
+    return ((h >> np.uint32(8)) + np.uint32(1)).astype(np.float32) * np.float32(2.0**-24)
+
+
+def _seed_to_int32(seed):
+    seed = int(seed) % 2**32
+    return seed - 2**32 if seed >= 2**31 else seed
 
 
 class _Picker:

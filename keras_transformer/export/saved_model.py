@@ -1,18 +1,41 @@
 """TensorFlow SavedModels: serving signatures for the forward pass and, for LMs, `generate`.
 
-Axes: B batch, P prompt length, N new tokens, S_enc source length, V vocabulary.
+Axes: B batch, K beams, R = B * K rows, P prompt width, N new tokens, L token buffer, S_enc
+source length, V vocabulary.
 
 Signatures (all also callable as `loaded.<name>(...)`; the first is `serving_default`):
-    forward   the task's own inputs and dtypes (token_ids int32, padding_mask bool, ...)
-              -> {"logits": ...} (encoder tasks add the backbone's outputs).
-    generate  (LMs) the decoding loop inside the graph, ids in, ids out:
-              causal LMs: token_ids (B, P) int32, padding_mask (B, P) bool (right-padded prompts),
-              seq2seq LMs: encoder_token_ids (B, S_enc) int32, encoder_padding_mask (B, S_enc) bool,
-              and max_new_tokens () int32, temperature () float32 (<= 0: greedy; > 0: random
-              sampling), top_k () int32 (0: off), top_p () float32 (>= 1: off), seed () int32
-              -> {"token_ids": (B, P + N) int32, "padding_mask": (B, P + N) bool}: each row's prompt
-              then its new tokens (up to N, the end token included), then padding. Seq2seq
-              outputs hold the decoder start token then the new tokens.
+    forward        the task's own inputs and dtypes (token_ids int32, padding_mask bool, ...)
+                   -> {"logits": ...} (encoder tasks add the backbone's outputs).
+    generate       (LMs) greedy decoding or random sampling, ids in, ids out. Inputs:
+                   causal LMs: token_ids (B, P) int32, padding_mask (B, P) bool (right-padded prompts,
+                   the start token included); seq2seq LMs: encoder_token_ids (B, S_enc) int32,
+                   encoder_padding_mask (B, S_enc) bool; then the scalars max_new_tokens int32,
+                   temperature float32 (<= 0: greedy; > 0: random sampling), top_k int32 (<= 0: off),
+                   top_p float32 (>= 1: off), seed int32, min_new_tokens int32, repetition_penalty
+                   float32 (1: off).
+                   -> {"token_ids": (B, P + N) int32, "padding_mask": (B, P + N) bool}: each row's
+                   prompt then its new tokens (up to N, the end token included), then padding.
+                   Seq2seq outputs hold the decoder start token then the new tokens (P = 1).
+    generate_beam  (LMs) beam search with `num_beams` beams (fixed at export, recorded in
+                   generation_config.json under "saved_model"), early_stopping=False, the best
+                   hypothesis per input. Inputs: the prompts as above, then max_new_tokens int32,
+                   length_penalty float32, min_new_tokens int32, repetition_penalty float32.
+                   -> {"token_ids", "padding_mask"} as above and "scores" (B,) float32, the
+                   hypothesis' sum of log-probabilities / length ** length_penalty.
+
+The `generate` signatures run the Keras decoding loop itself (`samplers/sampler.py`'s
+`trace_prepare` and `trace_run`, the code `lm.generate` compiles on every backend), traced
+here under TensorFlow with the batch dynamic: the same samplers, logits processors (repetition
+penalty, min_new_tokens; the end token stops a row) and noise (a hash of (seed, step, row),
+see `samplers/noise.py`), so a seed gives the tokens `RandomSampler(seed=...)` gives in Keras
+and in the ONNX bundle. The loop's buffer length and prefill length are static shapes: the
+graph holds one loop per buffer length L (two: the loop's first cache width, 128 or less, and
+max_length) and first cache width, and one prefill per 32-token prefill bucket, and each call
+takes the smallest that fits (`tf.switch_case`): a call within 128 positions never pays for
+max_length (its cache is never widened), a longer one widens its cache in the loop's steps
+(128, 256, 384, 512, then doublings) up to max_length. Beam search reorders the cache's rows as the
+PyTorch loop does (the compiled backends' slot cache needs a static batch). The graph runs
+without XLA (the loaded model needs no compiler, and only the branch taken runs).
 
 The SavedModel depends on TensorFlow only: `tf.saved_model.load(path)` works in a process
 that never imports Keras or keras_transformer. The tokenizer files and
@@ -25,6 +48,14 @@ import keras
 
 from keras_transformer.export import graphs as graph_lib
 from keras_transformer.export.onnx import GENERATION_CONFIG_FILE, _write_json, generation_config
+from keras_transformer.samplers.beam_sampler import BeamSampler
+from keras_transformer.samplers.generate import PREFILL_BUCKET
+from keras_transformer.samplers.greedy_sampler import GreedySampler
+from keras_transformer.samplers.random_sampler import RandomSampler, keep_nucleus, keep_top_k, sample_categorical
+from keras_transformer.samplers.sampler import DecodeOptions, cache_widths, trace_prepare, trace_run
+
+# Beams of the `generate_beam` signature when the task's own sampler is not a beam search.
+NUM_BEAMS = 4
 
 
 def write_saved_model(task, directory):
@@ -46,146 +77,263 @@ def write_saved_model(task, directory):
         return outputs
 
     archive.add_endpoint("forward", forward, input_signature=specs)
+    config = None
     if kind != "encoder":
-        generate = _decoder_generate(task) if kind == "decoder" else _seq2seq_generate(task)
-        prompt_names = ("token_ids", "padding_mask") if kind == "decoder" else ("encoder_token_ids", "encoder_padding_mask")
-        archive.add_endpoint("generate", generate, input_signature=[
-            tf.TensorSpec((None, None), tf.int32, name=prompt_names[0]),
-            tf.TensorSpec((None, None), tf.bool, name=prompt_names[1]),
+        config = generation_config(task)
+        sampler = getattr(task, "sampler", None)
+        num_beams = sampler.num_beams if isinstance(sampler, BeamSampler) and sampler.num_beams > 1 else NUM_BEAMS
+        served = _ServedLoop(task, config, num_beams)
+        names = ("token_ids", "padding_mask") if kind == "decoder" else ("encoder_token_ids", "encoder_padding_mask")
+        prompts = [tf.TensorSpec((None, None), tf.int32, name=names[0]),
+                   tf.TensorSpec((None, None), tf.bool, name=names[1])]
+        archive.add_endpoint("generate", served.generate, input_signature=prompts + [
             tf.TensorSpec((), tf.int32, name="max_new_tokens"),
             tf.TensorSpec((), tf.float32, name="temperature"),
             tf.TensorSpec((), tf.int32, name="top_k"),
             tf.TensorSpec((), tf.float32, name="top_p"),
             tf.TensorSpec((), tf.int32, name="seed"),
+            tf.TensorSpec((), tf.int32, name="min_new_tokens"),
+            tf.TensorSpec((), tf.float32, name="repetition_penalty"),
         ])
+        archive.add_endpoint("generate_beam", served.generate_beam, input_signature=prompts + [
+            tf.TensorSpec((), tf.int32, name="max_new_tokens"),
+            tf.TensorSpec((), tf.float32, name="length_penalty"),
+            tf.TensorSpec((), tf.int32, name="min_new_tokens"),
+            tf.TensorSpec((), tf.float32, name="repetition_penalty"),
+        ])
+        config["saved_model"] = {"num_beams": num_beams, "early_stopping": False,
+                                 "buffer_lengths": served.lengths}
     archive.write_out(str(directory), verbose=False)
     if task.preprocessor is not None:
         task.preprocessor.tokenizer.save(directory)
-    if kind != "encoder":
-        _write_json(f"{directory}/{GENERATION_CONFIG_FILE}", generation_config(task))
+    if config is not None:
+        _write_json(f"{directory}/{GENERATION_CONFIG_FILE}", config)
 
 
-def _pick(logits, position, temperature, top_k, top_p, seed):
-    """logits (B, V) -> one token per row (B,) int32: greedy when temperature <= 0, else sampled."""
-    import tensorflow as tf
+class _ServedRandomSampler(RandomSampler):
+    """`RandomSampler` with the signature's tensors as its settings: top_k <= 0 and top_p >= 1 are off.
 
-    def greedy():
-        return tf.argmax(logits, axis=-1, output_type=tf.int32)
-
-    def sample():
-        scaled = logits / temperature
-        vocabulary = tf.shape(scaled)[-1]
-        k = tf.where(top_k > 0, tf.minimum(top_k, vocabulary), vocabulary)
-        kth = tf.math.top_k(scaled, k=k).values[:, -1:]  # (B, 1)
-        scaled = tf.where(scaled < kth, tf.constant(-float("inf")), scaled)
-        # Nucleus: keep the smallest prefix of the sorted tokens whose probability reaches top_p.
-        order = tf.argsort(scaled, axis=-1, direction="DESCENDING", stable=True)
-        sorted_probs = tf.gather(tf.nn.softmax(scaled), order, batch_dims=1)
-        before = tf.cumsum(sorted_probs, axis=-1, exclusive=True)
-        keep_sorted = tf.logical_or(before < top_p, top_p >= 1.0)
-        keep = tf.gather(keep_sorted, tf.argsort(order, axis=-1), batch_dims=1)  # back to vocabulary order
-        scaled = tf.where(keep, scaled, tf.constant(-float("inf")))
-        draws = tf.random.stateless_categorical(scaled, 1, seed=tf.stack([seed, position]), dtype=tf.int32)
-        return draws[:, 0]
-
-    return tf.cond(temperature > 0.0, sample, greedy)
-
-
-def _decoding_loop(step, buffer, lengths, position, total, logits, cache, max_new_tokens, eos, sampling):
-    """Choose and feed one token per row until every row is done (shared by causal and seq2seq LMs).
-
-    buffer (B, total) int32 holds the prompts; `step(tokens (B, 1), cache, position)` returns
-    (logits (B, 1, V), cache). Returns (buffer, generated mask (B, total)).
+    The same filters and draw as `RandomSampler.get_next_token`; each filter runs only when on.
     """
-    import tensorflow as tf
 
-    batch = tf.shape(buffer)[0]
-    columns = tf.range(total)[None, :]  # (1, total)
+    def __init__(self, temperature, top_k, top_p):  # tensors: no validation here (see `_checks`)
+        self.temperature, self.top_k, self.top_p, self.seed = temperature, top_k, top_p, None
 
-    def cond(position, buffer, generated, cache, logits, produced, done):
-        finished = (position >= lengths) & ((produced >= max_new_tokens) | done)
-        return (position < total) & ~tf.reduce_all(finished)
+    def get_next_token(self, logits, uniform):
+        import tensorflow as tf
 
-    def body(position, buffer, generated, cache, logits, produced, done):
-        generating = (position >= lengths) & (produced < max_new_tokens) & ~done  # (B,)
-        chosen = _pick(logits, position, *sampling)
-        write = (columns == position) & generating[:, None]  # (B, total)
-        buffer = tf.where(write, chosen[:, None], buffer)
-        generated = generated | write
-        produced += tf.cast(generating, tf.int32)
-        if eos is not None:
-            done = done | (generating & tf.equal(chosen, eos))
-        token = tf.gather(buffer, position[None], axis=1)  # (B, 1): the prompt's or the chosen token
-        next_logits, cache = step(token, cache, position)
-        return position + 1, buffer, generated, cache, next_logits[:, 0], produced, done
-
-    zeros = tf.zeros((batch,), tf.int32)
-    _, buffer, generated, *_ = tf.while_loop(
-        cond, body,
-        (position, buffer, tf.zeros_like(buffer, tf.bool), cache, logits, zeros, tf.zeros((batch,), tf.bool)),
-    )
-    return buffer, generated
+        logits = logits / self.temperature  # (R, V)
+        vocabulary_size = logits.shape[-1]
+        top_k = tf.minimum(tf.maximum(self.top_k, 1), vocabulary_size)
+        logits = tf.cond((self.top_k > 0) & (self.top_k < vocabulary_size),
+                         lambda: keep_top_k(logits, top_k), lambda: logits)
+        logits = tf.cond(self.top_p < 1.0, lambda: keep_nucleus(logits, self.top_p), lambda: logits)
+        return sample_categorical(logits, uniform)
 
 
-def _decoder_generate(task):
-    import tensorflow as tf
+class _ServedBeamSampler(BeamSampler):
+    """`BeamSampler` whose length penalty is the signature's tensor (early_stopping=False, one result)."""
 
-    config = generation_config(task)
-    eos, pad = config["eos_token_id"], config["pad_token_id"] or 0
-    max_length = config["max_length"]
+    def __init__(self, num_beams, length_penalty):
+        super().__init__(num_beams=num_beams)
+        self.length_penalty = length_penalty
 
-    def generate(token_ids, padding_mask, max_new_tokens, temperature, top_k, top_p, seed):
-        lengths = tf.reduce_sum(tf.cast(padding_mask, tf.int32), axis=1)  # (B,)
-        batch, prompt_length = tf.shape(token_ids)[0], tf.shape(token_ids)[1]
-        total = prompt_length + max_new_tokens
+
+class _ServedLoop:
+    """The `generate` signatures' functions: the signature's inputs -> the Keras loop's inputs -> its outputs."""
+
+    def __init__(self, task, config, num_beams):
+        self.task = task
+        self.kind = config["kind"]
+        self.max_length = config["max_length"]
+        self.pad = config["pad_token_id"] or 0
+        self.stop_ids = () if config["eos_token_id"] is None else (int(config["eos_token_id"]),)
+        self.start_id = config.get("decoder_start_token_id")
+        self.num_beams = num_beams
+        # Static shapes, one loop each: buffer lengths L (the loop's first cache width, for the
+        # common short call, and max_length), and per L the prefill lengths P grouped by the
+        # cache's first width (the loop's step bodies depend on L and that width only).
+        self.lengths = sorted({cache_widths(self.max_length, 1)[0], self.max_length})
+        self.programs = []  # [(L, [P, ...])]
+        for length in self.lengths:
+            groups = {}
+            prefills = {0} if self.kind != "decoder" else {0} | {
+                min(-(-x // PREFILL_BUCKET) * PREFILL_BUCKET, length) for x in range(1, length)}
+            for prefill in sorted(prefills):
+                groups.setdefault(cache_widths(length, prefill)[0], []).append(prefill)
+            self.programs += [(length, members) for members in groups.values()]
+
+    # --- signatures ------------------------------------------------------------
+
+    def generate(self, token_ids, padding_mask, max_new_tokens, temperature, top_k, top_p, seed,
+                 min_new_tokens, repetition_penalty):
+        import tensorflow as tf
+
         checks = [
-            tf.debugging.assert_positive(lengths, message="Every prompt needs at least one token (the start token)."),
-            tf.debugging.assert_less_equal(total, max_length,
-                                           message=f"prompt length + max_new_tokens exceeds max_length={max_length}"),
+            tf.debugging.assert_greater_equal(top_k, 0, message="top_k must be >= 0 (0: off)"),
+            tf.debugging.assert_greater(top_p, 0.0, message="top_p must be in (0, 1] (1: off)"),
         ]
         with tf.control_dependencies(checks):
-            buffer = tf.where(padding_mask, token_ids, pad)
-            buffer = tf.pad(buffer, [[0, 0], [0, max_new_tokens]], constant_values=pad)  # (B, P + N)
-        start = tf.reduce_min(lengths)
-        cache = tf.zeros(task.backbone.cache_shape(batch, total))
-        # Prefill the positions every prompt has; later prompt tokens are fed one step at a time.
-        logits, cache = task.call_with_cache(buffer[:, :start], cache, 0)
+            temperature = tf.identity(temperature)
 
-        def step(tokens, cache, position):
-            return task.call_with_cache(tokens, cache, position)
+        def greedy():
+            return self._generate(GreedySampler(), None, token_ids, padding_mask, max_new_tokens,
+                                  min_new_tokens, repetition_penalty)
 
-        buffer, generated = _decoding_loop(step, buffer, lengths, start, total, logits[:, -1], cache,
-                                           max_new_tokens, eos, (temperature, top_k, top_p, seed))
-        prompt_mask = tf.pad(padding_mask, [[0, 0], [0, max_new_tokens]])
-        mask = prompt_mask | generated
-        return {"token_ids": tf.where(mask, buffer, pad), "padding_mask": mask}
+        def sample():
+            sampler = _ServedRandomSampler(temperature, top_k, top_p)
+            return self._generate(sampler, seed, token_ids, padding_mask, max_new_tokens,
+                                  min_new_tokens, repetition_penalty)
 
-    return generate
+        outputs = tf.cond(temperature > 0.0, sample, greedy)
+        return {"token_ids": outputs["token_ids"], "padding_mask": outputs["padding_mask"]}
+
+    def generate_beam(self, token_ids, padding_mask, max_new_tokens, length_penalty, min_new_tokens,
+                      repetition_penalty):
+        sampler = _ServedBeamSampler(self.num_beams, length_penalty)
+        return self._generate(sampler, None, token_ids, padding_mask, max_new_tokens, min_new_tokens,
+                              repetition_penalty)
+
+    # --- the loop ----------------------------------------------------------------
+
+    def _generate(self, sampler, seed, ids, mask, max_new_tokens, min_new_tokens, repetition_penalty):
+        import tensorflow as tf
+
+        batch = tf.shape(ids)[0]
+        encoder = None
+        if self.kind == "decoder":
+            lengths = tf.reduce_sum(tf.cast(mask, tf.int32), axis=1)  # (B,)
+            prompts = tf.where(mask, ids, self.pad)  # (B, P)
+        else:
+            encoder = {"encoder_token_ids": ids, "encoder_padding_mask": mask}
+            lengths = tf.ones((batch,), tf.int32)  # the decoder's prompt: its start token
+            prompts = tf.fill([batch, 1], self.start_id)
+        longest = tf.reduce_max(lengths)
+        checks = self._checks(ids, lengths, longest, max_new_tokens, min_new_tokens, repetition_penalty)
+        with tf.control_dependencies(checks):
+            longest = tf.identity(longest)
+
+        # Which loop: the smallest buffer L that holds every prompt and max_new_tokens; the prefill
+        # length as `generate` buckets it (0 for one-token prompts).
+        need = longest + max_new_tokens
+        length = tf.gather(self.lengths, tf.reduce_sum(tf.cast(tf.constant(self.lengths) < need, tf.int32)))
+        bucketed = -(-(longest - 1) // PREFILL_BUCKET) * PREFILL_BUCKET
+        prefill = tf.where(longest == 1, 0, tf.minimum(bucketed, length))
+        program = tf.constant(0)
+        for index, (program_length, members) in enumerate(self.programs):
+            program = tf.where((length == program_length) & (prefill >= members[0]) & (prefill <= members[-1]),
+                               index, program)
+        scalars = {"lengths": lengths, "start": tf.reduce_min(lengths), "max_new_tokens": max_new_tokens,
+                   "min_new_tokens": min_new_tokens, "repetition_penalty": repetition_penalty,
+                   "prefill": prefill, "seed": seed}
+        branches = [
+            (lambda L=program_length, members=members: self._run(sampler, prompts, encoder, L, members, scalars))
+            for program_length, members in self.programs
+        ]
+        buffers = branches[0]() if len(branches) == 1 else tf.switch_case(program, branches)
+        width = tf.shape(prompts)[1] + max_new_tokens  # the output's P + N
+        return _cut(buffers, width, self.pad)
+
+    def _run(self, sampler, prompts, encoder, length, members, scalars):
+        """One loop of buffer length L (static), its prefill one of `members`: -> {"token_ids" (B, L), "ends" (B,)}."""
+        import tensorflow as tf
+
+        K = sampler.num_beams
+        tokens = _to_width(prompts, length, self.pad)  # (B, L)
+        rows = tf.repeat(tokens, K, axis=0)  # (B, L) -> (R, L)
+        start = scalars["start"]
+
+        def prepare(prefill):
+            inputs = {"prompt_token_ids": tokens, "prefill_token_ids": tokens[:, :prefill]}
+            if encoder is not None:
+                inputs.update(encoder)
+            return lambda: trace_prepare(self.task, inputs)
+
+        if len(members) == 1:
+            prepared = prepare(members[0])()
+        else:
+            index = tf.reduce_sum(tf.cast(tf.constant(members) < scalars["prefill"], tf.int32))
+            prepared = tf.switch_case(index, [prepare(prefill) for prefill in members])
+
+        inputs = {
+            "token_ids": rows,
+            "prompt_lengths": tf.repeat(scalars["lengths"], K),  # (R,)
+            "start": start,
+            "max_new_tokens": scalars["max_new_tokens"],
+            "min_new_tokens": scalars["min_new_tokens"],
+            "repetition_penalty": scalars["repetition_penalty"],
+            "seen": _seen(rows, start, self.task.backbone.vocabulary_size),  # (R, V) the tokens before step `start`
+        }
+        if isinstance(sampler, RandomSampler):  # the loop hashes (seed, step, row) into its noise
+            inputs["seed"] = scalars["seed"]
+        options = DecodeOptions(stop_token_ids=self.stop_ids, pad_id=self.pad, repetition=True)
+        outputs = trace_run(self.task, sampler, options, inputs, prepared)
+        if K == 1:
+            buffer = outputs["token_ids"]  # (B, L)
+            ends = _ends(buffer, scalars["lengths"], scalars["max_new_tokens"], self.stop_ids)
+            return {"token_ids": buffer, "ends": ends, "scores": tf.zeros(tf.shape(ends), tf.float32)}
+        return {"token_ids": outputs["token_ids"][:, 0], "ends": outputs["ends"][:, 0], "scores": outputs["scores"][:, 0]}
+
+    def _checks(self, ids, lengths, longest, max_new_tokens, min_new_tokens, repetition_penalty):
+        import tensorflow as tf
+
+        limit = self.max_length
+        checks = [
+            tf.debugging.assert_positive(max_new_tokens, message="max_new_tokens must be >= 1"),
+            tf.debugging.assert_non_negative(min_new_tokens, message="min_new_tokens must be >= 0"),
+            tf.debugging.assert_positive(repetition_penalty, message="repetition_penalty must be > 0"),
+            tf.debugging.assert_less_equal(longest + max_new_tokens, limit,
+                                           message=f"the longest prompt plus max_new_tokens exceeds max_length={limit}"),
+        ]
+        if self.kind == "decoder":
+            checks.append(tf.debugging.assert_positive(
+                lengths, message="every prompt needs at least one token (the start token)"))
+        else:
+            checks.append(tf.debugging.assert_less_equal(
+                tf.shape(ids)[1], limit, message=f"a source is longer than max_length={limit}"))
+        return checks
 
 
-def _seq2seq_generate(task):
+def _to_width(x, width, pad):
+    """(B, P) -> (B, width) with a static width: cut, or right-padded with `pad`."""
     import tensorflow as tf
 
-    config = generation_config(task)
-    eos, pad = config["eos_token_id"], config["pad_token_id"] or 0
-    start_id = config["decoder_start_token_id"] if config["decoder_start_token_id"] is not None else pad
+    x = tf.pad(x, [[0, 0], [0, tf.maximum(width - tf.shape(x)[1], 0)]], constant_values=pad)[:, :width]
+    return tf.ensure_shape(x, [None, width])
 
-    def generate(encoder_token_ids, encoder_padding_mask, max_new_tokens, temperature, top_k, top_p, seed):
-        batch = tf.shape(encoder_token_ids)[0]
-        encoder_outputs = task.encode(encoder_token_ids, encoder_padding_mask)
-        cross_cache = task.compute_cross_cache(encoder_outputs)
-        total = max_new_tokens + 1
-        buffer = tf.concat([tf.fill([batch, 1], start_id), tf.fill([batch, max_new_tokens], pad)], axis=1)
-        cache = tf.zeros(task.backbone.cache_shape(batch, total))
 
-        def step(tokens, cache, position):
-            return task.call_with_cache(tokens, cache, position, cross_cache, encoder_padding_mask)
+def _seen(rows, start, vocabulary_size):
+    """(R, V) bool: which tokens each row holds before position `start` (the repetition penalty's memory)."""
+    import tensorflow as tf
 
-        logits, cache = step(buffer[:, :1], cache, 0)
-        lengths = tf.ones((batch,), tf.int32)  # the start token is the decoder's prompt
-        buffer, generated = _decoding_loop(step, buffer, lengths, tf.constant(1), total, logits[:, -1], cache,
-                                           max_new_tokens, eos, (temperature, top_k, top_p, seed))
-        mask = generated | (tf.range(total)[None, :] == 0)
-        return {"token_ids": tf.where(mask, buffer, pad), "padding_mask": mask}
+    num_rows, length = tf.shape(rows)[0], rows.shape[1]
+    target = tf.where(tf.range(length)[None, :] < start, rows, vocabulary_size)  # (R, L): V past `start`
+    row_index = tf.broadcast_to(tf.range(num_rows)[:, None], tf.shape(rows))
+    indices = tf.reshape(tf.stack([row_index, target], axis=-1), (-1, 2))  # (R * L, 2)
+    counts = tf.scatter_nd(indices, tf.ones(tf.shape(indices)[:1], tf.int32), [num_rows, vocabulary_size + 1])
+    return counts[:, :vocabulary_size] > 0
 
-    return generate
+
+def _ends(buffer, lengths, max_new_tokens, stop_ids):
+    """(B,) position after each row's last token: its prompt, then up to max_new_tokens, cut after a stop token."""
+    import tensorflow as tf
+
+    length = buffer.shape[1]
+    columns = tf.range(length)[None, :]  # (1, L)
+    limit = lengths + max_new_tokens
+    generated = (columns >= lengths[:, None]) & (columns < limit[:, None])  # (B, L)
+    stops = tf.zeros_like(generated)
+    for token_id in stop_ids:
+        stops |= generated & tf.equal(buffer, token_id)
+    first_stop = tf.reduce_min(tf.where(stops, columns, length), axis=1)  # (B,), L where none
+    return tf.minimum(limit, first_stop + 1)
+
+
+def _cut(buffers, width, pad):
+    """{"token_ids" (B, L), "ends" (B,), "scores"} -> the signature's outputs, (B, width) each."""
+    import tensorflow as tf
+
+    buffer, ends = buffers["token_ids"], buffers["ends"]
+    buffer = tf.pad(buffer, [[0, 0], [0, tf.maximum(width - tf.shape(buffer)[1], 0)]])[:, :width]
+    mask = tf.range(width)[None, :] < ends[:, None]
+    return {"token_ids": tf.where(mask, buffer, pad), "padding_mask": mask, "scores": buffers["scores"]}

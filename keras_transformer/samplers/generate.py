@@ -119,9 +119,9 @@ def generate(
 
 
 def _loop_inputs(prompts, max_new_tokens, max_length, pad_id, sampler):
-    """The loop's numpy inputs: right-padded token buffers (per input and per beam row), lengths, noise."""
+    """The loop's numpy inputs: right-padded token buffers (per input and per beam row), lengths, the noise seed."""
     num_beams = sampler.num_beams
-    batch_size, num_rows = len(prompts), len(prompts) * num_beams
+    batch_size = len(prompts)
     prompt_lengths = np.array([len(p) for p in prompts], "int32")
     longest, start = int(prompt_lengths.max()), int(prompt_lengths.min())
     length = min(_round_up(longest + max_new_tokens, LENGTH_BUCKET), max_length)
@@ -132,15 +132,18 @@ def _loop_inputs(prompts, max_new_tokens, max_length, pad_id, sampler):
     for row, prompt in enumerate(prompts):
         tokens[row, : len(prompt)] = prompt
     rows = np.repeat(tokens, num_beams, axis=0)  # (B, L) -> (R, L)
-    return {
+    arrays = {
         "prompt_token_ids": tokens,  # (B, L)
         "prefill_token_ids": tokens[:, :prefill],  # (B, P)
         "token_ids": rows,  # (R, L)
         "prompt_lengths": np.repeat(prompt_lengths, num_beams),  # (R,)
         "start": np.array(start, "int32"),
         "max_new_tokens": np.array(max_new_tokens, "int32"),
-        "noise": sampler.draw_noise((length, num_rows)),  # (L, R)
     }
+    seed = sampler.draw_seed()  # the loop hashes (seed, step, row) into its noise (see `noise.py`)
+    if seed is not None:
+        arrays["seed"] = np.array(seed, "int32")
+    return arrays
 
 
 def _check_int(name, value, minimum):

@@ -6,6 +6,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_transformer.samplers.noise import seed_to_int32
 from keras_transformer.samplers.sampler import NEG, Sampler, first_argmax
 
 
@@ -14,9 +15,11 @@ class RandomSampler(Sampler):
     """Samples the next token from softmax(logits / temperature), optionally restricted.
 
     Filters apply in Hugging Face's order: temperature, then top-k, then top-p. The
-    randomness is one uniform number per row and step, drawn on the host from `seed`
-    and fed to the compiled loop, so the same seed gives the same tokens on every call
-    (and the loop is never retraced for a new seed).
+    randomness is one uniform number per row and step, a hash of (seed, step, row)
+    computed inside the compiled loop (see `noise.py`); the seed is an input of the loop,
+    so the same seed gives the same tokens on every call and every backend, in the
+    SavedModel's `generate` and in the ONNX bundle's runner (and the loop is never
+    retraced for a new seed).
 
     Args:
         temperature: float > 0; lower is greedier.
@@ -50,19 +53,29 @@ class RandomSampler(Sampler):
     def get_config(self):
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed}
 
-    def draw_noise(self, shape):
-        seed = self.seed if self.seed is not None else np.random.randint(2**31)
-        return (1.0 - np.random.default_rng(seed).random(shape)).astype("float32")  # in (0, 1]
+    def draw_seed(self):
+        seed = self.seed if self.seed is not None else np.random.randint(2**31)  # a fresh seed per call
+        return np.int32(seed_to_int32(seed))
 
     def get_next_token(self, logits, uniform):
         logits = ops.convert_to_tensor(logits) / self.temperature  # (R, V); numpy logits too
         vocabulary_size = logits.shape[-1]
         if self.top_k is not None and self.top_k < vocabulary_size:
-            kth = ops.top_k(logits, self.top_k)[0][:, -1:]  # (R, 1), the k-th largest logit
-            logits = ops.where(logits < kth, NEG, logits)
+            logits = keep_top_k(logits, self.top_k)
         if self.top_p is not None and self.top_p < 1:
-            logits = ops.where(nucleus(ops.softmax(logits, axis=-1), self.top_p), logits, NEG)
+            logits = keep_nucleus(logits, self.top_p)
         return sample_categorical(logits, uniform)
+
+
+def keep_top_k(logits, k):
+    """logits (R, V) with all but the k largest of each row (ties at the k-th kept) set to NEG; k an int or a tensor."""
+    kth = ops.top_k(logits, k)[0][:, -1:]  # (R, 1), the k-th largest logit
+    return ops.where(logits < kth, NEG, logits)
+
+
+def keep_nucleus(logits, top_p):
+    """logits (R, V) with the tokens outside each row's top-p nucleus set to NEG; top_p a float or a tensor."""
+    return ops.where(nucleus(ops.softmax(logits, axis=-1), top_p), logits, NEG)
 
 
 def nucleus(probabilities, top_p, iterations=40):

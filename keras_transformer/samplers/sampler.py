@@ -22,6 +22,7 @@ from keras import ops
 
 from keras_transformer.layers.kv_cache import BeamCache, PaddedQueryCache
 from keras_transformer.models.backbone import split_cache
+from keras_transformer.samplers.noise import noise_grid, uniform_noise
 
 # Score of impossible tokens and beams: finite, so that sums never make inf - inf = NaN.
 NEG = -1.0e9
@@ -44,16 +45,25 @@ class Sampler:
 
         Args:
             logits: (R, V) float32, after the logits processors.
-            uniform: (R,) float32 noise in (0, 1], fresh at every step (see `draw_noise`).
+            uniform: (R,) float32 noise in (0, 1], fresh at every step (see `draw_noise`), or
+                None for a sampler that draws no seed (see `draw_seed`).
 
         Returns:
             (R,) int token ids.
         """
         raise NotImplementedError(f"{type(self).__name__} must define `get_next_token`.")
 
+    def draw_seed(self):
+        """The seed of one `generate` call's noise (an int32), or None: deterministic samplers draw none."""
+        return None
+
     def draw_noise(self, shape):
-        """Host-side noise for one `generate` call, (L, R) in (0, 1]; deterministic samplers need none."""
-        return np.ones(shape, "float32")
+        """The noise one `generate` call reads, (L, R) float32 in (0, 1]: entry [i, r] is
+        `uniform_noise(seed, i, R)[r]` (see `noise.py`), computed in the loop; ones without a seed."""
+        seed = self.draw_seed()
+        if seed is None:
+            return np.ones(shape, "float32")
+        return ops.convert_to_numpy(noise_grid(seed, shape))
 
     def get_config(self):
         return {}
@@ -79,7 +89,7 @@ class Sampler:
     def _step(self, i, scores, state, ctx):
         """Write token i of every row; a row is done at a stop token or after max_new_tokens."""
         rows, done = dict(state["rows"]), state["done"]
-        picked = ops.cast(self.get_next_token(scores, ops.take(ctx.noise, i, axis=0)), "int32")  # (R,)
+        picked = ops.cast(self.get_next_token(scores, step_noise(ctx, i)), "int32")  # (R,)
         in_prompt = i < ctx.prompt_lengths  # (R,)
         emitted = ops.logical_and(ops.logical_not(in_prompt), ops.logical_not(done))
         token = ops.where(in_prompt, column(rows["tokens"], i), ops.where(done, ctx.pad_id, picked))
@@ -98,7 +108,7 @@ class Sampler:
         return outputs
 
     def _trace_key(self):
-        """What the compiled loop depends on: the config without the seed (noise comes from the host)."""
+        """What the compiled loop depends on: the config without the seed (an input of the loop)."""
         config = {k: v for k, v in self.get_config().items() if k != "seed"}
         return (type(self).__name__, tuple(sorted((k, repr(v)) for k, v in config.items())))
 
@@ -131,6 +141,13 @@ def write_column(tokens, i, values):
     """tokens (R, L) with column i replaced by values (R,)."""
     positions = ops.arange(ops.shape(tokens)[1], dtype="int32")[None, :]  # (1, L)
     return ops.where(positions == i, ops.cast(values, tokens.dtype)[:, None], tokens)
+
+
+def step_noise(ctx, i):
+    """The uniform noise of step i (R,) from the call's seed, or None when the sampler draws no seed."""
+    if ctx.seed is None:
+        return None
+    return uniform_noise(ctx.seed, i, ctx.num_rows)
 
 
 def is_stop_token(tokens, stop_token_ids):
@@ -166,7 +183,8 @@ class _Context:
     """Per-call tensors and static settings the loop body reads (never changed by the loop)."""
 
     def __init__(self, inputs, options, sampler, vocabulary_size):
-        self.num_rows, self.length = inputs["token_ids"].shape  # R, L
+        # R a tensor where the batch is dynamic (the SavedModel's trace), else an int; L is static.
+        self.num_rows, self.length = ops.shape(inputs["token_ids"])[0], inputs["token_ids"].shape[1]
         self.num_beams = sampler.num_beams
         self.batch_size = self.num_rows // self.num_beams
         self.vocabulary_size = vocabulary_size
@@ -175,7 +193,7 @@ class _Context:
         self.limits = self.prompt_lengths + self.max_new_tokens  # (R,) position after each row's last token
         self.min_new_tokens = inputs["min_new_tokens"]
         self.repetition_penalty = inputs["repetition_penalty"]
-        self.noise = inputs["noise"]  # (L, R)
+        self.seed = inputs.get("seed")  # int32 scalar, or None: no noise (see `step_noise`)
         self.stop_token_ids = options.stop_token_ids
         self.pad_id = options.pad_id
         self.options = options
@@ -208,7 +226,7 @@ def _prepare(task, inputs, kernels=None):
     inputs: prompt_token_ids (B, L), prefill_token_ids (B, P), and for seq2seq
     encoder_token_ids / encoder_padding_mask (B, S_enc). Returns {"cache", "context"}.
     """
-    batch_size, length = inputs["prompt_token_ids"].shape
+    batch_size, length = ops.shape(inputs["prompt_token_ids"])[0], inputs["prompt_token_ids"].shape[1]
     context = {}
     if _is_seq2seq(task):
         encoder_outputs = task.encode(inputs["encoder_token_ids"], inputs["encoder_padding_mask"])  # (B, S_enc, D)
@@ -234,7 +252,7 @@ def _start(task, sampler, options, inputs, prepared):
     """Loop state from the prepared cache: rows repeated per beam. Returns (i, state)."""
     ctx = _Context(inputs, options, sampler, task.backbone.vocabulary_size)
     tokens = inputs["token_ids"]  # (R, L)
-    num_rows, length = tokens.shape
+    num_rows, length = ops.shape(tokens)[0], tokens.shape[1]
 
     def per_row(x):  # (B, ...) -> (R, ...): every beam of an input starts from the same cache and encoder
         if sampler.num_beams == 1:
@@ -328,7 +346,7 @@ def _model_cache(cache, leading):
 
 def reorder_rows(rows, index):
     """The loop's per-row state (token buffer, cache, ...) with its rows taken in the order `index` (R,)."""
-    num_rows = index.shape[0]
+    num_rows = ops.shape(index)[0]
 
     def take(value):
         return ops.take(value, index, axis=0)
@@ -465,6 +483,20 @@ def _run(task, sampler, options, inputs, prepared, kernels=None):
     return sampler._outputs(state)
 
 
+def trace_prepare(task, inputs):
+    """`decode`'s encoder and prefill as a traceable function (no compilation, no backend branch).
+
+    For callers that trace the loop themselves: the SavedModel's `generate` signatures run
+    `trace_prepare` then `trace_run` inside a `tf.function`, with the batch dynamic.
+    """
+    return _prepare(task, inputs)
+
+
+def trace_run(task, sampler, options, inputs, prepared):
+    """`decode`'s loop as a traceable function: the sampler's outputs (see `trace_prepare`)."""
+    return _run(task, sampler, options, inputs, prepared)
+
+
 # --- compilation, per backend ------------------------------------------------
 
 
@@ -529,7 +561,7 @@ def decode(task, sampler, options, inputs, streamer=None):
         inputs: dict of numpy arrays. Per input: prompt_token_ids (B, L), prefill_token_ids
             (B, P), and encoder_token_ids / encoder_padding_mask (B, S_enc) for seq2seq. Per row
             (R = B * num_beams): token_ids (R, L), prompt_lengths (R,), seen (R, V) with a
-            repetition penalty, noise (L, R). Scalars: start, max_new_tokens, min_new_tokens,
+            repetition penalty. Scalars: start, max_new_tokens, min_new_tokens, seed (samplers with noise),
             repetition_penalty.
         streamer: None, or a callable receiving after every step the (R,) numpy array of
             the token each row produced (-1 where a row produced none).

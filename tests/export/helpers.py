@@ -170,6 +170,74 @@ def reference_greedy(next_logits, prefix, max_new_tokens, eos):
     return new
 
 
+def runtime_noise():
+    """The numpy noise of the Keras-free runner (export/runtime/generate.py): (seed, step, rows) -> (R,)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_runtime_generate", REPO / "export" / "runtime" / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module._uniform_noise
+
+
+def reference_random(next_logits, prefix, max_new_tokens, eos, seed, row, temperature=1.0, top_k=None, top_p=None):
+    """One row (row `row` of its batch): temperature, top-k, top-p (sorted nucleus), then inverse-CDF
+    sampling with the noise of (seed, position, row); stops after the end token."""
+    noise = runtime_noise()
+    sequence, new = list(prefix), []
+    for _ in range(max_new_tokens):
+        logits = next_logits([sequence])[0].astype(np.float64) / temperature
+        if top_k is not None:
+            logits = np.where(logits < np.sort(logits)[::-1][top_k - 1], -np.inf, logits)
+        probabilities = np.exp(logits - logits.max())
+        probabilities /= probabilities.sum()
+        if top_p is not None:
+            order = np.argsort(-probabilities, kind="stable")
+            before = np.cumsum(probabilities[order]) - probabilities[order]  # mass of the more likely tokens
+            keep = np.zeros(len(logits), bool)
+            keep[order[before < top_p]] = True
+            probabilities = np.where(keep, probabilities, 0.0)
+        cdf = np.cumsum(probabilities)
+        uniform = noise(seed, len(sequence), row + 1)[row]
+        token = int(np.flatnonzero((cdf >= uniform * cdf[-1]) & (probabilities > 0))[0])
+        sequence.append(token)
+        new.append(token)
+        if token == eos:
+            break
+    return new
+
+
+def reference_beam(next_logits, prefix, max_new_tokens, eos, num_beams, length_penalty=1.0):
+    """One input: Hugging Face's beam search (early_stopping=False) -> the best hypothesis' new tokens.
+
+    Every step ranks the best 2K continuations of the running beams; those in the top K that
+    end in `eos` (or reach max_new_tokens) join the store of K finished hypotheses, scored
+    sum_logprob / new_length ** length_penalty; the best K others run on. The search stops when
+    the best running beam (at its current length) cannot beat the worst of a full store.
+    """
+    beams, finished = [(list(prefix), 0.0)], []  # (tokens, summed log-probability); (score, tokens)
+    for step in range(1, max_new_tokens + 1):
+        scores = _log_softmax(next_logits([tokens for tokens, _ in beams]))  # (K, V)
+        candidates = sorted(
+            ((score + scores[k, v], tokens + [v]) for k, (tokens, score) in enumerate(beams) for v in range(scores.shape[1])),
+            key=lambda c: -c[0],
+        )[: 2 * num_beams]
+        running = []
+        for rank, (score, tokens) in enumerate(candidates):
+            if tokens[-1] == eos or step == max_new_tokens:
+                if rank < num_beams:
+                    finished.append((score / step**length_penalty, tokens))
+            elif len(running) < num_beams:
+                running.append((tokens, score))
+        finished = sorted(finished, key=lambda f: -f[0])[:num_beams]
+        beams = running
+        if step == max_new_tokens or (
+            len(finished) == num_beams and beams[0][1] / step**length_penalty <= finished[-1][0]
+        ):
+            break
+    return finished[0][1][len(prefix):]
+
+
 # --- processes ----------------------------------------------------------------
 
 

@@ -9,6 +9,8 @@ import json
 import numpy as np
 import pytest
 
+from keras_transformer.samplers import RandomSampler
+
 from tests.export.helpers import (
     causal_next_logits,
     reference_greedy,
@@ -20,6 +22,7 @@ from tests.export.helpers import (
 pytestmark = pytest.mark.slow
 ATOL = 1e-4
 NEW_TOKENS = 8
+LONG = 140  # new tokens of a T5 call past the first cache chunk (128 positions)
 SOURCES = ["translate english to german: the house", "the lazy dog", "def add(a, b):"]
 
 LOAD_SAVED_MODELS = """
@@ -30,13 +33,13 @@ import tensorflow as tf
 spec = json.load(open(sys.argv[1]))
 results = {}
 
-def generate(model, ids, mask, temperature=0.0, top_k=0, seed=0):
+def generate(model, ids, mask, temperature=0.0, top_k=0, seed=0, new=%(new)d, min_new=0, penalty=1.0):
     ids, mask = np.array(ids, np.int32), np.array(mask, bool)
     names = ("token_ids", "padding_mask") if "token_ids" in model.signatures["generate"].structured_input_signature[1] \\
         else ("encoder_token_ids", "encoder_padding_mask")
-    out = model.signatures["generate"](**{names[0]: ids, names[1]: mask}, max_new_tokens=tf.constant(%(new)d),
+    out = model.signatures["generate"](**{names[0]: ids, names[1]: mask}, max_new_tokens=tf.constant(new),
         temperature=tf.constant(float(temperature)), top_k=tf.constant(top_k), top_p=tf.constant(1.0),
-        seed=tf.constant(seed))
+        seed=tf.constant(seed), min_new_tokens=tf.constant(min_new), repetition_penalty=tf.constant(float(penalty)))
     return {"ids": out["token_ids"].numpy().tolist(), "mask": out["padding_mask"].numpy().tolist()}
 
 gpt = tf.saved_model.load(spec["gpt"]["path"])
@@ -45,6 +48,7 @@ results["gpt"] = {
     "greedy": generate(gpt, ids, mask),
     "sampled": [generate(gpt, ids, mask, 3.0, 0, seed)["ids"] for seed in (1, 1, 2)],
     "top1": generate(gpt, ids, mask, 1.0, 1, 3)["ids"],
+    "processors": generate(gpt, ids, mask, new=12, min_new=6, penalty=1.8),
     "logits": gpt.signatures["serving_default"](token_ids=np.array(ids, np.int32),
                                                 padding_mask=np.array(mask, bool))["logits"].numpy().tolist(),
     "signatures": sorted(gpt.signatures),
@@ -56,10 +60,18 @@ results["bert"]["signatures"] = sorted(bert.signatures)
 for name in ("t5", "transformer"):
     model = tf.saved_model.load(spec[name]["path"])
     results[name] = {"greedy": generate(model, spec[name]["ids"], spec[name]["mask"]), "signatures": sorted(model.signatures)}
+# Past the first 128 positions: the graph's max_length loop (its cache widened step by step).
+results["t5"]["long"] = generate(tf.saved_model.load(spec["t5"]["path"]), spec["t5"]["ids"], spec["t5"]["mask"],
+                                 1.0, 0, 5, new=%(long)d, min_new=%(long)d - 5)
+try:
+    generate(gpt, ids, mask, new=spec["gpt"]["max_length"])
+    results["too_long"] = None
+except tf.errors.InvalidArgumentError as error:
+    results["too_long"] = error.message
 results["keras_transformer_imported"] = "keras_transformer" in sys.modules
 json.dump(results, open(sys.argv[2], "w"))
 print(json.dumps({"ok": True}))
-""" % {"new": NEW_TOKENS}
+""" % {"new": NEW_TOKENS, "long": LONG}
 
 
 def _gpt_prompts(lm):
@@ -86,7 +98,8 @@ def loaded(exported, tmp_path_factory):
     """Every family's SavedModel run by a TensorFlow-only process: {family: results}."""
     spec = {}
     _, ids, mask = _gpt_prompts(exported("gpt")["task"])
-    spec["gpt"] = {"path": str(exported("gpt")["saved_model"]), "ids": ids.tolist(), "mask": mask.tolist()}
+    spec["gpt"] = {"path": str(exported("gpt")["saved_model"]), "ids": ids.tolist(), "mask": mask.tolist(),
+                   "max_length": exported("gpt")["task"].backbone.max_sequence_length}
     inputs = _bert_inputs(exported("bert")["task"])
     spec["bert"] = {"path": str(exported("bert")["saved_model"]), "inputs": {k: v.tolist() for k, v in inputs.items()}}
     for name in ("t5", "transformer"):
@@ -100,9 +113,9 @@ def loaded(exported, tmp_path_factory):
 
 def test_loaded_without_keras_transformer(loaded):
     assert loaded["keras_transformer_imported"] is False
-    assert loaded["gpt"]["signatures"] == ["forward", "generate", "serving_default"]
+    assert loaded["gpt"]["signatures"] == ["forward", "generate", "generate_beam", "serving_default"]
     assert loaded["bert"]["signatures"] == ["forward", "serving_default"]
-    assert loaded["t5"]["signatures"] == ["forward", "generate", "serving_default"]
+    assert loaded["t5"]["signatures"] == ["forward", "generate", "generate_beam", "serving_default"]
 
 
 def test_gpt_generate_and_forward_match_keras(loaded, exported):
@@ -149,3 +162,27 @@ def test_seq2seq_generate_matches_keras(loaded, exported, name):
     for row, source in enumerate(sources):
         assert out_ids[row][out_mask[row]].tolist() == expected[row]
         assert expected[row] == [start] + reference_greedy(seq2seq_next_logits(task, source), [start], NEW_TOKENS, eos)
+
+
+def test_gpt_processors_and_limits_match_keras(loaded, exported):
+    """The repetition penalty and min_new_tokens inputs act as in Keras; a too long call is an error naming max_length."""
+    lm = exported("gpt")["task"]
+    prompts, _, _ = _gpt_prompts(lm)
+    result = loaded["gpt"]["processors"]
+    got = [np.array(row)[np.array(mask, bool)].tolist() for row, mask in zip(result["ids"], result["mask"])]
+    expected = lm.generate(prompts, max_new_tokens=12, min_new_tokens=6, repetition_penalty=1.8)
+    assert got == [list(map(int, row)) for row in expected]
+    assert got != [list(map(int, row)) for row in lm.generate(prompts, max_new_tokens=12)]  # the processors act
+    assert "max_length=48" in loaded["too_long"]
+
+
+def test_t5_long_generation_matches_keras(loaded, exported):
+    task = exported("t5")["task"]
+    ids, mask = task.preprocessor.generate_preprocess(SOURCES)
+    sources = [row[m].tolist() for row, m in zip(ids, mask)]
+    result = loaded["t5"]["long"]
+    got = [np.array(row)[np.array(m, bool)].tolist() for row, m in zip(result["ids"], result["mask"])]
+    expected = task.generate(sources, max_new_tokens=LONG, min_new_tokens=LONG - 5,
+                             sampler=RandomSampler(temperature=1.0, seed=5))
+    assert got == [list(map(int, row)) for row in expected]
+    assert max(len(row) for row in got) > 128
