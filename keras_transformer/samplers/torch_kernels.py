@@ -229,13 +229,24 @@ def _cross_attention(kernels, attention, h, cache, encoder_padding_mask, bias):
 def _feed_forward(kernels, layer, x, training=None):
     if training:
         return NotImplemented
+    # The layer's activation as one PyTorch call ("gated-gelu" is the tanh approximation, as in FeedForward).
+    base = "gelu_approximate" if layer.activation == "gated-gelu" else layer.activation.removeprefix("gated-")
+    activation = _ACTIVATIONS[base]
     hidden = _linear(x, _value(layer.intermediate_dense.kernel), _bias(layer.intermediate_dense))  # (R, T, F)
     if layer._gated:
         gate = _linear(x, _value(layer.gate_dense.kernel), _bias(layer.gate_dense))
-        hidden = layer._activation_fn(gate) * hidden
+        hidden = activation(gate) * hidden
     else:
-        hidden = layer._activation_fn(hidden)
+        hidden = activation(hidden)
     return _linear(hidden, _value(layer.output_dense.kernel), _bias(layer.output_dense))  # (R, T, F) -> (R, T, D)
+
+
+_ACTIVATIONS = {  # FeedForward's activations: the same formulas (tests/samplers/test_torch_kernels.py)
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_approximate": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+}
 
 
 def _bias(dense):

@@ -43,6 +43,8 @@ def _transformer():
 MODELS = {
     "gpt": _gpt,
     "gpt_gqa_relu": lambda: _gpt(num_key_value_heads=2, activation="relu"),
+    "gpt_exact_gelu": lambda: _gpt(activation="gelu"),
+    "gpt_gated_silu": lambda: _gpt(activation="gated-silu"),
     "t5_tied_relu": _t5,
     "t5_untied_gated": lambda: _t5(activation="gated-gelu", tie_embedding_weights=False),
     "transformer_post_norm": _transformer,
