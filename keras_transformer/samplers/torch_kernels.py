@@ -50,6 +50,7 @@ class TorchKernels:
     def __init__(self):
         self._weights = {}  # id(layer) -> the layer's weights arranged for its kernel
         self._masks = {}  # (start, T, S) -> causal mask (T, S), for the step in progress
+        self._index = (None, 0)  # the step's cache index tensor and its int
         self.through_keras = set()  # names of the layer types that ran through Keras (slow, still right)
 
     def __call__(self, layer, *args, **kwargs):
@@ -62,10 +63,18 @@ class TorchKernels:
         return layer(*args, **kwargs)
 
     def weights(self, layer, arrange):
+        """`arrange(layer)`, made once per call: every step then reads plain tensors, not the layer's
+        attributes (each a torch Module lookup, or a Keras property that converts its variable)."""
         key = id(layer)
         if key not in self._weights:
             self._weights[key] = arrange(layer)
         return self._weights[key]
+
+    def start(self, index):
+        """The cache index as an int, read from the device once per step (every layer gets the same tensor)."""
+        if self._index[0] is not index:
+            self._index = (index, int(index))
+        return self._index[1]
 
     def causal_mask(self, start, length, width, device):
         """(T, S) bool, True where query t (at start + t) may attend key s: s <= start + t."""
@@ -82,44 +91,66 @@ class TorchKernels:
 
 
 def _reversible_embedding(kernels, layer, inputs, reverse=False):
+    w = kernels.weights(layer, _arrange_embedding)
     if not reverse:
-        return F.embedding(inputs.long(), _value(layer.embeddings))  # (R, T) -> (R, T, D)
-    if layer.reverse_dtype is not None and layer.reverse_dtype != "float32":
+        return F.embedding(inputs.long(), w["table"])  # (R, T) -> (R, T, D)
+    if w["head"] is None:
         return NotImplemented
-
-    def arrange(layer):  # a contiguous (D, V): at a few rows a transposed (V, D) reads at half speed
-        kernel = _value(layer.embeddings).t() if layer.tie_weights else _value(layer.reverse_embeddings)
-        return kernel.detach().contiguous()
-
-    logits = inputs @ kernels.weights(layer, arrange)  # (R, T, D) x (D, V) -> (R, T, V)
-    cap = layer.logit_soft_cap
+    logits = inputs @ w["head"]  # (R, T, D) x (D, V) -> (R, T, V)
+    cap = w["cap"]
     return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
+def _arrange_embedding(layer):
+    head = None
+    if layer.reverse_dtype is None or layer.reverse_dtype == "float32":
+        # A contiguous (D, V): at a few rows a transposed (V, D) reads at half speed.
+        head = _value(layer.embeddings).t() if layer.tie_weights else _value(layer.reverse_embeddings)
+        head = head.detach().contiguous()
+    return {"table": _value(layer.embeddings), "head": head, "cap": layer.logit_soft_cap}
+
+
 def _positional_embedding(kernels, layer, inputs, start_index=0):
-    start, length = int(start_index), inputs.shape[1]
-    table = _value(layer.embeddings) if layer.position_type == "learned" else layer._table  # (P, D)
+    start, length = kernels.start(start_index), inputs.shape[1]
+    table = kernels.weights(
+        layer, lambda layer: _value(layer.embeddings) if layer.position_type == "learned" else layer._table
+    )  # (P, D)
     return table[start : start + length][None].expand(inputs.shape)  # (T, D) -> (R, T, D)
 
 
 def _layer_norm(kernels, layer, x):
-    if layer.rms_scaling or layer.axis not in (-1, [-1], len(x.shape) - 1, [len(x.shape) - 1]):
+    w = kernels.weights(layer, _arrange_layer_norm)
+    if w is None or w[0] != (x.shape[-1],):
         return NotImplemented
+    return F.layer_norm(x, *w)
+
+
+def _arrange_layer_norm(layer):
+    """(normalized shape, gamma, beta, epsilon) of a norm over the last axis, else None."""
+    if layer.rms_scaling or layer.axis not in (-1, [-1], 2, [2]):
+        return None
     gamma = _value(layer.gamma) if layer.scale else None
     beta = _value(layer.beta) if layer.center else None
-    return F.layer_norm(x, (x.shape[-1],), gamma, beta, layer.epsilon)
+    width = (gamma if gamma is not None else beta)
+    return (None if width is None else (width.shape[0],)), gamma, beta, layer.epsilon
 
 
 def _rms_norm(kernels, layer, x):
-    if layer.axis not in (-1, [-1], len(x.shape) - 1, [len(x.shape) - 1]):
+    scale, epsilon, axis = kernels.weights(layer, lambda layer: (_value(layer.scale), layer.epsilon, layer.axis))
+    if axis not in (-1, [-1], len(x.shape) - 1, [len(x.shape) - 1]):
         return NotImplemented
-    return F.rms_norm(x, (x.shape[-1],), _value(layer.scale), layer.epsilon)
+    return F.rms_norm(x, (x.shape[-1],), scale, epsilon)
 
 
 def _dense(kernels, layer, x):
+    w = kernels.weights(layer, _arrange_dense)
+    return NotImplemented if w is None else _linear(x, *w)
+
+
+def _arrange_dense(layer):
     if layer.activation not in (None, keras.activations.linear) or len(layer.kernel.shape) != 2:
-        return NotImplemented
-    return _linear(x, _value(layer.kernel), None if layer.bias is None else _value(layer.bias))
+        return None
+    return _value(layer.kernel), None if layer.bias is None else _value(layer.bias)
 
 
 def _dropout(kernels, layer, x, training=None):
@@ -128,7 +159,7 @@ def _dropout(kernels, layer, x, training=None):
 
 def _relative_position_bias(kernels, layer, query, key, query_start=0):
     """(1, H, T, S): the layer's bucket of each distance s - (query_start + t), looked up in a table of buckets."""
-    start, length, width = int(query_start), query.shape[1], key.shape[1]
+    start, length, width = kernels.start(query_start), query.shape[1], key.shape[1]
     low, high = -(start + length - 1), width - 1 - start  # the distances s - (start + t), t < T, s < S
     table = kernels.weights(layer, lambda layer: {"low": 0, "high": -1, "buckets": None})
     if low < table["low"] or high > table["high"]:  # (re)made for every distance this call may meet
@@ -168,12 +199,13 @@ def _attention_weights(attention, fused):
     output = attention.output_dense
     H, Dh = attention.num_heads, attention._head_dim
     return {
+        "heads": (H, attention._kv_heads, Dh, attention._scale),
         "projection": (kernel, bias),
         "output": (_value(output.kernel).reshape(H * Dh, -1), None if output.bias is None else _value(output.bias)),
     }
 
 
-def _attend(attention, q, keys, values, allowed, bias):
+def _attend(heads, q, keys, values, allowed, bias):
     """q (R, T, H, Dh), keys/values (R, Hkv, S, Dh), allowed (R|1, 1, T, S) bool or None,
     bias (R|1, H, T, S) or None -> (R, T, H * Dh).
 
@@ -181,12 +213,12 @@ def _attend(attention, q, keys, values, allowed, bias):
     attention reads the cache without repeating it. Plain products: PyTorch's CPU
     flash-attention kernel costs more than these at a few queries.
     """
-    H, Hkv, Dh = attention.num_heads, attention._kv_heads, attention._head_dim
+    H, Hkv, Dh, scale = heads
     G = H // Hkv
     rows, length = q.shape[0], q.shape[1]
     width = keys.shape[2]
     q = q.permute(0, 2, 1, 3).reshape(rows, Hkv, G * length, Dh)  # (R, T, H, Dh) -> (R, Hkv, G * T, Dh)
-    logits = (q * attention._scale) @ keys.transpose(2, 3)  # (R, Hkv, G * T, Dh) x (R, Hkv, Dh, S)
+    logits = (q * scale) @ keys.transpose(2, 3)  # (R, Hkv, G * T, Dh) x (R, Hkv, Dh, S)
     logits = logits.view(rows, H, length, width)  # -> (R, H, T, S)
     if bias is not None:
         logits = logits + bias
@@ -200,8 +232,8 @@ def _attend(attention, q, keys, values, allowed, bias):
 def _self_attention(kernels, attention, h, cache, start, padding_mask, bias):
     """Causal self-attention of h (R, T, D) at positions [start, start + T), writing the new keys/values
     into the cache pair (R, Hkv, S, Dh) in place -> (output (R, T, D), cache)."""
-    H, Hkv, Dh = attention.num_heads, attention._kv_heads, attention._head_dim
     weights = kernels.weights(attention, lambda layer: _attention_weights(layer, fused=True))
+    H, Hkv, Dh, _ = weights["heads"]
     rows, length, _ = h.shape
     qkv = _linear(h, *weights["projection"])  # (R, T, D) -> (R, T, (H + 2 Hkv) Dh)
     q, k, v = qkv.split([H * Dh, Hkv * Dh, Hkv * Dh], dim=-1)
@@ -211,34 +243,38 @@ def _self_attention(kernels, attention, h, cache, start, padding_mask, bias):
     allowed = kernels.causal_mask(start, length, keys.shape[2], h.device)[None, None]  # (1, 1, T, S)
     if padding_mask is not None:
         allowed = allowed & padding_mask.bool()[:, None, None, :]  # (R, S) -> (R, 1, T, S)
-    out = _attend(attention, q.view(rows, length, H, Dh), keys, values, allowed, bias)
+    out = _attend(weights["heads"], q.view(rows, length, H, Dh), keys, values, allowed, bias)
     return _linear(out, *weights["output"]), (keys, values)  # (R, T, H * Dh) -> (R, T, D)
 
 
 def _cross_attention(kernels, attention, h, cache, encoder_padding_mask, bias):
     """Attention of h (R, T, D) over the encoder's cached keys/values (R, Hkv, S_enc, Dh) -> (R, T, D)."""
-    H, Dh = attention.num_heads, attention._head_dim
     weights = kernels.weights(attention, lambda layer: _attention_weights(layer, fused=False))
+    H, _, Dh, _ = weights["heads"]
     rows, length, _ = h.shape
     q = _linear(h, *weights["projection"]).view(rows, length, H, Dh)  # (R, T, D) -> (R, T, H, Dh)
     allowed = None if encoder_padding_mask is None else encoder_padding_mask.bool()[:, None, None, :]  # (R, 1, 1, S_enc)
-    out = _attend(attention, q, cache[0], cache[1], allowed, bias)
+    out = _attend(weights["heads"], q, cache[0], cache[1], allowed, bias)
     return _linear(out, *weights["output"])
 
 
 def _feed_forward(kernels, layer, x, training=None):
     if training:
         return NotImplemented
+    intermediate, gate, output, activation = kernels.weights(layer, _arrange_feed_forward)
+    hidden = _linear(x, *intermediate)  # (R, T, D) -> (R, T, F)
+    hidden = activation(hidden) if gate is None else activation(_linear(x, *gate)) * hidden
+    return _linear(hidden, *output)  # (R, T, F) -> (R, T, D)
+
+
+def _arrange_feed_forward(layer):
+    def dense(d):
+        return _value(d.kernel), None if d.bias is None else _value(d.bias)
+
     # The layer's activation as one PyTorch call ("gated-gelu" is the tanh approximation, as in FeedForward).
     base = "gelu_approximate" if layer.activation == "gated-gelu" else layer.activation.removeprefix("gated-")
-    activation = _ACTIVATIONS[base]
-    hidden = _linear(x, _value(layer.intermediate_dense.kernel), _bias(layer.intermediate_dense))  # (R, T, F)
-    if layer._gated:
-        gate = _linear(x, _value(layer.gate_dense.kernel), _bias(layer.gate_dense))
-        hidden = activation(gate) * hidden
-    else:
-        hidden = activation(hidden)
-    return _linear(hidden, _value(layer.output_dense.kernel), _bias(layer.output_dense))  # (R, T, F) -> (R, T, D)
+    gate = dense(layer.gate_dense) if layer._gated else None
+    return dense(layer.intermediate_dense), gate, dense(layer.output_dense), _ACTIVATIONS[base]
 
 
 _ACTIVATIONS = {  # FeedForward's activations: the same formulas (tests/samplers/test_torch_kernels.py)
@@ -249,43 +285,48 @@ _ACTIVATIONS = {  # FeedForward's activations: the same formulas (tests/samplers
 }
 
 
-def _bias(dense):
-    return None if dense.bias is None else _value(dense.bias)
-
-
 def _decoder_block(
     kernels, block, inputs, encoder_outputs=None, padding_mask=None, encoder_padding_mask=None,
     self_attention_bias=None, cross_attention_bias=None, self_attention_cache=None, cache_index=None,
     cross_attention_cache=None, use_causal_mask=True, return_attention_scores=False, training=None,
 ):
     """`TransformerDecoderBlock.call` with a (keys, values) cache pair, at inference: same residual rule and returns."""
-    cross = block.use_cross_attention
+    norm_first, attention, attention_norm, cross, cross_norm, feed_forward, feed_forward_norm = kernels.weights(
+        block, _arrange_block
+    )
     if (
         training or return_attention_scores or not use_causal_mask or cache_index is None
         or not isinstance(self_attention_cache, (list, tuple))
-        or (cross and not isinstance(cross_attention_cache, (list, tuple)))
+        or (cross is not None and not isinstance(cross_attention_cache, (list, tuple)))
     ):
         return NotImplemented
-    start = int(cache_index)
+    start = kernels.start(cache_index)
 
     def pre(x, norm):
-        return kernels(norm, x) if block.norm_first else x
+        return kernels(norm, x) if norm_first else x
 
     def post(x, h, norm):
-        return x + h if block.norm_first else kernels(norm, x + h)
+        return x + h if norm_first else kernels(norm, x + h)
 
     x = inputs
     h, self_attention_cache = _self_attention(
-        kernels, block.self_attention, pre(x, block.self_attention_norm), self_attention_cache, start,
-        padding_mask, self_attention_bias,
+        kernels, attention, pre(x, attention_norm), self_attention_cache, start, padding_mask, self_attention_bias,
     )
-    x = post(x, h, block.self_attention_norm)
-    if cross:
-        h = _cross_attention(kernels, block.cross_attention, pre(x, block.cross_attention_norm),
-                             cross_attention_cache, encoder_padding_mask, cross_attention_bias)
-        x = post(x, h, block.cross_attention_norm)
-    x = post(x, kernels(block.feed_forward, pre(x, block.feed_forward_norm)), block.feed_forward_norm)
-    return (x, self_attention_cache, cross_attention_cache) if cross else (x, self_attention_cache)
+    x = post(x, h, attention_norm)
+    if cross is not None:
+        h = _cross_attention(kernels, cross, pre(x, cross_norm), cross_attention_cache, encoder_padding_mask,
+                             cross_attention_bias)
+        x = post(x, h, cross_norm)
+    x = post(x, kernels(feed_forward, pre(x, feed_forward_norm)), feed_forward_norm)
+    return (x, self_attention_cache, cross_attention_cache) if cross is not None else (x, self_attention_cache)
+
+
+def _arrange_block(block):
+    """The block's sub-layers, looked up once (each is a torch Module attribute lookup)."""
+    cross = block.use_cross_attention
+    return (block.norm_first, block.self_attention, block.self_attention_norm,
+            block.cross_attention if cross else None, block.cross_attention_norm if cross else None,
+            block.feed_forward, block.feed_forward_norm)
 
 
 _KERNELS = {
