@@ -142,17 +142,26 @@ def _layer_caches(tensors, extra=0):
     from keras_transformer.layers.kv_cache import KVCache
 
     def heads_first(t):  # (B, S, Hkv, Dh) -> (B, Hkv, S + extra, Dh)
-        return tf.pad(tf.transpose(t, (0, 2, 1, 3)), [[0, 0], [0, 0], [0, extra], [0, 0]])
+        padded = tf.pad(tf.transpose(t, (0, 2, 1, 3)), [[0, 0], [0, 0], [0, extra], [0, 0]])
+        padded.set_shape((None, t.shape[2], None, t.shape[3]))  # a pad by a tensor loses every static size
+        return padded
 
     return [KVCache(heads_first(tensors[i]), heads_first(tensors[i + 1]), write="where")
             for i in range(0, len(tensors), 2)]
 
 
-def _layer_presents(caches):
-    """L `KVCache`s (B, Hkv, S, Dh) -> 2L tensors (B, S, Hkv, Dh): keys and values of each layer."""
+def _layer_presents(caches, task):
+    """L `KVCache`s (B, Hkv, S, Dh) -> 2L tensors (B, S, Hkv, Dh): keys and values of each layer.
+
+    Their static head sizes are set again: a cache write at a traced index loses them in TensorFlow.
+    """
     import tensorflow as tf
 
-    return [tf.transpose(t, (0, 2, 1, 3)) for cache in caches for t in (cache.keys, cache.values)]
+    _, heads, head_dim = cache_dims(task)
+    presents = [tf.transpose(t, (0, 2, 1, 3)) for cache in caches for t in (cache.keys, cache.values)]
+    for present in presents:
+        present.set_shape((None, None, heads, head_dim))
+    return presents
 
 
 def _in_place_decode_graph(task):
@@ -178,7 +187,7 @@ def _cached_step(task, ids, mask, past):
     position = tf.shape(past[0])[1]  # S: the first new token's position
     cache = _layer_caches(past, extra=tf.shape(ids)[1])  # L x (B, Hkv, S + T, Dh)
     logits, cache = task.call_with_cache(ids, cache, position, padding_mask=mask)
-    return logits, _layer_presents(cache)
+    return logits, _layer_presents(cache, task)
 
 
 def _prefill_graph(task):
@@ -303,7 +312,7 @@ def _seq2seq_decoder_graph(task):
             tf.cast(input_ids, "int32"), self_cache, position, _layer_caches(cross),
             tf.cast(encoder_attention_mask, "bool"),
         )
-        return {"logits": logits, **_named("present", _layer_presents(self_cache))}
+        return {"logits": logits, **_named("present", _layer_presents(self_cache, task))}
 
     past_specs, past_axes = _cache_specs(task, "past_key_values", "past_sequence")
     cross_specs, cross_axes = _cache_specs(task, "cross_key_values", "encoder_sequence")

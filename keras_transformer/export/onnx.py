@@ -125,6 +125,12 @@ def _convert(graph):
         for dim, axis in zip(value.type.tensor_type.shape.dim, graph.axes.get(value.name, ())):
             if axis is not None:
                 dim.dim_param = axis
+    # Sizes TensorFlow knows statically that tf2onnx's own inference lost (e.g. through Pad + Where).
+    for value, tensor in zip(model.graph.output, function.outputs):
+        axes = graph.axes.get(value.name, ())
+        for i, (dim, size) in enumerate(zip(value.type.tensor_type.shape.dim, tensor.shape.as_list())):
+            if size is not None and (i >= len(axes) or axes[i] is None):
+                dim.dim_value = size  # replaces a generated dim_param (one of the two)
     _mean_over_features(model)
     _canonicalize(model)
     onnx.checker.check_model(model)
