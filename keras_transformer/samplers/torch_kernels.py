@@ -91,23 +91,24 @@ class TorchKernels:
 
 
 def _reversible_embedding(kernels, layer, inputs, reverse=False):
-    w = kernels.weights(layer, _arrange_embedding)
+    w = kernels.weights(layer, lambda layer: {"table": _value(layer.embeddings)})
     if not reverse:
         return F.embedding(inputs.long(), w["table"])  # (R, T) -> (R, T, D)
+    if "head" not in w:  # made on the first reverse call only (a family with a separate head never pays it)
+        w["head"] = _reverse_kernel(layer)
     if w["head"] is None:
         return NotImplemented
     logits = inputs @ w["head"]  # (R, T, D) x (D, V) -> (R, T, V)
-    cap = w["cap"]
+    cap = layer.logit_soft_cap
     return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
-def _arrange_embedding(layer):
-    head = None
-    if layer.reverse_dtype is None or layer.reverse_dtype == "float32":
-        # A contiguous (D, V): at a few rows a transposed (V, D) reads at half speed.
-        head = _value(layer.embeddings).t() if layer.tie_weights else _value(layer.reverse_embeddings)
-        head = head.detach().contiguous()
-    return {"table": _value(layer.embeddings), "head": head, "cap": layer.logit_soft_cap}
+def _reverse_kernel(layer):
+    """The (D, V) output projection, contiguous: at a few rows a transposed (V, D) reads at half speed."""
+    if layer.reverse_dtype is not None and layer.reverse_dtype != "float32":
+        return None
+    head = _value(layer.embeddings).t() if layer.tie_weights else _value(layer.reverse_embeddings)
+    return head.detach().contiguous()
 
 
 def _positional_embedding(kernels, layer, inputs, start_index=0):
