@@ -51,7 +51,7 @@ def _layer_norm(kernels, layer, x):
     return Value(b, normalized)
 
 
-def _dense(kernels, layer, x, shape=None):
+def _dense(kernels, layer, x):
     """x @ kernel, its bias left pending (the op that reads it adds it)."""
     if layer.activation not in (None, keras.activations.linear):
         raise Unsupported(f"a Dense with an activation ({layer.name})")

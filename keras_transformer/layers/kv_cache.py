@@ -205,13 +205,13 @@ class BeamCache:
         return output, None, BeamCache(keys_t, values, self.ancestry)
 
 
-def as_cache(cache, write_mode="slice"):
+def as_cache(cache):
     """A layer's cache in any form -> a cache object (`KVCache` for a pair or a stacked (B, 2, Hkv, S, Dh) tensor)."""
     if isinstance(cache, (KVCache, BeamCache, PaddedQueryCache)):
         return cache
     if isinstance(cache, (list, tuple)):
-        return KVCache(cache[0], cache[1], write_mode)
-    return KVCache(cache[:, 0], cache[:, 1], write_mode)
+        return KVCache(cache[0], cache[1])
+    return KVCache(cache[:, 0], cache[:, 1])  # (B, 2, Hkv, S, Dh) -> 2 x (B, Hkv, S, Dh)
 
 
 def write(buffer, update, index, axis, where=False):
