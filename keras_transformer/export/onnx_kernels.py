@@ -102,6 +102,8 @@ def _activation(kernels, name, y):
 
 def _self_attention(kernels, attention, h, cache):
     """Causal self-attention of one token per row, its keys/values written into the cache buffers in place."""
+    if attention.rotary_embedding is not None or attention.sliding_window is not None:
+        raise Unsupported(f"rotary positions or a sliding window ({attention.name})")
     b = kernels.builder
     past = [value.name for value in cache]
     if not all(name.startswith("past_key_values.") for name in past):

@@ -79,7 +79,7 @@ class KVCache:
         query_length, key_length = q.shape[1], cache.keys.shape[2]
         if query_length is None or key_length is None:  # traced with dynamic shapes (export)
             query_length, key_length = ops.shape(q)[1], ops.shape(cache.keys)[2]
-        causal = causal_mask(query_length, key_length, index) if use_causal_mask else None
+        causal = causal_mask(query_length, key_length, index, _window(attention)) if use_causal_mask else None
         mask = merge_masks(*split_mask(attention_mask, q, query_length, key_length), causal)
         output, scores = attention.attend_cached(q, cache.keys, cache.values, mask, attention_bias, return_scores,
                                                  training)
@@ -108,7 +108,7 @@ class PaddedQueryCache:
         _check_step_call("A padded-query", attention_mask, return_scores, use_causal_mask)
         T = q.shape[1]
         plain = KVCache(self.keys, self.values).updated(k[:, :1], v[:, :1], index)  # only the real token's
-        mask = merge_masks(None, None, causal_mask(1, plain.keys.shape[2], index))  # (1, 1, 1, S)
+        mask = merge_masks(None, None, causal_mask(1, plain.keys.shape[2], index, _window(attention)))  # (1, 1, 1, S)
         if attention_bias is not None:  # (B|1, H, T, S)
             attention_bias = attention_bias[:, :, :1]
         output, _ = attention.attend_cached(q[:, :1], plain.keys, plain.values, mask, attention_bias, False, training)
@@ -186,7 +186,7 @@ class BeamCache:
         past = ops.logical_and(on_path, earlier)[:, :, None]  # (B, K, 1, S, K)
         own = (slots[:, None] == slots[None, :])[:, None, :]  # (K, 1, K): query beam == slot
         new = ops.logical_and(own, ops.logical_not(earlier))[None, :, None]  # (1, K, 1, S, K)
-        causal = causal_mask(T, S, index)[None, None, :, :, None]  # (1, 1, T, S, 1)
+        causal = causal_mask(T, S, index, _window(attention))[None, None, :, :, None]  # (1, 1, T, S, 1)
         allowed = ops.logical_and(ops.logical_or(past, new), causal)  # (B, K, T, S, K)
         logits = logits + mask_to_bias(allowed, "float32")[:, None, None]  # (B, 1, 1, K, T, S, K)
         if attention_bias is not None:  # (B|1, H, T, S): relative positions, the same for every slot
@@ -230,6 +230,11 @@ def write(buffer, update, index, axis, where=False):
     start = [zero] * len(buffer.shape)
     start[axis] = index
     return ops.slice_update(buffer, tuple(start), update)
+
+
+def _window(attention):
+    """The attention layer's sliding window (positions a query sees up to its own), or None."""
+    return getattr(attention, "sliding_window", None)
 
 
 def _step_only(kind):

@@ -10,19 +10,23 @@ fully masked row gives a finite softmax instead of NaN (uniform in float32, wher
 from keras import ops
 
 
-def causal_mask(query_length, key_length, query_start=None):
+def causal_mask(query_length, key_length, query_start=None, window=None):
     """Bottom-right aligned causal mask of shape (T, S).
 
     Query i sits at absolute position `query_start + i` and may attend key j
-    iff `j <= query_start + i`. Without `query_start` the queries are the last
-    T positions of the keys (S - T), which is what cached decoding needs.
+    iff `j <= query_start + i` (and, with a sliding `window`, `j > query_start + i - window`).
+    Without `query_start` the queries are the last T positions of the keys (S - T),
+    which is what cached decoding needs.
     """
     if query_start is None:
         query_start = key_length - query_length
     query_positions = ops.arange(query_length, dtype="int32") + ops.cast(query_start, "int32")
     key_positions = ops.arange(key_length, dtype="int32")
     # (T, 1) >= (1, S) -> (T, S)
-    return ops.greater_equal(query_positions[:, None], key_positions[None, :])
+    allowed = ops.greater_equal(query_positions[:, None], key_positions[None, :])
+    if window is not None:
+        allowed = ops.logical_and(allowed, query_positions[:, None] - key_positions[None, :] < window)
+    return allowed
 
 
 def merge_masks(padding_mask, attention_mask, causal):

@@ -11,6 +11,7 @@ from keras import ops
 
 from keras_transformer.layers.kv_cache import as_cache
 from keras_transformer.layers.masks import causal_mask, mask_to_bias, merge_masks, split_mask
+from keras_transformer.layers.rotary_embedding import RotaryEmbedding
 
 
 def _check_rate(name, value):
@@ -34,7 +35,13 @@ class MultiHeadAttention(keras.layers.Layer):
         key_dim: int, size Dh of each head. Defaults to D // num_heads.
         num_key_value_heads: int, number of key/value heads Hkv (grouped-query
             attention). Must divide `num_heads`. Defaults to `num_heads`.
-        use_bias: bool, whether the projections have biases.
+        use_bias: bool, whether the query, key and value projections have biases.
+        output_bias: bool, whether the output projection has one. Defaults to `use_bias`
+            (Qwen2 has query/key/value biases and none on the output).
+        rotary_embedding: a `RotaryEmbedding` (or its config dict) applied to the
+            projected queries and keys at their absolute positions (Llama); None for none.
+        sliding_window: int, with the causal mask a query attends only the last
+            `sliding_window` positions up to its own (Mistral). None for no window.
         dropout: float in [0, 1), dropout on the attention probabilities.
         scale: float, multiplier of the logits. Defaults to 1 / sqrt(Dh);
             T5 uses 1.0.
@@ -48,7 +55,8 @@ class MultiHeadAttention(keras.layers.Layer):
         attention_mask: (B, S) key padding mask or (B, T, S); True attends.
         attention_bias: additive float, broadcastable to (B, H, T, S).
         use_causal_mask: bool. Query i attends key j iff j <= i + (S - T),
-            or j <= cache_index + i with a cache.
+            or j <= cache_index + i with a cache (and, with a sliding window,
+            j > that position - sliding_window).
         cache: a key/value cache (see `kv_cache.py`): a `KVCache`, `BeamCache` or
             `PaddedQueryCache`, or the plain forms a (keys, values) pair of
             (B, Hkv, S_max, Dh) tensors or one (B, 2, Hkv, S_max, Dh) tensor (keys
@@ -83,6 +91,9 @@ class MultiHeadAttention(keras.layers.Layer):
         scale=None,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
+        output_bias=None,
+        rotary_embedding=None,
+        sliding_window=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -102,10 +113,22 @@ class MultiHeadAttention(keras.layers.Layer):
         _check_rate("dropout", dropout)
         if scale is not None and scale <= 0:
             raise ValueError(f"`scale` must be positive. Received: scale={scale}")
+        if sliding_window is not None and (not isinstance(sliding_window, int) or sliding_window < 1):
+            raise ValueError(f"`sliding_window` must be a positive int or None. Received: sliding_window={sliding_window}")
+        if isinstance(rotary_embedding, dict):
+            rotary_embedding = RotaryEmbedding(**rotary_embedding, dtype=self.dtype_policy, name="rotary_embedding")
+        if rotary_embedding is not None and not isinstance(rotary_embedding, RotaryEmbedding):
+            raise ValueError(
+                "`rotary_embedding` must be a RotaryEmbedding, its config dict or None. "
+                f"Received: rotary_embedding={rotary_embedding!r}"
+            )
         self.num_heads = num_heads
         self.key_dim = key_dim
         self.num_key_value_heads = num_key_value_heads
         self.use_bias = use_bias
+        self.output_bias = output_bias
+        self.rotary_embedding = rotary_embedding
+        self.sliding_window = sliding_window
         self.dropout = dropout
         self.scale = scale
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -126,11 +149,11 @@ class MultiHeadAttention(keras.layers.Layer):
         key_shape = key_shape or value_shape
         H, Hkv, Dh = self.num_heads, self._kv_heads, self._head_dim
 
-        def projection(name, equation, output_shape, bias_axes):
+        def projection(name, equation, output_shape, bias_axes, use_bias=self.use_bias):
             return keras.layers.EinsumDense(
                 equation,
                 output_shape=output_shape,
-                bias_axes=bias_axes if self.use_bias else None,
+                bias_axes=bias_axes if use_bias else None,
                 kernel_initializer=self.kernel_initializer,
                 bias_initializer=self.bias_initializer,
                 dtype=self.dtype_policy,
@@ -145,7 +168,8 @@ class MultiHeadAttention(keras.layers.Layer):
         self.value_dense = projection("value", "bsd,dhk->bshk", (None, Hkv, Dh), "hk")
         self.value_dense.build(value_shape)
         # (B, T, H, Dh) x (H, Dh, D) -> (B, T, D)
-        self.output_dense = projection("attention_output", "bthk,hkd->btd", (None, hidden_dim), "d")
+        output_bias = self.use_bias if self.output_bias is None else self.output_bias
+        self.output_dense = projection("attention_output", "bthk,hkd->btd", (None, hidden_dim), "d", output_bias)
         self.output_dense.build((query_shape[0], query_shape[1], H, Dh))
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
         self.built = True
@@ -174,8 +198,9 @@ class MultiHeadAttention(keras.layers.Layer):
         q = self.query_dense(query)  # (B, T, H, Dh)
         if cache is not None and cache_index is not None:
             # A step: the cache writes the new keys/values and attends, whatever its kind.
+            q, k = self.rotate(q, self.key_dense(key), cache_index)
             output, scores, updated = as_cache(cache).attend(
-                self, q, self.key_dense(key), self.value_dense(value), cache_index, attention_mask, attention_bias,
+                self, q, k, self.value_dense(value), cache_index, attention_mask, attention_bias,
                 use_causal_mask, return_attention_scores, training,
             )
             cache = updated.like(cache)
@@ -184,10 +209,11 @@ class MultiHeadAttention(keras.layers.Layer):
                 (k, v), sequence_axis = as_cache(cache).fixed(), 2
             else:
                 k, v, sequence_axis = self.key_dense(key), self.value_dense(value), 1  # (B, S, Hkv, Dh)
+                q, k = self.rotate(q, k, 0)
             query_length, key_length = q.shape[1], k.shape[sequence_axis]
             if query_length is None or key_length is None:
                 query_length, key_length = ops.shape(q)[1], ops.shape(k)[sequence_axis]
-            causal = causal_mask(query_length, key_length) if use_causal_mask else None
+            causal = causal_mask(query_length, key_length, window=self.sliding_window) if use_causal_mask else None
             mask = merge_masks(*split_mask(attention_mask, query, query_length, key_length), causal)
             attend = self._attend if cache is None else self.attend_cached
             output, scores = attend(q, k, v, mask, attention_bias, return_attention_scores, training)
@@ -199,6 +225,13 @@ class MultiHeadAttention(keras.layers.Layer):
         if cache is not None:
             outputs += (cache,)
         return outputs[0] if len(outputs) == 1 else outputs
+
+    def rotate(self, q, k, start_index):
+        """Queries (B, T, H, Dh) and keys (B, T, Hkv, Dh) at positions [start_index, start_index + T),
+        rotated by the rotary embedding if the layer has one."""
+        if self.rotary_embedding is None:
+            return q, k
+        return self.rotary_embedding(q, start_index=start_index), self.rotary_embedding(k, start_index=start_index)
 
     def _attend(self, q, k, v, mask, attention_bias, return_scores, training):
         """q (B, T, H, Dh), k/v (B, S, Hkv, Dh) -> (B, T, H, Dh) and probabilities (B, H, T, S) or None."""
@@ -274,6 +307,9 @@ class MultiHeadAttention(keras.layers.Layer):
                 "key_dim": self.key_dim,
                 "num_key_value_heads": self.num_key_value_heads,
                 "use_bias": self.use_bias,
+                "output_bias": self.output_bias,
+                "rotary_embedding": None if self.rotary_embedding is None else self.rotary_embedding.arguments(),
+                "sliding_window": self.sliding_window,
                 "dropout": self.dropout,
                 "scale": self.scale,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),

@@ -17,6 +17,11 @@ class TransformerBlock(keras.layers.Layer):
 
     Post-norm (the paper, BERT): x = Norm(x + Dropout(Sublayer(x))).
     Pre-norm (GPT-2, T5):        x = x + Dropout(Sublayer(Norm(x))).
+
+    `use_bias` covers every projection; `attention_bias` / `attention_output_bias`
+    override it for the attention's query/key/value and output projections (Llama's
+    `attention_bias`, Qwen2's biased q/k/v with an unbiased output). `rotary_embedding`
+    (a `RotaryEmbedding` config dict) and `sliding_window` apply to self-attention.
     """
 
     def __init__(
@@ -33,6 +38,10 @@ class TransformerBlock(keras.layers.Layer):
         num_key_value_heads=None,
         attention_scale=None,
         kernel_initializer="glorot_uniform",
+        attention_bias=None,
+        attention_output_bias=None,
+        rotary_embedding=None,
+        sliding_window=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -54,12 +63,17 @@ class TransformerBlock(keras.layers.Layer):
         self.num_key_value_heads = num_key_value_heads
         self.attention_scale = attention_scale
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.attention_bias = attention_bias
+        self.attention_output_bias = attention_output_bias
+        self.rotary_embedding = rotary_embedding
+        self.sliding_window = sliding_window
         # Sub-layers are created here so that bad arguments fail eagerly.
         self._attention_kwargs = dict(
             num_heads=num_heads,
             key_dim=key_dim,
             num_key_value_heads=num_key_value_heads,
-            use_bias=use_bias,
+            use_bias=use_bias if attention_bias is None else attention_bias,
+            output_bias=attention_output_bias,
             dropout=dropout,
             scale=attention_scale,
             kernel_initializer=kernel_initializer,
@@ -77,7 +91,11 @@ class TransformerBlock(keras.layers.Layer):
         self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
 
     def _attention(self, name):
-        return MultiHeadAttention(name=name, **self._attention_kwargs)
+        """Self-attention gets the rotary embedding and the sliding window; cross-attention neither."""
+        kwargs = dict(self._attention_kwargs)
+        if name == "self_attention":
+            kwargs.update(rotary_embedding=self.rotary_embedding, sliding_window=self.sliding_window)
+        return MultiHeadAttention(name=name, **kwargs)
 
     def _norm(self, name):
         if self.norm_type == "rms_norm":
@@ -116,6 +134,10 @@ class TransformerBlock(keras.layers.Layer):
                 "num_key_value_heads": self.num_key_value_heads,
                 "attention_scale": self.attention_scale,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "attention_bias": self.attention_bias,
+                "attention_output_bias": self.attention_output_bias,
+                "rotary_embedding": self.rotary_embedding,
+                "sliding_window": self.sliding_window,
             }
         )
         return config

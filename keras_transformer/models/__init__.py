@@ -10,6 +10,7 @@ from keras_transformer.models.bert import (
 )
 from keras_transformer.models.causal_lm import CausalLM
 from keras_transformer.models.gpt import GPTBackbone, GPTCausalLM, GPTCausalLMPreprocessor
+from keras_transformer.models.llama import LlamaBackbone, LlamaCausalLM, LlamaCausalLMPreprocessor
 from keras_transformer.models.masked_lm import MaskedLM
 from keras_transformer.models.packing import pack_documents
 from keras_transformer.models.preprocessor import Preprocessor

@@ -76,14 +76,19 @@ class TorchKernels:
             self._index = (index, int(index))
         return self._index[1]
 
-    def causal_mask(self, start, length, width, device):
-        """(T, S) bool, True where query t (at start + t) may attend key s: s <= start + t."""
-        key = (start, length, width)
+    def causal_mask(self, start, length, width, device, window=None):
+        """(T, S) bool, True where query t (at start + t) may attend key s: s <= start + t
+        (and start + t - s < window with a sliding window)."""
+        key = (start, length, width, window)
         if key not in self._masks:
-            self._masks = {}  # one step's layers share it; the next step has another start
+            if self._masks and next(iter(self._masks))[0] != start:
+                self._masks = {}  # one step's layers share them; the next step has another start
             keys = torch.arange(width, device=device)
             queries = start + torch.arange(length, device=device)
-            self._masks[key] = keys[None, :] <= queries[:, None]
+            allowed = keys[None, :] <= queries[:, None]
+            if window is not None:
+                allowed = allowed & (queries[:, None] - keys[None, :] < window)
+            self._masks[key] = allowed
         return self._masks[key]
 
 
@@ -238,14 +243,39 @@ def _self_attention(kernels, attention, h, cache, start, padding_mask, bias):
     rows, length, _ = h.shape
     qkv = _linear(h, *weights["projection"])  # (R, T, D) -> (R, T, (H + 2 Hkv) Dh)
     q, k, v = qkv.split([H * Dh, Hkv * Dh, Hkv * Dh], dim=-1)
+    q, k = q.view(rows, length, H, Dh), k.view(rows, length, Hkv, Dh)
+    if attention.rotary_embedding is not None:
+        q, k = _rotate(kernels, attention.rotary_embedding, q, start), _rotate(kernels, attention.rotary_embedding, k, start)
     keys, values = (c if c.is_contiguous() else c.contiguous() for c in cache)  # rows may be broadcast views
-    keys[:, :, start : start + length] = k.view(rows, length, Hkv, Dh).transpose(1, 2)  # -> (R, Hkv, T, Dh)
+    keys[:, :, start : start + length] = k.transpose(1, 2)  # (R, T, Hkv, Dh) -> (R, Hkv, T, Dh)
     values[:, :, start : start + length] = v.view(rows, length, Hkv, Dh).transpose(1, 2)
-    allowed = kernels.causal_mask(start, length, keys.shape[2], h.device)[None, None]  # (1, 1, T, S)
+    allowed = kernels.causal_mask(start, length, keys.shape[2], h.device, attention.sliding_window)[None, None]
     if padding_mask is not None:
         allowed = allowed & padding_mask.bool()[:, None, None, :]  # (R, S) -> (R, 1, T, S)
-    out = _attend(weights["heads"], q.view(rows, length, H, Dh), keys, values, allowed, bias)
+    out = _attend(weights["heads"], q, keys, values, allowed, bias)
     return _linear(out, *weights["output"]), (keys, values)  # (R, T, H * Dh) -> (R, T, D)
+
+
+def _rotate(kernels, rotary, x, start):
+    """`RotaryEmbedding` of x (R, T, H, Dh) at positions [start, start + T), cos/sin read from a table
+    made once per call and grown (doubling) when a step reaches past it."""
+    length, head_dim = x.shape[1], x.shape[3]
+    table = kernels.weights(rotary, lambda layer: {"cos": None, "sin": None})
+    if table["cos"] is None or start + length > table["cos"].shape[0]:
+        size = max(2 * (start + length), 256)
+        positions = torch.arange(size, device=x.device, dtype=torch.float32)
+        frequencies = torch.as_tensor(rotary.inverse_frequencies(head_dim), device=x.device)
+        angles = positions[:, None] * frequencies[None, :]  # (P, 1) x (1, R/2) -> (P, R/2)
+        angles = torch.cat([angles, angles], dim=-1)  # -> (P, R)
+        table.update(cos=angles.cos(), sin=angles.sin())
+    cos = table["cos"][start : start + length][None, :, None, :]  # (1, T, 1, R)
+    sin = table["sin"][start : start + length][None, :, None, :]
+    rotary_dim = cos.shape[-1]
+    rotated, passed = x[..., :rotary_dim], x[..., rotary_dim:]
+    half = rotary_dim // 2
+    turned = torch.cat([-rotated[..., half:], rotated[..., :half]], dim=-1)  # rotate_half: (x1, x2) -> (-x2, x1)
+    rotated = rotated * cos + turned * sin
+    return rotated if rotary_dim == head_dim else torch.cat([rotated, passed], dim=-1)
 
 
 def _cross_attention(kernels, attention, h, cache, encoder_padding_mask, bias):

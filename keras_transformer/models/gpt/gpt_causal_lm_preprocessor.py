@@ -109,14 +109,20 @@ class GPTCausalLMPreprocessor(Preprocessor):
             )
 
     def _wrap(self, ids):
-        bos = [self.tokenizer.bos_token_id] if self.add_start_token else []
-        eos = [self.tokenizer.eos_token_id] if self.add_end_token else []
-        return bos + list(ids) + eos
+        return self._start() + list(ids) + self._end()
+
+    def _start(self):
+        """[BOS] when asked for and the tokenizer has one (Qwen2's has none), else []."""
+        bos = self.tokenizer.bos_token_id
+        return [bos] if self.add_start_token and bos is not None else []
+
+    def _end(self):
+        eos = self.tokenizer.eos_token_id
+        return [eos] if self.add_end_token and eos is not None else []
 
     def generate_preprocess(self, x):
         """Prompts -> list of id lists (start token added, no end token)."""
-        bos = [self.tokenizer.bos_token_id] if self.add_start_token else []
-        return [bos + list(ids) for ids in self.tokenize_texts(x, name="prompts")]
+        return [self._start() + list(ids) for ids in self.tokenize_texts(x, name="prompts")]
 
     def generate_postprocess(self, ids):
         """Id lists -> strings (special tokens dropped)."""

@@ -1,0 +1,3 @@
+from keras_transformer.models.llama.llama_backbone import LlamaBackbone
+from keras_transformer.models.llama.llama_causal_lm import LlamaCausalLM
+from keras_transformer.models.llama.llama_causal_lm_preprocessor import LlamaCausalLMPreprocessor
