@@ -5,6 +5,8 @@
     keras-transformer generate BUNDLE_OR_PRESET --prompt "..." [--sampler greedy|random|beam]
     keras-transformer convert HF_DIR OUT_PRESET_DIR [--allow-pickle] [--overwrite]
 
+Wherever a preset is taken, so is a Hugging Face Hub handle: hf://org/name[@revision] (see hub.py).
+
 Each subcommand is one function decorated with `@command(name, help)`: it receives the
 subparser to add its arguments to and returns the function that runs it. Adding a
 subcommand (e.g. `convert`) is one more such function.
@@ -75,7 +77,8 @@ def _presets(parser):
 
 @command("export", help="Export a preset to an ONNX bundle or a TensorFlow SavedModel.")
 def _export(parser):
-    parser.add_argument("preset", metavar="PRESET_OR_DIR", help="a registered preset name or a preset directory")
+    parser.add_argument("preset", metavar="PRESET_OR_DIR",
+                        help="a registered preset name, a preset directory or hf://org/name[@revision]")
     parser.add_argument("out_dir", metavar="OUT_DIR")
     parser.add_argument("--format", default="onnx", choices=("onnx", "tf_saved_model"))
     parser.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
@@ -95,7 +98,8 @@ def _export(parser):
 
 @command("generate", help="Generate text with an ONNX bundle (no Keras needed) or a preset.")
 def _generate(parser):
-    parser.add_argument("model", metavar="BUNDLE_OR_PRESET", help="an exported ONNX bundle, a preset name or directory")
+    parser.add_argument("model", metavar="BUNDLE_OR_PRESET",
+                        help="an exported ONNX bundle, a preset name or directory, or hf://org/name[@revision]")
     parser.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for a batch)")
     parser.add_argument("--sampler", default="greedy", choices=SAMPLERS)
     parser.add_argument("--max-new-tokens", type=int, default=32)
@@ -150,9 +154,11 @@ def _generate_with_keras(preset, prompts, options):
 # --- convert ----------------------------------------------------------------
 
 
-@command("convert", help="Convert a Hugging Face checkpoint directory (BERT, GPT-2, T5) into a preset.")
+@command("convert", help="Convert a Hugging Face checkpoint (a directory or hf://org/name[@revision]) into a preset.")
 def _convert(parser):
-    parser.add_argument("hf_dir", metavar="HF_DIR", help="config.json, model.safetensors and tokenizer.json")
+    parser.add_argument("hf_dir", metavar="HF_DIR",
+                        help="a directory with config.json, model.safetensors and tokenizer.json, "
+                             "or hf://org/name[@revision]")
     parser.add_argument("out_dir", metavar="OUT_PRESET_DIR")
     parser.add_argument("--allow-pickle", action="store_true",
                         help="read pytorch_model.bin when there is no safetensors file: pickle can run code, "

@@ -24,6 +24,8 @@ from pathlib import Path
 import h5py
 import keras
 
+from keras_transformer import hub
+
 CONFIG_FILE = "config.json"
 BACKBONE_WEIGHTS_FILE = "model.weights.h5"
 TASK_WEIGHTS_FILE = "task.weights.h5"
@@ -66,8 +68,13 @@ def list_presets():
 
 
 def resolve(preset):
-    """A preset name or directory -> the directory (Path). Unknown names list close matches."""
+    """A preset name, directory or hub handle (`hf://org/name[@revision]`) -> the directory (Path).
+
+    Unknown names list close matches; handles are downloaded into the hub's cache (see hub.py).
+    """
     preset = os.fspath(preset)
+    if hub.handle_scheme(preset) is not None:
+        return hub.resolve_handle(preset)  # downloaded into (or found in) the hub's cache
     path = Path(preset).expanduser()
     if path.is_dir():
         return path
@@ -77,7 +84,7 @@ def resolve(preset):
     close = closest_presets(preset, registered)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     raise ValueError(
-        f"Unknown preset {preset!r}: not a registered name nor a directory.{hint} "
+        f"Unknown preset {preset!r}: not a registered name, a directory nor an hf://org/name handle.{hint} "
         f"Registered presets: {', '.join(registered)}"
     )
 

@@ -1,0 +1,145 @@
+"""Preset handles on a model hub: `hf://org/name` and `hf://org/name@revision` (a branch, tag or commit).
+
+`presets.resolve` hands a handle to `resolve_handle`, which downloads the files a preset needs with
+`huggingface_hub.snapshot_download` into the hub's standard cache and returns the snapshot directory.
+That directory then loads like a local one: a Hugging Face checkpoint (config.json with a
+`model_type`) is converted on the fly, a keras_transformer preset (config.json with a `backbone`
+entry) loads as saved.
+
+`huggingface_hub` does the rest, as it does for `transformers`: a file already in the cache is never
+fetched again, `HF_HUB_OFFLINE=1` reads the cache only, `HF_TOKEN` (or `hf auth login`) opens gated
+and private repositories, `HF_HOME` / `HF_HUB_CACHE` move the cache and `HF_ENDPOINT` picks a mirror.
+
+Example:
+>>> lm = kt.models.GPTCausalLM.from_preset("hf://openai-community/gpt2")
+>>> lm = kt.models.GPTCausalLM.from_preset("hf://openai-community/gpt2@main")
+"""
+
+import re
+from pathlib import Path
+from urllib.parse import unquote
+
+SUPPORTED_SCHEMES = {"hf": "hf://org/name[@revision] (Hugging Face Hub)"}
+
+# What a preset reads: a Hugging Face checkpoint's files (safetensors weights, single or sharded under
+# transformers' `model-00001-of-00002.safetensors` names; tokenizer and chat template) and our own
+# preset format's. Hub repositories often also hold copies of the weights we do not read (PyTorch,
+# TF, Flax, ONNX, Mistral's consolidated.safetensors, subfolders): those are never downloaded.
+ALLOW_PATTERNS = [
+    "config.json",
+    "model*.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "chat_template.jinja",
+    "model.weights.h5",  # keras_transformer presets (see presets.py)
+    "task.weights.h5",
+    "metadata.json",
+]
+IGNORE_PATTERNS = ["*/*"]  # top-level files only
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+def handle_scheme(preset):
+    """The scheme of a handle such as `hf://org/name` ("hf"), or None for a name or a path."""
+    match = _SCHEME.match(preset)
+    return match.group(1).lower() if match else None
+
+
+def resolve_handle(handle):
+    """`hf://org/name[@revision]` -> the local snapshot directory (Path), downloading what is missing.
+
+    Raises a ValueError naming what is missing: an unsupported scheme, the repository, the revision,
+    a file, or a cache entry when downloading is off (`HF_HUB_OFFLINE=1`) or the hub cannot be reached.
+    """
+    scheme = handle_scheme(handle)
+    if scheme not in SUPPORTED_SCHEMES:
+        raise ValueError(
+            f"Unsupported preset scheme {scheme + '://'!r} in {handle!r}. Supported: "
+            f"{', '.join(SUPPORTED_SCHEMES.values())}; or a registered preset name, or a local directory."
+        )
+    repo_id, revision = _parse_hf_handle(handle)
+    directory = _download(handle, repo_id, revision)
+    if not (directory / "config.json").is_file():
+        found = sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
+        raise ValueError(
+            f"{handle!r} has no config.json (revision {revision!r}), so it is neither a keras_transformer "
+            f"preset nor a Hugging Face checkpoint. Files found among those a preset reads: {found or 'none'}."
+        )
+    return directory
+
+
+def _parse_hf_handle(handle):
+    """"hf://org/name@rev" -> ("org/name", "rev"); the revision defaults to "main"."""
+    body = handle[len("hf://"):]
+    repo_id, at, revision = body.partition("@")  # a repository id never holds "@"; a revision may hold "/"
+    if not _REPO_ID.fullmatch(repo_id) or (at and not revision):
+        raise ValueError(
+            f"Malformed Hugging Face handle {handle!r}: expected hf://org/name or hf://org/name@revision "
+            "(a branch, tag or commit hash)."
+        )
+    return repo_id, revision or "main"
+
+
+def _download(handle, repo_id, revision):
+    import huggingface_hub
+    from huggingface_hub import constants, errors
+
+    from keras_transformer import __version__
+
+    try:
+        # No `token` argument: huggingface_hub then reads HF_TOKEN, or the token `hf auth login` stored.
+        path = huggingface_hub.snapshot_download(
+            repo_id,
+            revision=revision,
+            allow_patterns=ALLOW_PATTERNS,
+            ignore_patterns=IGNORE_PATTERNS,
+            library_name="keras_transformer",
+            library_version=__version__,
+        )
+    except errors.GatedRepoError as error:
+        raise ValueError(
+            f"{handle!r}: the repository {repo_id!r} is gated. Accept its terms at {constants.ENDPOINT}/{repo_id} "
+            "and set HF_TOKEN to a token of that account (or run `hf auth login`)."
+        ) from error
+    except errors.RepositoryNotFoundError as error:  # the hub says so for private repositories, too
+        raise ValueError(
+            f"{handle!r}: no repository {repo_id!r} at {constants.ENDPOINT}. If it is private, set HF_TOKEN "
+            "to a token with access to it (or run `hf auth login`)."
+        ) from error
+    except errors.RevisionNotFoundError as error:
+        raise ValueError(f"{handle!r}: the repository {repo_id!r} has no revision {revision!r}.") from error
+    except errors.RemoteEntryNotFoundError as error:  # listed in the repository, yet not served
+        raise ValueError(
+            f"{handle!r}: the file {_filename(error)!r} of revision {revision!r} is missing on the hub "
+            f"({error.response.request.url})."
+        ) from error
+    except errors.LocalEntryNotFoundError as error:  # nothing downloaded, and not (completely) in the cache
+        reason = (
+            "HF_HUB_OFFLINE=1 forbids downloading it: load it once online, or unset HF_HUB_OFFLINE"
+            if constants.is_offline_mode()
+            else f"the hub could not be reached ({_first_line(error.__cause__ or error)})"
+        )
+        cached = "only partly" if isinstance(error, errors.IncompleteSnapshotError) else "not"
+        raise ValueError(
+            f"{handle!r} (revision {revision!r}) is {cached} in the Hugging Face cache {constants.HF_HUB_CACHE}, "
+            f"and {reason}."
+        ) from error
+    except errors.HfHubHTTPError as error:
+        raise ValueError(f"{handle!r}: the hub at {constants.ENDPOINT} answered {_first_line(error)}") from error
+    return Path(path)
+
+
+def _filename(error):
+    """The repository file a failed `.../resolve/{revision}/{filename}` request asked for."""
+    _, _, rest = unquote(error.response.request.url.path).partition("/resolve/")
+    return rest.partition("/")[2] or "?"
+
+
+def _first_line(error):
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
