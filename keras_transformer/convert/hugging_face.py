@@ -5,21 +5,29 @@ config.json has a `model_type` and no `backbone` entry; `convert(hf_dir, preset_
 own preset format (the `keras-transformer convert` command).
 
 Supported model types: "gpt2" (GPT2Model, GPT2LMHeadModel), "bert" (BertModel, BertForMaskedLM,
-BertForPreTraining) and "t5" (T5ForConditionalGeneration, T5Model). Every config option that
-changes the computation is mapped or refused with a ValueError naming it.
+BertForPreTraining), "t5" (T5ForConditionalGeneration, T5Model), and the Llama architecture
+"llama", "mistral", "qwen2" (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and their bare
+models; sharded safetensors included). Every config option that changes the computation is mapped
+or refused with a ValueError naming it.
 
 Example:
 >>> lm = GPTCausalLM.from_preset("path/to/hf/gpt2")        # converted on the fly
+>>> lm = CausalLM.from_preset("path/to/hf/qwen2.5-0.5b")     # the base class picks LlamaCausalLM
 >>> lm.save_to_preset("gpt2_preset")                        # our format
 >>> keras_transformer.convert.convert("path/to/hf/bert", "bert_preset")
 """
 
 from pathlib import Path
 
-from keras_transformer.convert import hf_bert, hf_gpt2, hf_t5
+from keras_transformer.convert import hf_bert, hf_gpt2, hf_llama, hf_t5
 from keras_transformer.convert.checkpoint import CheckpointWeights
 
-FAMILIES = {module.MODEL_TYPE: module for module in (hf_gpt2, hf_bert, hf_t5)}
+# model_type -> its converter module; a module converting several types lists them in MODEL_TYPES.
+FAMILIES = {
+    model_type: module
+    for module in (hf_gpt2, hf_bert, hf_t5, hf_llama)
+    for model_type in getattr(module, "MODEL_TYPES", None) or (module.MODEL_TYPE,)
+}
 
 
 def _family(hf_config):

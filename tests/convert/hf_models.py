@@ -27,7 +27,7 @@ def randomize(model, seed=0, scale=0.3):
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             noise = torch.randn(parameter.shape, generator=generator)
-            is_norm = any(key in name.lower() for key in ("ln_", "layernorm", "layer_norm")) and name.endswith("weight")
+            is_norm = any(key in name.lower() for key in ("ln_", "layernorm", "layer_norm", "norm.")) and name.endswith("weight")
             parameter.copy_(1.0 + 0.2 * noise if is_norm else scale * noise)
     return model.eval()
 
@@ -99,6 +99,43 @@ def t5(directory, seed=0, untied_head=False, **options):
         save_file(state, str(Path(directory) / "model.safetensors"), metadata={"format": "pt"})
         edit_config(directory, tie_word_embeddings=False, scale_decoder_outputs=None)
     save_hf_tokenizer(tokenizer, directory, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+    return model
+
+
+LLAMA_STYLE = {
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+}
+
+
+def llama_style(directory, model_type, seed=0, max_shard_size=None, **options):
+    """LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM with grouped-query attention (4 query
+    heads, 2 key/value heads). Llama and Mistral get `<s>` / `</s>` start and end tokens; Qwen2 has
+    no start token: its tokenizer_config.json says `bos_token: null` while config.json keeps a
+    bos_token_id (the end token), as Qwen2.5's do.
+    `options`: config arguments, e.g. rope_parameters, sliding_window, tie_word_embeddings."""
+    tokenizer = BytePairTokenizer.train(TEXTS, vocabulary_size=300)
+    backend = tokenizer.backend_tokenizer
+    if model_type == "qwen2":
+        special, ids = {"eos_token": "<|endoftext|>"}, {"bos_token_id": backend.token_to_id("<|endoftext|>")}
+    else:
+        backend.add_special_tokens(["<s>", "</s>"])
+        special = {"bos_token": "<s>", "eos_token": "</s>"}
+        ids = {"bos_token_id": backend.token_to_id("<s>")}
+    config_cls, model_cls = LLAMA_STYLE[model_type]
+    settings = {
+        "vocab_size": backend.get_vocab_size(with_added_tokens=True), "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
+        "eos_token_id": backend.token_to_id(special["eos_token"]), "pad_token_id": None,
+        "tie_word_embeddings": False, "attn_implementation": "eager", **ids, **options,
+    }
+    model = randomize(model_cls(config_cls(**settings)), seed)
+    model.save_pretrained(directory, safe_serialization=True, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
+    save_hf_tokenizer(tokenizer, directory, **special)
+    if model_type == "qwen2":
+        path = Path(directory) / "tokenizer_config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "bos_token": None}))  # as Qwen2.5's
     return model
 
 

@@ -57,8 +57,8 @@ def _write_config(directory, config):
 
 
 def test_unsupported_model_type(copy):
-    hf_models.edit_config(copy, model_type="llama")
-    with pytest.raises(ValueError, match=r"model_type='llama'.*\['bert', 'gpt2', 't5'\]"):
+    hf_models.edit_config(copy, model_type="falcon")
+    with pytest.raises(ValueError, match=r"model_type='falcon'.*\['bert', 'gpt2', 'llama', 'mistral', 'qwen2', 't5'\]"):
         GPTCausalLM.from_preset(copy)
 
 
@@ -192,7 +192,7 @@ def test_cli_convert(tmp_path, checkpoint, capsys):
     assert cli.main(["convert", str(directory), str(tmp_path / "preset")]) == 0
     assert "GPTCausalLM" in capsys.readouterr().out
     assert GPTBackbone.from_preset(tmp_path / "preset").num_layers == 2
-    bad = _write_config(tmp_path / "bad", {"model_type": "llama"})
+    bad = _write_config(tmp_path / "bad", {"model_type": "falcon"})
     assert cli.main(["convert", str(bad), str(tmp_path / "out")]) == 2
-    assert "model_type='llama'" in capsys.readouterr().err
+    assert "model_type='falcon'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

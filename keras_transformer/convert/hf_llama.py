@@ -1,0 +1,238 @@
+"""Hugging Face Llama-architecture checkpoints (`model_type` "llama", "mistral", "qwen2": LlamaForCausalLM,
+MistralForCausalLM, Qwen2ForCausalLM and their bare models) -> LlamaBackbone / LlamaCausalLM.
+
+Axes: D model width, H query heads, Hkv key/value heads, Dh head size, F feed-forward width, V vocabulary.
+
+The three types share one computation: rotary positions, grouped-query attention, RMS norms and
+a gated-SiLU feed-forward. They differ only in options, each mapped here: Llama's
+`attention_bias` (query, key, value and output) and `mlp_bias`; Qwen2's query/key/value biases
+(no output bias) and its optional sliding window; Mistral's sliding window. Types that change
+the computation (e.g. "qwen3", with its query/key norms) are not listed and are refused.
+
+`torch.nn.Linear` weights are stored (out, in); they are transposed to our (in, out) layouts.
+"""
+
+import json
+
+from keras_transformer.convert.checkpoint import HF_TOKENIZER_CONFIG, load_tokenizer
+from keras_transformer.convert.options import check_options
+
+MODEL_TYPES = ("llama", "mistral", "qwen2")
+# Special tokens when neither tokenizer_config.json nor the model config names them (Llama 2 / Mistral).
+SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+# Tensors this converter knows but never assigns: the rotary tables some old checkpoints saved.
+KNOWN_UNUSED = (r"\.rotary_emb\.inv_freq$",)
+# Task class -> the tensors of its head, left out when the model is a backbone.
+HEAD_TENSORS = {"LlamaCausalLM": r"^lm_head\.weight$"}
+MAX_PRESET_SEQUENCE_LENGTH = 2048
+ROPE_TYPES = ("default", "linear", "llama3")
+
+# Defaults of `transformers`' config classes, where they differ between the types.
+_DEFAULTS = {
+    "llama": {"max_position_embeddings": 2048},
+    "mistral": {"max_position_embeddings": 131072, "sliding_window": 4096},
+    "qwen2": {"max_position_embeddings": 32768, "sliding_window": 4096},
+}
+# Options whose other values change the computation in ways LlamaBackbone does not implement.
+_REQUIRED = {"add_cross_attention": False, "is_encoder_decoder": False}
+
+
+def convert_config(hf_config, path=None):
+    """config.json of a Llama, Mistral or Qwen2 checkpoint -> the preset entries (backbone, task, preprocessor)."""
+    check_options(hf_config, _REQUIRED)
+    model_type = hf_config["model_type"]
+    defaults = _DEFAULTS[model_type]
+    if hf_config.get("hidden_act", "silu") not in ("silu", "swish"):
+        raise ValueError(
+            f"Unsupported {model_type} config option hidden_act={hf_config['hidden_act']!r}: "
+            "keras_transformer's LlamaBackbone gates its feed-forward with silu only."
+        )
+    hidden_dim = hf_config.get("hidden_size", 4096)
+    num_heads = hf_config.get("num_attention_heads", 32)
+    max_length = hf_config.get("max_position_embeddings", defaults["max_position_embeddings"])
+    theta, scaling = _rope(hf_config)
+    attention_bias, output_bias = _attention_biases(hf_config)
+    backbone = {
+        "vocabulary_size": hf_config.get("vocab_size", 32000),
+        "num_layers": hf_config.get("num_hidden_layers", 32),
+        "num_heads": num_heads,
+        "hidden_dim": hidden_dim,
+        "intermediate_dim": hf_config.get("intermediate_size", 11008),
+        "num_key_value_heads": hf_config.get("num_key_value_heads") or num_heads,
+        "head_dim": hf_config.get("head_dim") or hidden_dim // num_heads,
+        "max_sequence_length": max_length,
+        "rope_max_wavelength": theta,
+        "rope_scaling": scaling,
+        "attention_bias": attention_bias,
+        "attention_output_bias": output_bias,
+        "mlp_bias": bool(hf_config.get("mlp_bias", False)) if model_type == "llama" else False,
+        "sliding_window": _sliding_window(hf_config),
+        "tie_word_embeddings": bool(hf_config.get("tie_word_embeddings", False)),
+        "norm_epsilon": hf_config.get("rms_norm_eps", 1e-6),
+        "dropout": float(hf_config.get("attention_dropout", 0.0) or 0.0),
+    }
+    return {
+        "family": "llama",
+        "backbone": {"class_name": "LlamaBackbone", "config": backbone},
+        "task": {"class_name": "LlamaCausalLM", "config": {}},
+        "preprocessor": {
+            "class_name": "LlamaCausalLMPreprocessor",
+            "config": {"sequence_length": min(max_length, MAX_PRESET_SEQUENCE_LENGTH)},
+        },
+    }
+
+
+def _rope(hf_config):
+    """(rope_theta, our `rope_scaling` or None) from either config layout.
+
+    transformers 4 writes `rope_theta` and `rope_scaling` at the top level; transformers 5 writes
+    one `rope_parameters` dict holding `rope_theta`, `rope_type` and the scaling's own keys.
+    """
+    model_type = hf_config["model_type"]
+    key = "rope_parameters" if hf_config.get("rope_parameters") is not None else "rope_scaling"
+    parameters = dict(hf_config.get(key) or {})
+    if parameters and all(isinstance(value, dict) for value in parameters.values()):
+        raise ValueError(
+            f"Unsupported {model_type} config option {key}={parameters!r}: rotary parameters per layer "
+            "type are not implemented by keras_transformer's LlamaBackbone (one rotary embedding for all layers)."
+        )
+    theta = parameters.get("rope_theta", hf_config.get("rope_theta", 10000.0))
+    partial = parameters.get("partial_rotary_factor", hf_config.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        # transformers' Llama, Mistral and Qwen2 rotate whole heads whatever this says (their default
+        # rotary embedding ignores it), so no rotary_dim reproduces them.
+        raise ValueError(
+            f"Unsupported {model_type} config option partial_rotary_factor={partial!r}: these "
+            "architectures rotate whole heads; keras_transformer implements only partial_rotary_factor=1.0."
+        )
+    kind = parameters.get("rope_type", parameters.get("type", "default"))
+    if kind not in ROPE_TYPES:
+        raise ValueError(
+            f"Unsupported {model_type} config option {key} with rope_type={kind!r}: keras_transformer "
+            f"implements rope_type in {list(ROPE_TYPES)}."
+        )
+    if kind == "default":
+        return float(theta), None
+    scaling = {"rope_type": kind, "factor": parameters.get("factor")}
+    if kind == "llama3":
+        scaling.update(
+            low_freq_factor=parameters.get("low_freq_factor"),
+            high_freq_factor=parameters.get("high_freq_factor"),
+            # transformers falls back to the model's positions, as here.
+            original_max_position_embeddings=parameters.get(
+                "original_max_position_embeddings",
+                hf_config.get("max_position_embeddings", _DEFAULTS[model_type]["max_position_embeddings"]),
+            ),
+        )
+    missing = [name for name, value in scaling.items() if value is None]
+    if missing:
+        raise ValueError(f"The {model_type} config option {key} of rope_type={kind!r} lacks {missing}.")
+    return float(theta), scaling
+
+
+def _attention_biases(hf_config):
+    """(query/key/value bias, output bias) of each type: Llama's `attention_bias` covers all four
+    projections, Qwen2 always has query/key/value biases and no output bias, Mistral none."""
+    model_type = hf_config["model_type"]
+    if model_type == "llama":
+        bias = bool(hf_config.get("attention_bias", False))
+        return bias, bias
+    if model_type == "qwen2":
+        return True, False
+    return False, False
+
+
+def _sliding_window(hf_config):
+    """The one window of every layer, or None; a mix of windowed and full layers is refused.
+
+    Mistral windows every layer by `sliding_window` (None: no window). Qwen2 windows only with
+    `use_sliding_window`, and then the layers `layer_types` names "sliding_attention" (by default
+    those from `max_window_layers` on, as transformers builds it).
+    """
+    model_type = hf_config["model_type"]
+    if model_type == "llama":
+        return None
+    window = hf_config.get("sliding_window", _DEFAULTS[model_type]["sliding_window"])
+    if model_type == "mistral" or window is None:
+        return window
+    if not hf_config.get("use_sliding_window", False):
+        return None
+    option = "layer_types" if hf_config.get("layer_types") is not None else "max_window_layers"
+    if option == "layer_types":
+        layer_types = list(hf_config["layer_types"])
+    else:
+        first = hf_config.get("max_window_layers", 28)
+        layer_types = ["sliding_attention" if i >= first else "full_attention"
+                       for i in range(hf_config.get("num_hidden_layers", 32))]
+    if set(layer_types) == {"sliding_attention"}:
+        return window
+    if set(layer_types) == {"full_attention"}:
+        return None
+    raise ValueError(
+        f"Unsupported {model_type} config option {option}={hf_config.get(option, 28)!r} with "
+        f"use_sliding_window=True: keras_transformer's LlamaBackbone gives every layer the same "
+        "attention, windowed or full, not a mix."
+    )
+
+
+def tokenizer(path, hf_config):
+    """The checkpoint's tokenizer. Llama 3 has no padding token: it pads with its end token (padded
+    positions are masked). A tokenizer_config.json with `bos_token: null` or `add_bos_token: false`
+    (Qwen2) means prompts get no start token, as `transformers`' tokenizer adds none."""
+    config_file = path / HF_TOKENIZER_CONFIG
+    tokenizer_config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    no_start = tokenizer_config.get("add_bos_token") is False or (
+        "bos_token" in tokenizer_config and tokenizer_config["bos_token"] is None
+    )
+    if no_start:  # the model config's bos_token_id (Qwen2 keeps one) is not used for prompts
+        hf_config = {key: value for key, value in hf_config.items() if key != "bos_token_id"}
+        defaults = {role: token for role, token in SPECIAL_TOKENS.items() if role != "bos_token"}
+        return load_tokenizer(path, hf_config, defaults, pad_with_eos=True)
+    return load_tokenizer(path, hf_config, SPECIAL_TOKENS, pad_with_eos=True)
+
+
+def load_weights(model, weights, hf_config):
+    """Assign the checkpoint's weights to a LlamaBackbone or a LlamaCausalLM."""
+    backbone = getattr(model, "backbone", model)
+    prefix = "model." if weights.has("model.embed_tokens.weight") else ""
+    D, H = backbone.hidden_dim, backbone.num_heads
+    Hkv = backbone.num_key_value_heads or H
+    Dh = backbone.head_dim or D // H
+
+    def put(variable, name, transform=None):
+        value = weights.get(prefix + name)
+        weights.assign(variable, transform(value) if transform else value, prefix + name)
+
+    def linear(dense, name, kernel_shape, bias_shape):
+        """A torch Linear (out, in) -> an (in, out) kernel reshaped to `kernel_shape`, and its bias."""
+        put(dense.kernel, f"{name}.weight", lambda w: w.T.reshape(kernel_shape))
+        if dense.bias is not None:
+            put(dense.bias, f"{name}.bias", lambda b: b.reshape(bias_shape))
+
+    put(backbone.token_embedding.embeddings, "embed_tokens.weight")  # (V, D)
+    for i, block in enumerate(backbone.transformer_layers):
+        p = f"layers.{i}."
+        attention = block.self_attention
+        linear(attention.query_dense, p + "self_attn.q_proj", (D, H, Dh), (H, Dh))  # (H*Dh, D) -> (D, H, Dh)
+        linear(attention.key_dense, p + "self_attn.k_proj", (D, Hkv, Dh), (Hkv, Dh))  # (Hkv*Dh, D) -> (D, Hkv, Dh)
+        linear(attention.value_dense, p + "self_attn.v_proj", (D, Hkv, Dh), (Hkv, Dh))
+        linear(attention.output_dense, p + "self_attn.o_proj", (H, Dh, D), (D,))  # (D, H*Dh) -> (H, Dh, D)
+        put(block.self_attention_norm.scale, p + "input_layernorm.weight")
+        feed_forward = block.feed_forward
+        F = backbone.intermediate_dim
+        linear(feed_forward.gate_dense, p + "mlp.gate_proj", (D, F), (F,))  # (F, D) -> (D, F)
+        linear(feed_forward.intermediate_dense, p + "mlp.up_proj", (D, F), (F,))
+        linear(feed_forward.output_dense, p + "mlp.down_proj", (F, D), (D,))  # (D, F) -> (F, D)
+        put(block.feed_forward_norm.scale, p + "post_attention_layernorm.weight")
+    put(backbone.layer_norm.scale, "norm.weight")
+
+    embedding = backbone.token_embedding
+    if embedding.tie_weights:
+        # A tied checkpoint may still store its head next to the embedding it is tied to.
+        weights.check_same("lm_head.weight", prefix + "embed_tokens.weight")
+    elif model is not backbone:
+        value = weights.get("lm_head.weight")  # (V, D)
+        weights.assign(embedding.reverse_embeddings, value.T, "lm_head.weight")  # -> (D, V)
+    else:
+        # A backbone has no head, but its untied embedding owns the (D, V) head variable.
+        weights.skip(embedding, "a backbone's outputs do not depend on the output head")
