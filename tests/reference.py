@@ -118,13 +118,16 @@ def multi_head_attention(
     attention_bias=None,
     use_causal_mask=False,
     return_attention_scores=False,
+    rotary_kwargs=None,
+    sliding_window=None,
 ):
     """Multi-head (and grouped-query) attention with per-head projections and W_O.
 
     query (B, T, D), value (B, S, Dv) (defaults to query), key defaults to value.
     attention_mask: (B, S) key padding mask or (B, T, S), 1 = attend.
     attention_bias: additive, broadcastable to (B, H, T, S).
-    use_causal_mask: bottom-right aligned causal mask.
+    use_causal_mask: bottom-right aligned causal mask (within `sliding_window` positions when given).
+    rotary_kwargs: `rotary`'s keyword arguments: queries and keys turned at positions 0.. (self-attention).
     Grouped-query attention: H query heads share Hkv key/value heads, query head h reads
     key/value head h // (H // Hkv) (each key/value head is repeated for consecutive heads).
     """
@@ -137,6 +140,8 @@ def multi_head_attention(
 
     q = _project(query, weights["query_kernel"], weights.get("query_bias"))  # (B, T, H, Dh)
     k, v = project_key_value(weights, value, key)  # (B, S, Hkv, Dh)
+    if rotary_kwargs is not None:
+        q, k = rotary(q, np.arange(T), **rotary_kwargs), rotary(k, np.arange(S), **rotary_kwargs)
     group = num_heads // num_kv_heads
     k = np.repeat(k, group, axis=2)  # (B, S, Hkv, Dh) -> (B, S, H, Dh)
     v = np.repeat(v, group, axis=2)
@@ -149,7 +154,8 @@ def multi_head_attention(
             attention_mask = padding_to_attention_mask(attention_mask, T)
         mask = attention_mask[:, None, :, :]  # (B, T, S) -> (B, 1, T, S)
     if use_causal_mask:
-        mask = combine_masks(mask, causal_mask(T, S)[None, None])
+        causal = causal_mask(T, S) if sliding_window is None else sliding_window_mask(np.arange(S - T, S), S, sliding_window)
+        mask = combine_masks(mask, causal[None, None])
 
     heads, probs = scaled_dot_product_attention(q, k, v, scale, attention_bias, mask)
     # (B, H, T, Dh) x (H, Dh, D) -> (B, T, D)
@@ -160,6 +166,56 @@ def multi_head_attention(
 
 
 # ----------------------------------------------------------------------------- positions
+
+
+def rope_frequencies(rotary_dim, max_wavelength=10000.0, scaling=None):
+    """RoPE's angle per position of each of the R/2 dim pairs, float64, with Hugging Face's scalings.
+
+    theta_i = max_wavelength ** (-2 i / R). "linear": theta_i / factor. "llama3" (Llama 3.1): a
+    wavelength 2 pi / theta_i longer than original / low_freq_factor is slowed by `factor`, one
+    shorter than original / high_freq_factor is kept, and one between is interpolated with
+    weight s = (original / wavelength - low) / (high - low) on the kept frequency.
+    """
+    theta = np.array([max_wavelength ** (-2.0 * i / rotary_dim) for i in range(rotary_dim // 2)])
+    if scaling is None:
+        return theta
+    factor = scaling["factor"]
+    if scaling["rope_type"] == "linear":
+        return theta / factor
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    original = scaling["original_max_position_embeddings"]
+    out = []
+    for t in theta:
+        wavelength = 2 * math.pi / t
+        if wavelength < original / high:
+            out.append(t)
+        elif wavelength > original / low:
+            out.append(t / factor)
+        else:
+            s = (original / wavelength - low) / (high - low)
+            out.append((1 - s) * t / factor + s * t)
+    return np.array(out)
+
+
+def rotary(x, positions, max_wavelength=10000.0, rotary_dim=None, scaling=None):
+    """x (B, T, H, Dh) with pair (x[i], x[i + R/2]) of its first R dims turned by positions[t] * theta_i.
+
+    A pair (a, b) turned by angle phi is (a cos phi - b sin phi, a sin phi + b cos phi); dims past R stay.
+    """
+    x = _f64(x)
+    rotary_dim = rotary_dim or x.shape[-1]
+    half = rotary_dim // 2
+    phi = np.asarray(positions, np.float64)[:, None] * rope_frequencies(rotary_dim, max_wavelength, scaling)  # (T, R/2)
+    cos, sin = np.cos(phi)[None, :, None, :], np.sin(phi)[None, :, None, :]  # (1, T, 1, R/2)
+    a, b = x[..., :half], x[..., half:rotary_dim]
+    return np.concatenate([a * cos - b * sin, a * sin + b * cos, x[..., rotary_dim:]], axis=-1)
+
+
+def sliding_window_mask(query_positions, key_length, window):
+    """(T, S) boolean: query at position p attends key k iff p - window < k <= p."""
+    p = np.asarray(query_positions)[:, None]
+    k = np.arange(key_length)[None, :]
+    return (k <= p) & (k > p - window)
 
 
 def sinusoidal_table(length, dim):

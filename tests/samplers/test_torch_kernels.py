@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from keras_transformer.models import (
-    GPTBackbone, GPTCausalLM, T5Backbone, T5Seq2SeqLM, TransformerBackbone, TransformerSeq2SeqLM,
+    GPTBackbone, GPTCausalLM, LlamaBackbone, LlamaCausalLM, T5Backbone, T5Seq2SeqLM, TransformerBackbone,
+    TransformerSeq2SeqLM,
 )
 from keras_transformer.samplers import torch_kernels
 from tests.conftest import to_numpy
@@ -33,6 +34,12 @@ def _t5(**kwargs):
     return T5Seq2SeqLM(T5Backbone(**{**config, **kwargs}))
 
 
+def _llama(**kwargs):
+    config = dict(vocabulary_size=VOCABULARY, num_layers=2, num_heads=4, num_key_value_heads=2, hidden_dim=16,
+                  intermediate_dim=24, max_sequence_length=32)
+    return LlamaCausalLM(LlamaBackbone(**{**config, **kwargs}))
+
+
 def _transformer():
     return TransformerSeq2SeqLM(TransformerBackbone(
         VOCABULARY, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=24, max_sequence_length=32,
@@ -48,6 +55,13 @@ MODELS = {
     "t5_tied_relu": _t5,
     "t5_untied_gated": lambda: _t5(activation="gated-gelu", tie_embedding_weights=False),
     "transformer_post_norm": _transformer,
+    "llama_gqa_tied": _llama,
+    # Qwen2's biases, a separate head, llama3 rope scaling, partial rotary, a window shorter than the steps
+    "llama_untied_window_partial": lambda: _llama(
+        tie_word_embeddings=False, attention_bias=True, attention_output_bias=False, sliding_window=3, rotary_dim=2,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8},
+    ),
 }
 
 
