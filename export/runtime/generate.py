@@ -5,11 +5,18 @@ Every ONNX bundle carries a copy of this file. From the command line:
     python BUNDLE/generate.py --prompt "def add(" --sampler greedy --max-new-tokens 32
     python BUNDLE/generate.py --prompt "def add(" --sampler beam --num-beams 4
     python BUNDLE/generate.py --prompt "def add(" --sampler random --temperature 0.8 --top-p 0.9 --seed 0
+    python BUNDLE/generate.py --chat --prompt "What is 2 + 2?"     # a user message, through the chat template
 
 From Python (with the bundle directory on `sys.path`, or this file imported by path):
 
     from generate import Generator
     Generator("BUNDLE").generate(["def add("], max_new_tokens=32, sampler="beam", num_beams=4)
+    Generator("BUNDLE").generate([{"role": "user", "content": "Hi!"}])  # a bundle with a chat template
+
+Chat messages (a conversation `[{"role": ..., "content": ...}]`, or a list of them) are rendered
+by the tokenizer's chat template (tokenizer_config.json's "chat_template", or chat_template.jinja)
+as `transformers` renders them (see `_render_chat`; needs `jinja2`), then tokenized with no
+special token added (the template writes its own): the reply is what comes back.
 
 Axes: B inputs, K beams, R = B * K rows, L token buffer length, V vocabulary.
 
@@ -35,6 +42,7 @@ Samplers:
 """
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -43,6 +51,8 @@ import numpy as np
 import onnxruntime
 
 SAMPLERS = ("greedy", "random", "beam")
+# The special-token roles a chat template reads as variables (`bos_token`, ...), as in transformers.
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 NEG = np.float32(-1.0e9)  # score of impossible tokens and beams (finite: no inf - inf)
 
 
@@ -88,35 +98,76 @@ class Generator:
             import tokenizers
 
             self.tokenizer = tokenizers.Tokenizer.from_file(os.path.join(self.bundle_dir, "tokenizer.json"))
+        self.chat_template, self.special_tokens = _read_chat_template(self.bundle_dir)
 
     # --- text in, text out ------------------------------------------------
 
     def generate(self, prompts, max_new_tokens=32, sampler="greedy", num_beams=4, temperature=1.0, top_k=None,
                  top_p=None, seed=None, length_penalty=1.0, early_stopping=False, stop_token_ids="auto"):
-        """Prompts (a string or a list of strings) -> generated texts.
+        """Prompts (a string or a list of strings) or chat messages -> generated texts.
 
         Causal LMs return each prompt followed by its continuation; seq2seq LMs return
-        the target, cut at the end token. Special tokens are dropped. See `generate_ids`
+        the target, cut at the end token. Chat messages (a conversation, a list of
+        `{"role", "content"}` dicts, or a list of conversations; causal LMs with a chat
+        template) return the reply only. Special tokens are dropped. See `generate_ids`
         for the arguments.
         """
         if self.tokenizer is None:
             raise ValueError("This bundle has no tokenizer.json: use `generate_ids` with token ids.")
-        single = isinstance(prompts, str)
-        prompts = [prompts] if single else list(prompts)
-        if not prompts or not all(isinstance(p, str) for p in prompts):
-            raise ValueError(f"`prompts` must be a string or a non-empty list of strings. Received: {prompts!r}")
-        prompt_ids = [self.encode(p) for p in prompts]
+        chat = _as_conversations(prompts)
+        if chat is not None:
+            if self.kind != "decoder":
+                raise ValueError("Chat messages need a causal LM bundle; this one holds a seq2seq LM.")
+            single = chat[0]
+            texts = self.apply_chat_template(chat[1], add_generation_prompt=True)
+            # The template writes the special tokens (a start token too, if the model wants one).
+            prompt_ids = [self.tokenizer.encode(text, add_special_tokens=False).ids for text in texts]
+        else:
+            single = isinstance(prompts, str)
+            prompts = [prompts] if single else list(prompts)
+            if not prompts or not all(isinstance(p, str) for p in prompts):
+                raise ValueError(f"`prompts` must be a string or a non-empty list of strings. Received: {prompts!r}")
+            prompt_ids = [self.encode(p) for p in prompts]
         outputs = self.generate_ids(prompt_ids, max_new_tokens, sampler=sampler, num_beams=num_beams,
                                     temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                                     length_penalty=length_penalty, early_stopping=early_stopping,
                                     stop_token_ids=stop_token_ids)
-        if self.kind == "decoder":
+        if chat is not None:
+            rows = outputs
+        elif self.kind == "decoder":
             rows = [list(p) + list(o) for p, o in zip(prompt_ids, outputs)]
         else:
             eos = self.config.get("eos_token_id")
             rows = [list(o[: o.index(eos)]) if eos in o else list(o) for o in outputs]
         texts = self.tokenizer.decode_batch(rows, skip_special_tokens=True)
         return texts[0] if single else texts
+
+    def apply_chat_template(self, messages, add_generation_prompt=False, **template_variables):
+        """Chat messages -> the prompt string(s) the model reads, as `transformers`' `apply_chat_template`.
+
+        Args:
+            messages: a conversation (a list of `{"role", "content"}` dicts) or a list of them.
+            add_generation_prompt: bool, end with the start of an assistant turn.
+            **template_variables: other variables the template reads (`tools`, `documents`, ...).
+
+        Returns:
+            A string for one conversation, a list of strings for a list of them.
+        """
+        if self.chat_template is None:
+            raise ValueError(
+                f"This bundle's tokenizer has no chat template (no 'chat_template' in its tokenizer_config.json, "
+                f"no chat_template.jinja), so it cannot take chat messages: pass prompt strings. Received: "
+                f"bundle_dir={self.bundle_dir!r}"
+            )
+        chat = _as_conversations(messages)
+        if chat is None:
+            raise ValueError(
+                "`messages` must be a conversation (a list of dicts with 'role' and 'content') or a list of them. "
+                f"Received: messages of type {type(messages).__name__}"
+            )
+        texts = _render_chat(self.chat_template, chat[1], add_generation_prompt,
+                             {**self.special_tokens, **template_variables})
+        return texts[0] if chat[0] else texts
 
     def encode(self, text):
         """A prompt -> the ids the model reads: the start token first (causal LMs), the end token last (seq2seq sources)."""
@@ -606,6 +657,131 @@ class Encoder:
         return self.tokenizer.encode(text, add_special_tokens=True).ids
 
 
+# --- chat templates: the rendering of keras_transformer/tokenizers/chat_template.py, in one file --------
+
+
+def _read_chat_template(bundle_dir):
+    """-> (the chat template or None, {special-token role: string}) from the bundle's tokenizer files."""
+    config_path = os.path.join(bundle_dir, "tokenizer_config.json")
+    config = _read_json(config_path) if os.path.isfile(config_path) else {}
+    special = {name: config[name] for name in SPECIAL_TOKEN_NAMES if isinstance(config.get(name), str)}
+    template_path = os.path.join(bundle_dir, "chat_template.jinja")
+    if os.path.isfile(template_path):
+        with open(template_path, encoding="utf-8") as file:
+            return file.read(), special
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: the "default" one
+        template = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)}.get("default")
+    return (template if isinstance(template, str) else None), special
+
+
+def _as_conversations(inputs):
+    """-> (single, list of conversations) for chat messages, None for anything else; malformed messages are errors."""
+    if isinstance(inputs, dict):
+        raise ValueError(f"Chat messages must come as a list (a conversation): wrap the message. Received: {inputs!r}")
+    if not isinstance(inputs, (list, tuple)) or not inputs:
+        return None
+    if isinstance(inputs[0], dict):
+        single, conversations = True, [inputs]
+    elif isinstance(inputs[0], (list, tuple)) and inputs[0] and isinstance(inputs[0][0], dict):
+        single, conversations = False, list(inputs)
+    else:
+        return None
+    for c, conversation in enumerate(conversations):
+        where = "the conversation" if single else f"conversation {c}"
+        if not isinstance(conversation, (list, tuple)) or not conversation:
+            raise ValueError(f"Each conversation must be a non-empty list of messages. Received: {where} = {conversation!r}")
+        for m, message in enumerate(conversation):
+            if (not isinstance(message, dict) or not isinstance(message.get("role"), str) or "content" not in message
+                    or not isinstance(message["content"], (str, list, type(None)))):
+                raise ValueError('Each chat message must be a dict with a string "role" and a "content" (a string, '
+                                 f"a list of parts or None). Received: message {m} of {where} = {message!r}")
+    return single, [list(conversation) for conversation in conversations]
+
+
+def _render_chat(template, conversations, add_generation_prompt, variables):
+    """Each conversation -> its prompt string: a sandboxed jinja2 environment set up as transformers sets it."""
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    version = tuple(int(part) for part in jinja2.__version__.split(".")[:3] if part.isdigit())
+    if version < (3, 1, 6):
+        raise ValueError(f"Chat templates need jinja2 >= 3.1.6 (older ones can be escaped). Received: {jinja2.__version__}")
+
+    class Generation(jinja2.ext.Extension):  # `{% generation %}` blocks render their body
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    class TemplateDict:  # `dict(...)` without the class itself
+        def __call__(self, *args, **kwargs):
+            return dict(*args, **kwargs)
+
+        def fromkeys(self, *args, **kwargs):
+            return dict.fromkeys(*args, **kwargs)
+
+    class Namespace(jinja2.utils.Namespace):  # `namespace(...)` without underscore attributes
+        def __init__(*args, **kwargs):
+            self, args = args[0], args[1:]
+            attributes = dict(*args, **kwargs)
+            for name in attributes:
+                Namespace.check(name)
+            jinja2.utils.Namespace.__init__(self, attributes)
+
+        def __setitem__(self, name, value):
+            Namespace.check(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+        @staticmethod
+        def check(name):
+            if isinstance(name, str) and name.startswith("_"):
+                raise jinja2.exceptions.SecurityError(f"A chat template cannot set an underscore attribute: {name!r}")
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                extensions=[Generation, jinja2.ext.loopcontrols])
+    environment.filters["tojson"] = tojson
+    environment.globals.update(raise_exception=raise_exception, dict=TemplateDict(), namespace=Namespace,
+                               strftime_now=lambda format: datetime.datetime.now().strftime(format))
+    try:
+        compiled = environment.from_string(template)
+        variables = {"tools": None, "documents": None, **_plain(variables)}
+        return [compiled.render(messages=_plain(conversation), add_generation_prompt=bool(add_generation_prompt),
+                                **variables) for conversation in conversations]
+    except jinja2.TemplateError as error:
+        raise ValueError(f"The chat template could not render these messages: {error}") from error
+
+
+def _plain(value):
+    """A copy made of plain JSON types (what a sandboxed template may see); other objects become "<TypeName>"."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    for kind in (str, int, float):
+        if isinstance(value, kind):
+            return kind(value)
+    if isinstance(value, dict):
+        return {_plain(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_plain(item) for item in value)
+    if isinstance(value, np.generic):
+        return _plain(value.item())
+    return f"<{type(value).__name__}>"
+
+
 def _session(path, providers, num_threads):
     options = onnxruntime.SessionOptions()
     if num_threads:
@@ -639,13 +815,16 @@ def main(argv=None):
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--chat", action="store_true",
+                        help="each prompt is a user message, rendered by the bundle's chat template; prints the reply")
     args = parser.parse_args(argv)
     if _read_json(os.path.join(args.bundle, "bundle.json"))["kind"] == "encoder":
         outputs = Encoder(args.bundle)(args.prompt)
         print(json.dumps({"logits": outputs["logits"].tolist()}))
         return 0
     generator = Generator(args.bundle)
-    texts = generator.generate(args.prompt, max_new_tokens=args.max_new_tokens, sampler=args.sampler,
+    prompts = [[{"role": "user", "content": prompt}] for prompt in args.prompt] if args.chat else args.prompt
+    texts = generator.generate(prompts, max_new_tokens=args.max_new_tokens, sampler=args.sampler,
                                num_beams=args.num_beams, temperature=args.temperature, top_k=args.top_k,
                                top_p=args.top_p, seed=args.seed)
     for text in texts:

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from keras_transformer import tokenizers as kt_tokenizers
+from keras_transformer.tokenizers.chat_template import read_chat_template
 from keras_transformer.tokenizers.tokenizer import SPECIAL_TOKEN_NAMES
 
 SAFETENSORS_FILE = "model.safetensors"
@@ -238,7 +239,8 @@ def load_tokenizer(path, hf_config, defaults, pad_with_eos=False):
     tokenizer_config.json, else from the model config's ids, else from the family `defaults`
     (kept only where the vocabulary has them); the model config's pad/bos/eos ids must agree
     with the result. `pad_with_eos`: a tokenizer without a padding token pads with its end
-    token (GPT-2 has none; padded positions are masked anyway).
+    token (GPT-2 has none; padded positions are masked anyway). The chat template, if any,
+    comes from chat_template.jinja or tokenizer_config.json (see `read_chat_template`).
     """
     path = Path(path)
     file = path / TOKENIZER_FILE
@@ -284,4 +286,8 @@ def load_tokenizer(path, hf_config, defaults, pad_with_eos=False):
                 f"({special[role]!r} = id {vocab.get(special[role])}): the checkpoint's config.json and "
                 f"{TOKENIZER_FILE} disagree."
             )
-    return cls(backend, **special)
+    config_file = path / HF_TOKENIZER_CONFIG
+    tokenizer_config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    tokenizer = cls(backend, chat_template=read_chat_template(path, tokenizer_config), **special)
+    tokenizer.source = str(path)
+    return tokenizer

@@ -6,8 +6,8 @@ A bundle directory holds:
     encoder.onnx, decoder.onnx       (seq2seq LMs)
     bundle.json                      kind, family, graphs with their inputs and outputs, cache layout
     generation_config.json           (LMs) special token ids, max length, how prompts are built
-    tokenizer.json, tokenizer_config.json   (tasks with a preprocessor)
-    generate.py                      the runner: numpy + onnxruntime + tokenizers only
+    tokenizer.json, tokenizer_config.json   (tasks with a preprocessor; the chat template, if any)
+    generate.py                      the runner: numpy + onnxruntime + tokenizers only (+ jinja2 for chat)
 Nothing in it records when or from which backend it was exported, so exports of the same
 weights are the same files.
 

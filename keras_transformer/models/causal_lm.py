@@ -5,6 +5,7 @@ import keras
 from keras_transformer import samplers
 from keras_transformer.metrics import Perplexity
 from keras_transformer.models.task import Task
+from keras_transformer.tokenizers.chat_template import as_conversations
 
 
 class CausalLM(Task):
@@ -49,7 +50,13 @@ class CausalLM(Task):
             inputs: a string or a list of strings (needs a preprocessor; returns
                 strings), or token ids: a 1-D int array / list (one prompt), a 2-D int
                 array or a list of id lists (ragged prompts allowed). Ids come back in
-                the same container: arrays are right-padded with the pad id.
+                the same container: arrays are right-padded with the pad id. Or chat
+                messages, with a tokenizer that has a chat template: a conversation
+                `[{"role": "user", "content": "..."}, ...]` or a list of them; each is
+                rendered by the template with the assistant's turn opened
+                (`tokenizer.apply_chat_template(..., add_generation_prompt=True)`) and
+                tokenized as written (the template's own start token, no other), and
+                the reply comes back: the new text only, not the conversation.
             max_new_tokens: int >= 1, new tokens per prompt at most.
             sampler: None (the one set by `compile`, else greedy), a name ("greedy",
                 "random", "top_k", "top_p", "beam") or a `Sampler`.
@@ -74,17 +81,50 @@ class CausalLM(Task):
                 The loop then keeps a (B, L, V) buffer: mind large vocabularies.
 
         Returns:
-            prompt + continuation for each prompt, in the form of `inputs`; with a
+            prompt + continuation for each prompt, in the form of `inputs` (for chat
+            messages: the reply, a string per conversation); with a
             `BeamSampler(num_return_sequences=n > 1)`, n results per prompt.
 
         Example:
         >>> lm = GPTCausalLM.from_preset("gpt_tiny")
         >>> lm.generate("The teacher", max_new_tokens=20)
         >>> lm.generate([[1, 5, 9], [1, 7]], max_new_tokens=8, sampler="beam")
+        >>> lm.generate([{"role": "user", "content": "Hello!"}])  # a preset with a chat template
         """
-        return samplers.generate(
-            self, inputs, max_new_tokens=max_new_tokens, sampler=sampler, stop_token_ids=stop_token_ids,
+        chat = as_conversations(inputs)  # (single, conversations), or None for prompts and ids
+        prompts = inputs if chat is None else self._chat_prompts(chat[1])
+        outputs = samplers.generate(
+            self, prompts, max_new_tokens=max_new_tokens, sampler=sampler, stop_token_ids=stop_token_ids,
             min_new_tokens=min_new_tokens, repetition_penalty=repetition_penalty,
             no_repeat_ngram_size=no_repeat_ngram_size, streamer=streamer, return_dict=return_dict,
             output_logits=output_logits,
         )
+        if chat is None:
+            return outputs
+        replies = self._chat_replies(prompts, outputs["outputs"] if return_dict else outputs)
+        replies = replies[0] if chat[0] else replies
+        return {**outputs, "outputs": replies} if return_dict else replies
+
+    def _chat_prompts(self, conversations):
+        """Conversations -> prompt id lists: the template's text, tokenized with no special token added."""
+        if self.preprocessor is None:
+            raise ValueError(
+                "Chat messages need a task with a preprocessor (its tokenizer holds the chat template); "
+                "pass token ids instead."
+            )
+        tokenizer = self.preprocessor.tokenizer
+        texts = tokenizer.apply_chat_template(conversations, add_generation_prompt=True)
+        # The template writes the start token itself when the model wants one: the preprocessor's
+        # own BOS would double it.
+        return tokenizer.tokenize(texts)
+
+    def _chat_replies(self, prompts, results):
+        """Each result's new ids (prompt cut off) -> text; nested lists for several beams per prompt."""
+        tokenizer = self.preprocessor.tokenizer
+        replies = []
+        for prompt, result in zip(prompts, results):
+            if result and isinstance(result[0], list):  # num_return_sequences > 1
+                replies.append([tokenizer.detokenize(row[len(prompt):]) for row in result])
+            else:
+                replies.append(tokenizer.detokenize(result[len(prompt):]))
+        return replies

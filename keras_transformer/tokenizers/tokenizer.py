@@ -3,7 +3,8 @@
 A tokenizer here is plain Python (not a Keras layer): preprocessing runs in numpy, outside the
 graph, so this subpackage imports neither Keras nor any backend. The heavy lifting (normalising,
 pre-tokenising, the subword model, decoding, training) is done by `tokenizers`; this class adds a
-small, uniform API, named special tokens, and a save format (`tokenizer.json` + `tokenizer_config.json`).
+small, uniform API, named special tokens, a chat template (see `chat_template.py`), and a save
+format (`tokenizer.json` + `tokenizer_config.json`).
 """
 
 import json
@@ -12,6 +13,8 @@ import os
 
 import numpy as np
 import tokenizers
+
+from keras_transformer.tokenizers import chat_template as chat
 
 # The roles a special token can play; the names match Hugging Face's `tokenizer_config.json` keys.
 SPECIAL_TOKEN_NAMES = (
@@ -50,6 +53,12 @@ class Tokenizer:
             `unk_token`, `mask_token`, `cls_token`, `sep_token`; `None` where the tokenizer has no
             such token. Each string must be in the vocabulary. Roles not given take the class's
             `default_special_tokens` (none for this base class).
+        chat_template: None, or the jinja2 chat template (a string, as in a Hugging Face
+            `tokenizer_config.json`) that `apply_chat_template` renders messages with.
+
+    Attributes:
+        source: the directory the tokenizer was read from (`load`, `from_file`, a converted
+            checkpoint), or None; named by errors.
 
     Example:
 
@@ -73,7 +82,7 @@ class Tokenizer:
         super().__init_subclass__(**kwargs)
         _REGISTRY[cls.__name__] = cls
 
-    def __init__(self, tokenizer, **special_tokens):
+    def __init__(self, tokenizer, chat_template=None, **special_tokens):
         if not isinstance(tokenizer, tokenizers.Tokenizer):
             raise ValueError(
                 "`tokenizer` must be a `tokenizers.Tokenizer` (to read a tokenizer.json file, use "
@@ -92,6 +101,8 @@ class Tokenizer:
                 f"{list(SPECIAL_TOKEN_NAMES)}."
             )
         self.backend_tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.source = None
         # Role -> token string (or None), for every role.
         self.special_tokens = {
             name: special_tokens.get(name, self.default_special_tokens.get(name))
@@ -193,6 +204,69 @@ class Tokenizer:
             )
         return row.tolist()
 
+    # === Chat ===
+
+    @property
+    def chat_template(self):
+        """The jinja2 chat template (a string), or None; settable (e.g. to give a base model one)."""
+        return self._chat_template
+
+    @chat_template.setter
+    def chat_template(self, template):
+        if template is not None and not isinstance(template, str):
+            raise ValueError(
+                "`chat_template` must be a jinja2 template string or None. Received: chat_template of "
+                f"type {type(template).__name__}"
+            )
+        self._chat_template = template
+
+    def apply_chat_template(self, messages, add_generation_prompt=False, **template_variables):
+        """Renders chat messages into the prompt string the model was trained on, as `transformers` does.
+
+        The result equals `transformers`' `apply_chat_template(messages, tokenize=False, ...)` for
+        the same template; `tokenize` on it gives the ids of `apply_chat_template(..., tokenize=True)`
+        (the template writes the special tokens, e.g. the start token, itself).
+
+        Args:
+            messages: a conversation, i.e. a list of dicts `{"role": "user", "content": "..."}`,
+                or a list of conversations.
+            add_generation_prompt: bool, end with the start of an assistant turn (what a model
+                continues to answer); False by default, as in `transformers`.
+            **template_variables: other variables the template reads (e.g. `tools`, `documents`,
+                `enable_thinking`); the special token strings (`bos_token`, ...) are set already.
+
+        Returns:
+            A string for one conversation; a list of strings for a list of conversations.
+
+        Example:
+
+        >>> tokenizer = Tokenizer(tokenizers.Tokenizer(tokenizers.models.WordLevel({"<unk>": 0}, "<unk>")))
+        >>> tokenizer.chat_template = (
+        ...     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\\n{% endfor %}"
+        ...     "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+        >>> tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True)
+        '<|user|>Hi\\n<|assistant|>'
+        """
+        if self.chat_template is None:
+            where = f"read from {self.source!r}" if self.source is not None else "built in memory"
+            raise ValueError(
+                f"This tokenizer ({where}) has no chat template, so it cannot turn chat messages into a "
+                "prompt: its tokenizer_config.json has no 'chat_template' and there is no "
+                f"{chat.CHAT_TEMPLATE_FILE}. Pass prompt strings instead, or set `tokenizer.chat_template` "
+                "to a jinja2 template."
+            )
+        parsed = chat.as_conversations(messages)
+        if parsed is None:
+            raise ValueError(
+                "`messages` must be a conversation (a list of dicts with 'role' and 'content') or a list "
+                f"of conversations. Received: messages of type {type(messages).__name__}"
+            )
+        single, conversations = parsed
+        variables = {name: token for name, token in self.special_tokens.items() if token is not None}
+        rendered = chat.render(self.chat_template, conversations, add_generation_prompt,
+                               {**variables, **template_variables})
+        return rendered[0] if single else rendered
+
     # === Vocabulary ===
 
     @property
@@ -263,9 +337,10 @@ class Tokenizer:
     def save(self, directory):
         """Writes `tokenizer.json` (the `tokenizers` JSON) and `tokenizer_config.json` to `directory`.
 
-        `tokenizer_config.json` holds our class name and the special token strings under the keys
-        Hugging Face uses, so `transformers.PreTrainedTokenizerFast.from_pretrained(directory)`
-        also reads the directory. The directory is created if needed.
+        `tokenizer_config.json` holds our class name, the special token strings and the chat
+        template (when there is one) under the keys Hugging Face uses, so
+        `transformers.PreTrainedTokenizerFast.from_pretrained(directory)` also reads the directory.
+        The directory is created if needed.
 
         Args:
             directory: path of the directory to write.
@@ -274,6 +349,8 @@ class Tokenizer:
         os.makedirs(directory, exist_ok=True)
         self.backend_tokenizer.save(os.path.join(directory, TOKENIZER_FILE))
         config = {"class_name": type(self).__name__, **self.special_tokens}
+        if self.chat_template is not None:
+            config["chat_template"] = self.chat_template
         with open(os.path.join(directory, CONFIG_FILE), "w", encoding="utf-8") as file:
             json.dump(config, file, indent=2, ensure_ascii=False)
             file.write("\n")
@@ -302,17 +379,23 @@ class Tokenizer:
             raise ValueError(f"Could not read {config_path!r}: {error}") from error
         target = cls._class_named(config, source=repr(config_path))
         special_tokens = {name: config.get(name) for name in SPECIAL_TOKEN_NAMES}
-        return target.from_file(os.path.join(os.fspath(directory), TOKENIZER_FILE), **special_tokens)
+        return target.from_file(
+            os.path.join(os.fspath(directory), TOKENIZER_FILE),
+            chat_template=chat.read_chat_template(directory, config),
+            **special_tokens,
+        )
 
     def to_config(self):
         """Returns the whole tokenizer as a JSON-serialisable dict (e.g. to embed in a model config).
 
-        The dict holds what `save` writes: the `tokenizer_config.json` entries, plus the
-        `tokenizers` JSON as a string under `"tokenizer_json"`.
+        The dict holds what `save` writes: the `tokenizer_config.json` entries (the chat template
+        under `"chat_template"`, None when there is none), plus the `tokenizers` JSON as a string
+        under `"tokenizer_json"`.
         """
         return {
             "class_name": type(self).__name__,
             **self.special_tokens,
+            "chat_template": self.chat_template,
             "tokenizer_json": self.backend_tokenizer.to_str(),
         }
 
@@ -333,7 +416,8 @@ class Tokenizer:
             raise ValueError(
                 f"The config holds no readable `tokenizers` JSON under 'tokenizer_json': {error!r}"
             ) from error
-        return target(backend, **{name: config.get(name) for name in SPECIAL_TOKEN_NAMES})
+        special_tokens = {name: config.get(name) for name in SPECIAL_TOKEN_NAMES}
+        return target(backend, chat_template=config.get("chat_template"), **special_tokens)
 
     @classmethod
     def _class_named(cls, config, source):
@@ -354,11 +438,12 @@ class Tokenizer:
         return target
 
     @classmethod
-    def from_file(cls, path, **special_tokens):
+    def from_file(cls, path, chat_template=None, **special_tokens):
         """Reads a `tokenizers` JSON file, e.g. the `tokenizer.json` of a Hugging Face checkpoint.
 
         Args:
             path: path of the `tokenizer.json` file.
+            chat_template: None or a jinja2 chat template, as in the constructor.
             **special_tokens: as in the constructor; roles not given take the class defaults.
 
         Returns:
@@ -373,7 +458,9 @@ class Tokenizer:
             raise ValueError(
                 f"Could not read a `tokenizers` JSON file from path={path!r}: {error}"
             ) from error
-        return cls(backend, **special_tokens)
+        tokenizer = cls(backend, chat_template=chat_template, **special_tokens)
+        tokenizer.source = os.path.dirname(os.path.abspath(path))
+        return tokenizer
 
     # === Training (used by the subclasses' `train`) ===
 
