@@ -114,7 +114,15 @@ class Task(keras.Model):
 
     @classmethod
     def from_preset(cls, preset, load_weights=True, **kwargs):
-        """Build the task from a registered preset name or a preset directory."""
+        """Build the task from a registered preset name or a preset directory (or Hugging Face
+        checkpoint). On a base class (`CausalLM`, `Seq2SeqLM`, ...) the preset picks the family:
+        the task class it names, else the one subclass built on its backbone class.
+
+        Example:
+        >>> kt.models.CausalLM.from_preset("path/to/hf/qwen2")  # a LlamaCausalLM
+        """
+        if cls.backbone_cls is None:
+            cls = _task_class_of(cls, preset, kwargs.get("allow_pickle", False))
         return presets.load_task(cls, preset, load_weights=load_weights, **kwargs)
 
     def save_to_preset(self, preset_dir, overwrite=True):
@@ -263,3 +271,28 @@ def _drop_none(batch):
     if w is not None:
         return x, y, w
     return (x, y) if y is not None else (x,)
+
+
+def _task_class_of(base, preset, allow_pickle=False):
+    """The subclass of the task base `base` that `preset` holds (see `Task.from_preset`)."""
+    from keras_transformer.models.backbone import Backbone
+
+    _, config = presets.load_config(preset, allow_pickle=allow_pickle)
+    name = (config.get("task") or {}).get("class_name")
+    if name is not None:
+        return presets.get_class(name, base)  # a ValueError unless a `base`
+    backbone_cls = presets.get_class(config["backbone"]["class_name"], Backbone)
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    found = sorted({sub for sub in subclasses(base) if sub.backbone_cls is backbone_cls}, key=lambda c: c.__name__)
+    if len(found) != 1:
+        raise ValueError(
+            f"Preset {str(preset)!r} holds a {backbone_cls.__name__} and names no task: "
+            f"{[c.__name__ for c in found] or 'no'} {base.__name__} subclasses are built on it. "
+            f"Call from_preset on the task class itself."
+        )
+    return found[0]
