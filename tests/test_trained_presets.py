@@ -24,7 +24,7 @@ try:
 finally:
     sys.path.pop(0)
 
-TRAINED = {"gpt_stdlib": "perplexity", "bert_stdlib": "accuracy", "t5_reverse": "exact_match"}
+TRAINED = {"gpt_stdlib": "perplexity", "llama_stdlib": "perplexity", "bert_stdlib": "accuracy", "t5_reverse": "exact_match"}
 
 
 def _record(name):
@@ -65,18 +65,27 @@ def test_trained_presets_are_registered_with_weights_and_cards():
         assert size < 6.5e6, f"{name} is {size / 1e6:.1f} MB"
 
 
-def test_gpt_stdlib_held_out_perplexity_matches_its_card():
-    record = _record("gpt_stdlib")
-    lm = kt.models.GPTCausalLM.from_preset("gpt_stdlib")
+@pytest.mark.parametrize("name", ["gpt_stdlib", "llama_stdlib"])
+def test_causal_lm_held_out_perplexity_matches_its_card(name):
+    record = _record(name)
+    lm = kt.models.CausalLM.from_preset(name)
     inputs, labels = recipes.gpt_eval_data(lm.preprocessor.tokenizer)
     assert recipes.fingerprint(inputs, labels) == record["eval_data_sha256"]
     nll, correct = _next_token_counts(lm, inputs, labels)
     assert np.exp(nll / labels.size) == pytest.approx(record["metrics"]["perplexity"], rel=2e-3)
     assert abs(correct - record["metrics"]["accuracy"] * labels.size) <= 2  # argmax near-ties may differ by backend
 
-    untrained = kt.models.GPTCausalLM.from_preset("gpt_stdlib", load_weights=False)
+    untrained = kt.models.CausalLM.from_preset(name, load_weights=False)
     nll_random, _ = _next_token_counts(untrained, inputs[:64], labels[:64])
     assert np.exp(nll / labels.size) < np.exp(nll_random / labels[:64].size) / 20
+
+
+def test_llama_stdlib_beats_gpt_stdlib_on_the_same_held_out_data():
+    """The README's comparison: equal parameters (within 0.1%), training steps and data."""
+    gpt, llama = _record("gpt_stdlib"), _record("llama_stdlib")
+    assert gpt["eval_data_sha256"] == llama["eval_data_sha256"]
+    assert abs(gpt["parameter_count"] - llama["parameter_count"]) < 1e-3 * gpt["parameter_count"]
+    assert llama["metrics"]["perplexity"] < gpt["metrics"]["perplexity"]
 
 
 def test_bert_stdlib_held_out_masked_accuracy_matches_its_card():
