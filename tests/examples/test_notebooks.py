@@ -34,6 +34,7 @@ NOTEBOOKS = {
     "05_export": ["logits_parity.png"],
     "06_switch_backends": ["backend_logit_differences.png"],
     "07_scale_out": ["weights_per_device.png"],
+    "08_llama_chat": ["logits_vs_transformers.png", "perplexity.png"],
 }
 CELL_TIMEOUT_S = 600
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
