@@ -14,6 +14,7 @@ from tests.export import helpers
 
 _BUILDERS = {
     "gpt": helpers.tiny_gpt,
+    "llama": helpers.tiny_llama,
     "bert": helpers.tiny_bert_classifier,
     "t5": helpers.tiny_t5,
     "transformer": helpers.tiny_transformer,

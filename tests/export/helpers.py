@@ -20,6 +20,9 @@ from keras_transformer.models import (
     GPTBackbone,
     GPTCausalLM,
     GPTCausalLMPreprocessor,
+    LlamaBackbone,
+    LlamaCausalLM,
+    LlamaCausalLMPreprocessor,
     T5Backbone,
     T5Seq2SeqLM,
     T5Seq2SeqLMPreprocessor,
@@ -67,6 +70,20 @@ def tiny_gpt(seed=0):
     embeddings = to_numpy(backbone.token_embedding.embeddings)
     embeddings[tokenizer.eos_token_id] *= 3.0
     backbone.token_embedding.embeddings.assign(embeddings)
+    return lm
+
+
+def tiny_llama(seed=0):
+    """Rotary GQA with Qwen2's biases, a separate head and a sliding window shorter than the prompts + new tokens."""
+    tokenizer = BytePairTokenizer.train(CORPUS, vocabulary_size=300)
+    backbone = LlamaBackbone(tokenizer.vocabulary_size, num_layers=2, num_heads=4, num_key_value_heads=2,
+                             hidden_dim=16, intermediate_dim=32, max_sequence_length=48, attention_bias=True,
+                             attention_output_bias=False, tie_word_embeddings=False, sliding_window=6,
+                             rope_scaling={"rope_type": "linear", "factor": 2.0})
+    lm = randomize(LlamaCausalLM(backbone, LlamaCausalLMPreprocessor(tokenizer, sequence_length=32)), seed)
+    head = to_numpy(backbone.token_embedding.reverse_embeddings)  # (D, V)
+    head[:, tokenizer.eos_token_id] *= 3.0  # some rows stop early, as tiny_gpt's
+    backbone.token_embedding.reverse_embeddings.assign(head)
     return lm
 
 

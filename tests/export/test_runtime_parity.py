@@ -27,7 +27,8 @@ from tests.export.helpers import (
 )
 
 pytestmark = pytest.mark.slow
-FAMILIES = ["gpt", "t5", "transformer"]
+FAMILIES = ["gpt", "llama", "t5", "transformer"]
+DECODERS = ("gpt", "llama")  # decoder-only: prompts, not sources
 RUNTIMES = ["keras", "saved_model", "bundle"]
 NEW = 8
 SAMPLERS = {
@@ -70,7 +71,7 @@ print(json.dumps(results))
 
 def _prompts(family, task):
     """The id lists each runtime reads: GPT prompts (start token first) or seq2seq sources (end token last)."""
-    if family == "gpt":
+    if family in DECODERS:
         tokenizer = task.preprocessor.tokenizer
         return [[tokenizer.bos_token_id] + tokenizer.tokenize(text) for text in TEXTS]
     ids, mask = task.preprocessor.generate_preprocess(SOURCES)
@@ -78,7 +79,7 @@ def _prompts(family, task):
 
 
 def _decoder_prefix(family, task, prompt):
-    return prompt if family == "gpt" else [task.preprocessor.decoder_start_token_id]
+    return prompt if family in DECODERS else [task.preprocessor.decoder_start_token_id]
 
 
 def _keras_sampler(name):
@@ -104,7 +105,7 @@ def expected(cases):
             eos = task.preprocessor.tokenizer.eos_token_id
             rows = []
             for row, prompt in enumerate(prompts):
-                next_logits = causal_next_logits(task) if family == "gpt" else seq2seq_next_logits(task, prompt)
+                next_logits = causal_next_logits(task) if family in DECODERS else seq2seq_next_logits(task, prompt)
                 prefix = _decoder_prefix(family, task, prompt)
                 if sampler == "greedy":
                     rows.append(reference_greedy(next_logits, prefix, NEW, eos))
@@ -125,7 +126,7 @@ def saved_model_results(cases, tmp_path_factory):
     for family, (task, prompts, _, saved_model) in cases.items():
         width = max(len(p) for p in prompts)
         spec[family] = {
-            "path": str(saved_model), "decoder": family == "gpt",
+            "path": str(saved_model), "decoder": family in DECODERS,
             "ids": [p + [0] * (width - len(p)) for p in prompts],
             "mask": [[True] * len(p) + [False] * (width - len(p)) for p in prompts],
         }
