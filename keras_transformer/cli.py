@@ -4,6 +4,7 @@
     keras-transformer export PRESET_OR_DIR OUT_DIR --format onnx|tf_saved_model [--overwrite]
     keras-transformer generate BUNDLE_OR_PRESET --prompt "..." [--sampler greedy|random|beam]
     keras-transformer convert HF_DIR OUT_PRESET_DIR [--allow-pickle] [--overwrite]
+    keras-transformer serve BUNDLE [--host 127.0.0.1] [--port 8000] [serve.py's options]
 
 Wherever a preset is taken, so is a Hugging Face Hub handle: hf://org/name[@revision] (see hub.py).
 
@@ -14,6 +15,7 @@ subcommand (e.g. `convert`) is one more such function.
 
 import argparse
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -118,6 +120,26 @@ def _generate(parser):
             texts = _generate_with_keras(args.model, args.prompt, options)
         for text in texts:
             print(text)
+
+    return run
+
+
+# --- serve ------------------------------------------------------------------
+
+
+@command("serve", help="Serve an ONNX bundle over HTTP (OpenAI-compatible; runs the bundle's serve.py, no Keras).")
+def _serve(parser):
+    parser.add_argument("bundle", metavar="BUNDLE", help="an exported ONNX bundle directory")
+    parser.add_argument("options", nargs=argparse.REMAINDER,
+                        help="serve.py's options: --host, --port, --max-batch, --max-queue, --timeout, ...")
+
+    def run(args):
+        path = Path(args.bundle) / "serve.py"
+        if not path.is_file():
+            raise ValueError(f"{args.bundle} has no serve.py: not an ONNX bundle (or one exported before serving "
+                             "existed: export it again).")
+        # The bundle's own server replaces this process: it imports no Keras, and signals reach it directly.
+        os.execv(sys.executable, [sys.executable, str(path), "--bundle", str(args.bundle), *args.options])
 
     return run
 

@@ -8,6 +8,8 @@ A bundle directory holds:
     generation_config.json           (LMs) special token ids, max length, how prompts are built
     tokenizer.json, tokenizer_config.json   (tasks with a preprocessor; the chat template, if any)
     generate.py                      the runner: numpy + onnxruntime + tokenizers only (+ jinja2 for chat)
+    batching.py, serve.py            continuous batching and the HTTP server (`python serve.py`)
+    requirements.txt                 what those files need (no Keras, TensorFlow or PyTorch)
 Nothing in it records when or from which backend it was exported, so exports of the same
 weights are the same files.
 
@@ -25,6 +27,7 @@ OPSET = 17  # tf2onnx 1.17 supports opsets up to 18; 17 is what ONNX Runtime >= 
 BUNDLE_FILE = "bundle.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 RUNTIME_FILE = "generate.py"
+RUNTIME_FILES = (RUNTIME_FILE, "batching.py", "serve.py", "requirements.txt")
 FORMAT_VERSION = 1
 
 
@@ -76,7 +79,8 @@ def write_onnx_bundle(task, directory):
         _write_json(directory / "preprocessor_config.json", _encoder_preprocessing(task))
     else:
         _write_json(directory / GENERATION_CONFIG_FILE, generation_config(task))
-    shutil.copyfile(runtime_dir() / RUNTIME_FILE, directory / RUNTIME_FILE)
+    for name in RUNTIME_FILES:
+        shutil.copyfile(runtime_dir() / name, directory / name)
 
 
 def convert(graph):

@@ -61,8 +61,8 @@ def _prompts(lm):
 
 def test_bundle_layout(bundle, lm):
     assert sorted(os.listdir(bundle)) == [
-        "bundle.json", "decode.onnx", "generate.py", "generation_config.json", "prefill.onnx",
-        "tokenizer.json", "tokenizer_config.json",
+        "batching.py", "bundle.json", "decode.onnx", "generate.py", "generation_config.json", "prefill.onnx",
+        "requirements.txt", "serve.py", "tokenizer.json", "tokenizer_config.json",
     ]
     spec = json.loads((bundle / "bundle.json").read_text())
     assert spec["kind"] == "decoder" and spec["family"] == "gpt" and spec["opset"] <= 18

@@ -1,0 +1,364 @@
+"""The bundle's HTTP server (export/runtime/serve.py), run as deployed: `python BUNDLE/serve.py` in a child process.
+
+Answers are checked against the bundle's own `Generator` (greedy, seeded random, beam, chat),
+through the official `openai` client and plain HTTP; continuous batching against the same
+requests sent one at a time. The tiny GPT bundle is exported once per session (conftest.py).
+"""
+
+import concurrent.futures
+import importlib.util
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from tests.export import helpers
+
+openai = pytest.importorskip("openai")
+pytestmark = pytest.mark.slow
+
+TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}assistant:{% endif %}")
+PROMPTS = [text[:n] for text in helpers.CORPUS[:4] for n in (3, 8, 14)]
+
+
+class Server:
+    """`python BUNDLE/serve.py` on a free localhost port, until `stop`."""
+
+    def __init__(self, bundle, *options):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen([sys.executable, str(bundle / "serve.py"), "--port", str(self.port),
+                                         "--log-level", "warning", *options],
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if self.get("/v2/health/ready")[0] == 200:
+                    return
+            except OSError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.process.kill()
+                raise RuntimeError(f"the server did not start: {self.process.stdout.read()}")
+            time.sleep(0.1)
+
+    def request(self, method, path, body=None, raw=None):
+        """-> (status, parsed JSON body or text, headers)."""
+        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        request = urllib.request.Request(self.url + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                status, text, headers = response.status, response.read().decode(), response.headers
+        except urllib.error.HTTPError as error:
+            status, text, headers = error.code, error.read().decode(), error.headers
+        try:
+            return status, json.loads(text), headers
+        except json.JSONDecodeError:
+            return status, text, headers
+
+    def get(self, path):
+        return self.request("GET", path)
+
+    def post(self, path, body=None, raw=None):
+        return self.request("POST", path, body, raw)
+
+    def metric(self, name):
+        """The summed value of a metric's samples (e.g. 'kt_decode_steps_total')."""
+        text = self.get("/metrics")[1]
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(name + "{") or line.startswith(name + " "))
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(30)
+
+
+@pytest.fixture(scope="module")
+def chat_bundle(exported, tmp_path_factory):
+    """The tiny GPT bundle, given a chat template (a bundle made by export, its tokenizer_config.json extended)."""
+    bundle = tmp_path_factory.mktemp("serve") / "tiny_gpt"
+    shutil.copytree(exported("gpt")["bundle"], bundle)
+    config = json.loads((bundle / "tokenizer_config.json").read_text())
+    (bundle / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
+    return bundle
+
+
+@pytest.fixture(scope="module")
+def generator(chat_bundle):
+    return _runtime(chat_bundle).Generator(chat_bundle)
+
+
+def _runtime(bundle, name="generate"):
+    """A bundle's runtime file as a module (its directory on sys.path, as when the bundle runs)."""
+    sys.path.insert(0, str(bundle))
+    try:
+        spec = importlib.util.spec_from_file_location(name, bundle / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(bundle))
+
+
+@pytest.fixture(scope="module")
+def server(chat_bundle):
+    server = Server(chat_bundle, "--max-batch", "16", "--max-queue", "64")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def _greedy(generator, prompt, max_tokens):
+    ids = generator.generate_ids([generator.encode(prompt)], max_tokens)[0]
+    return generator.tokenizer.decode(ids, skip_special_tokens=True), ids
+
+
+def test_bundle_carries_the_server(chat_bundle):
+    for name in ("serve.py", "batching.py", "requirements.txt"):
+        assert (chat_bundle / name).is_file(), name
+    required = (chat_bundle / "requirements.txt").read_text()
+    for package in ("numpy", "onnxruntime", "tokenizers", "starlette", "uvicorn", "prometheus_client"):
+        assert package in required
+    for framework in ("keras", "tensorflow", "torch", "jax"):
+        assert f"\n{framework}" not in required
+
+
+def test_the_server_imports_no_framework(chat_bundle):
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import serve; serve.build_app(sys.argv[1]); "
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {helpers.FRAMEWORKS!r}))")
+    result = subprocess.run([sys.executable, "-c", code, str(chat_bundle)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_scheduler_frees_cancelled_and_late_rows_and_bounds_its_queue(chat_bundle, generator):
+    batching = _runtime(chat_bundle, "batching")
+    scheduler = batching.Scheduler(generator, max_rows=4, max_queue=2)
+    finished = {}
+
+    def sequence(name, **options):
+        def on_event(kind, value):
+            if kind == "token" and name == "cancelled" and len(sequences[name].generated) == 2:
+                sequences[name].cancel()
+            if kind == "finish":
+                finished[name] = value
+        sequences[name] = batching.Sequence(generator.encode("def add("), 30, on_event, **options)
+        return sequences[name]
+
+    sequences = {}
+    scheduler.submit(sequence("cancelled"))
+    scheduler.submit(sequence("late", deadline=time.monotonic() - 1))
+    with pytest.raises(batching.QueueFull, match="max_queue=2"):
+        scheduler.submit(sequence("third"))
+    scheduler.start()
+    scheduler.submit(sequence("whole"))
+    deadline = time.monotonic() + 30
+    while len(finished) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    scheduler.stop(30)
+    assert finished == {"cancelled": "cancelled", "late": "timeout", "whole": "length"}
+    assert len(sequences["cancelled"].generated) == 2 and not sequences["late"].generated  # freed at the next step
+    assert sequences["whole"].generated == generator.generate_ids([generator.encode("def add(")], 30,
+                                                                  stop_token_ids=None)[0]
+    assert scheduler.decoder.size == 0 and not scheduler.active
+
+
+def test_completions_with_the_openai_client(client, generator):
+    expected, ids = _greedy(generator, "def add(", 12)
+    answer = client.completions.create(model="tiny_gpt", prompt="def add(", max_tokens=12, temperature=0)
+    assert answer.choices[0].text == expected
+    assert answer.usage.prompt_tokens == len(generator.encode("def add(")) and answer.usage.completion_tokens == len(ids)
+    assert answer.choices[0].finish_reason == ("stop" if ids[-1] == generator.config["eos_token_id"] else "length")
+    chunks = list(client.completions.create(model="tiny_gpt", prompt="def add(", max_tokens=12, temperature=0,
+                                            stream=True))
+    assert "".join(chunk.choices[0].text for chunk in chunks) == expected
+    # (tokens waiting together are sent as one event: how many events depends on the load)
+    assert chunks[-1].choices[0].finish_reason == answer.choices[0].finish_reason
+
+
+def test_chat_completions_with_the_openai_client(client, generator):
+    messages = [{"role": "user", "content": "def add"}]
+    expected = generator.generate(messages, max_new_tokens=10)
+    answer = client.chat.completions.create(model="tiny_gpt", messages=messages, max_tokens=10, temperature=0)
+    assert answer.choices[0].message.content == expected and answer.choices[0].message.role == "assistant"
+    stream = client.chat.completions.create(model="tiny_gpt", messages=messages, max_tokens=10, temperature=0,
+                                            stream=True)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in stream) == expected
+
+
+def test_sampling_options_match_the_runtime(client, generator):
+    prompt, ids = "for i in", generator.encode("for i in")
+    answer = client.completions.create(model="tiny_gpt", prompt=prompt, max_tokens=10, temperature=0.9, top_p=0.95,
+                                       extra_body={"top_k": 20}, seed=7, n=3)
+    expected = generator.generate_ids([ids] * 3, 10, sampler="random", temperature=0.9, top_p=0.95, top_k=20, seed=7)
+    texts = [generator.tokenizer.decode(row, skip_special_tokens=True) for row in expected]
+    assert [choice.text for choice in sorted(answer.choices, key=lambda c: c.index)] == texts
+    beam = client.completions.create(model="tiny_gpt", prompt=prompt, max_tokens=10,
+                                     extra_body={"num_beams": 3, "length_penalty": 1.0})
+    best = generator.generate_ids([ids], 10, sampler="beam", num_beams=3)[0]
+    assert beam.choices[0].text == generator.tokenizer.decode(best, skip_special_tokens=True)
+
+
+def test_stop_strings_cut_the_text(client, generator):
+    expected, _ = _greedy(generator, "def add(", 20)
+    stop = expected[3:6]
+    assert stop and stop in expected
+    answer = client.completions.create(model="tiny_gpt", prompt="def add(", max_tokens=20, temperature=0, stop=[stop])
+    assert answer.choices[0].text == expected[: expected.index(stop)] and answer.choices[0].finish_reason == "stop"
+    streamed = client.completions.create(model="tiny_gpt", prompt="def add(", max_tokens=20, temperature=0,
+                                         stop=stop, stream=True)
+    assert "".join(chunk.choices[0].text for chunk in streamed) == expected[: expected.index(stop)]
+
+
+def test_a_greedy_answer_is_the_same_alone_or_among_32_others(server):
+    bodies = [{"model": "tiny_gpt", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 8 + i % 17, "temperature": 0}
+              for i in range(33)]
+    alone = [server.post("/v1/completions", body)[1]["choices"][0]["text"] for body in bodies]
+    steps, rows = server.metric("kt_decode_steps_total"), server.metric("kt_decoded_rows_total")
+    with concurrent.futures.ThreadPoolExecutor(33) as pool:
+        together = list(pool.map(lambda body: server.post("/v1/completions", body), bodies))
+    assert [status for status, _, _ in together] == [200] * 33
+    assert [answer["choices"][0]["text"] for _, answer, _ in together] == alone
+    # Decoded together: rows per step well above one (16 rows at most; rows are reused as requests finish).
+    mean_batch = (server.metric("kt_decoded_rows_total") - rows) / (server.metric("kt_decode_steps_total") - steps)
+    assert mean_batch > 2, mean_batch
+    assert server.metric("kt_batch_rows") == 0 and server.metric("kt_queue_depth") == 0
+
+
+BAD_REQUESTS = [
+    (None, b'{"model": "tiny_gpt", "prompt": ', 400, "body"),
+    ({"prompt": "def"}, None, 400, "model"),
+    ({"model": "tiny_gpt"}, None, 400, "prompt"),
+    ({"model": "tiny_gpt", "prompt": 3}, None, 400, "prompt"),
+    ({"model": "tiny_gpt", "prompt": "def", "max_tokens": "ten"}, None, 400, "max_tokens"),
+    ({"model": "tiny_gpt", "prompt": "def", "max_tokens": 0}, None, 400, "max_tokens"),
+    ({"model": "tiny_gpt", "prompt": "def", "max_tokens": 48}, None, 400, "max_tokens"),
+    ({"model": "tiny_gpt", "prompt": "a " * 60}, None, 400, "prompt"),
+    ({"model": "tiny_gpt", "prompt": "def", "temperature": "hot"}, None, 400, "temperature"),
+    ({"model": "tiny_gpt", "prompt": "def", "n": 0}, None, 400, "n"),
+    ({"model": "tiny_gpt", "prompt": "def", "stream": True, "num_beams": 2}, None, 400, "stream"),
+    ({"model": "gpt-4", "prompt": "def"}, None, 404, "model"),
+]
+
+
+def test_bad_input_gets_an_error_naming_the_field_and_the_server_keeps_serving(server, client):
+    for body, raw, status, param in BAD_REQUESTS:
+        answer_status, answer, _ = server.post("/v1/completions", body, raw)
+        assert (answer_status, answer["error"]["param"]) == (status, param), (body, raw, answer)
+        assert param in answer["error"]["message"] or param == "body", answer
+    status, answer, _ = server.post("/v1/chat/completions", {"model": "tiny_gpt", "messages": [{"content": "x"}]})
+    assert status == 400 and answer["error"]["param"] == "messages[0]"
+    assert server.post("/v1/embeddings", {"model": "tiny_gpt", "input": "x"})[0] == 400
+    assert server.get("/v1/nowhere")[0] == 404 and server.get("/v1/completions")[0] == 405
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model="tiny_gpt", prompt="def", max_tokens=-1)
+    assert client.completions.create(model="tiny_gpt", prompt="def", max_tokens=2, temperature=0).choices[0].text
+    assert server.metric('kt_requests_total{endpoint="completions",status="400"}') >= 10
+
+
+def test_health_models_and_metrics(server):
+    assert server.get("/v2/health/live")[:2] == (200, {"live": True})
+    assert server.get("/v2/health/ready")[:2] == (200, {"ready": True})
+    status, metadata, _ = server.get("/v2/models/tiny_gpt")
+    assert status == 200 and metadata["name"] == "tiny_gpt" and metadata["platform"] == "onnxruntime_onnx"
+    assert {"name": "decode/input_ids", "datatype": "INT64", "shape": [-1, 1]} in metadata["inputs"]
+    assert server.get("/v2/models/other")[0] == 404 and server.get("/v2/models/tiny_gpt/ready")[0] == 200
+    assert [m["id"] for m in server.get("/v1/models")[1]["data"]] == ["tiny_gpt"]
+    server.post("/v1/completions", {"model": "tiny_gpt", "prompt": "def", "max_tokens": 3, "temperature": 0})
+    assert server.metric('kt_requests_total{endpoint="completions",status="200"}') >= 1
+    assert server.metric("kt_generated_tokens_total") >= 1 and server.metric("kt_prompt_tokens_total") >= 1
+    assert server.metric('kt_time_to_first_token_seconds_count{endpoint="completions"}') >= 1
+    assert server.metric('kt_request_latency_seconds_count{endpoint="completions"}') >= 1
+    assert "kt_queue_depth" in server.get("/metrics")[1]
+
+
+def test_a_client_that_disconnects_frees_its_row(server):
+    before = server.metric("kt_generated_tokens_total")
+    with socket.create_connection(("127.0.0.1", server.port)) as connection:
+        body = json.dumps({"model": "tiny_gpt", "prompt": "def", "max_tokens": 40, "temperature": 0, "stream": True})
+        connection.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+        received = b""
+        while b"data:" not in received:  # the headers, then the first event
+            chunk = connection.recv(4096)
+            assert chunk, received
+            received += chunk
+    deadline = time.monotonic() + 10
+    while server.metric("kt_batch_rows") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.metric("kt_batch_rows") == 0 and server.metric("kt_generated_tokens_total") > before
+    assert server.post("/v1/completions", {"model": "tiny_gpt", "prompt": "def", "max_tokens": 2})[0] == 200
+
+
+def test_a_full_queue_answers_503_and_sigterm_drains(chat_bundle, generator):
+    """One row, 32 waiting sequences: requests of 16 choices overflow it; SIGTERM lets queued work finish."""
+    server = Server(chat_bundle, "--max-batch", "1", "--max-queue", "32")
+    try:
+        body = {"model": "tiny_gpt", "prompt": "def add(", "max_tokens": 30, "temperature": 0, "n": 16}
+        expected = _greedy(generator, "def add(", 30)[0]
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lambda _: server.post("/v1/completions", body), range(6)))
+        busy = [answer for answer in answers if answer[0] == 503]
+        assert busy and all(headers["Retry-After"] for _, _, headers in busy), [a[0] for a in answers]
+        assert all(a[0] in (200, 503) for a in answers) and busy[0][1]["error"]["message"]
+        for status, answer, _ in answers:
+            if status == 200:
+                assert [c["text"] for c in answer["choices"]] == [expected] * 16
+
+        deadline = time.monotonic() + 30
+        while server.metric("kt_queue_depth") + server.metric("kt_batch_rows") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(server.post("/v1/completions", body)))
+                   for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 10
+        while server.metric("kt_queue_depth") < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        server.process.send_signal(signal.SIGTERM)
+        for thread in threads:
+            thread.join(60)
+        assert server.process.wait(30) == -signal.SIGTERM  # uvicorn re-raises the signal once drained
+        assert [status for status, _, _ in results] == [200, 200]  # in flight when SIGTERM came: finished
+        assert all([c["text"] for c in answer["choices"]] == [expected] * 16 for _, answer, _ in results)
+        with pytest.raises(OSError):
+            server.get("/v2/health/live")
+    finally:
+        server.stop()
+
+
+def test_embeddings_of_an_encoder_bundle(exported):
+    bundle = exported("bert")["bundle"]
+    server = Server(bundle)
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        texts = ["a good film", "the quick brown fox"]
+        name = bundle.name
+        answer = client.embeddings.create(model=name, input=texts)  # the client asks for base64
+        expected = _runtime(bundle).Encoder(bundle)(texts)["pooled_output"]
+        np.testing.assert_allclose(np.array([item.embedding for item in answer.data]), expected, rtol=1e-5, atol=1e-6)
+        status, body, _ = server.post("/v1/embeddings", {"model": name, "input": texts[0], "encoding_format": "float"})
+        assert status == 200 and len(body["data"][0]["embedding"]) == expected.shape[1]
+        assert server.post("/v1/embeddings", {"model": name, "input": 5})[1]["error"]["param"] == "input"
+        assert server.post("/v1/completions", {"model": name, "prompt": "x"})[1]["error"]["param"] == "model"
+    finally:
+        server.stop()
