@@ -326,13 +326,14 @@ def test_a_full_queue_answers_503_and_sigterm_drains(chat_bundle, generator):
         deadline = time.monotonic() + 30
         while server.metric("kt_queue_depth") + server.metric("kt_batch_rows") and time.monotonic() < deadline:
             time.sleep(0.05)
-        results = []
+        results, prompt_tokens = [], server.metric("kt_prompt_tokens_total")
         threads = [threading.Thread(target=lambda: results.append(server.post("/v1/completions", body)))
                    for _ in range(2)]
         for thread in threads:
             thread.start()
         deadline = time.monotonic() + 10
-        while server.metric("kt_queue_depth") < 2 and time.monotonic() < deadline:
+        accepted = 2 * 16 * len(generator.encode("def add("))  # prompt tokens counted once both are queued
+        while server.metric("kt_prompt_tokens_total") - prompt_tokens < accepted and time.monotonic() < deadline:
             time.sleep(0.005)
         server.process.send_signal(signal.SIGTERM)
         for thread in threads:
