@@ -1,7 +1,7 @@
 """The `keras-transformer` command line.
 
     keras-transformer presets
-    keras-transformer export PRESET_OR_DIR OUT_DIR --format onnx|tf_saved_model [--overwrite]
+    keras-transformer export PRESET_OR_DIR OUT_DIR --format onnx|tf_saved_model [--overwrite] [--quantize int8|int4]
     keras-transformer generate BUNDLE_OR_PRESET --prompt "..." [--sampler greedy|random|beam]
     keras-transformer convert HF_DIR OUT_PRESET_DIR [--allow-pickle] [--overwrite]
     keras-transformer serve BUNDLE [--host 127.0.0.1] [--port 8000] [serve.py's options]
@@ -84,13 +84,17 @@ def _export(parser):
     parser.add_argument("out_dir", metavar="OUT_DIR")
     parser.add_argument("--format", default="onnx", choices=("onnx", "tf_saved_model"))
     parser.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
+    parser.add_argument("--quantize", choices=("int8", "int4"), default=None,
+                        help="ONNX only: the graphs' weights in 8 or 4 bits")
 
     def run(args):
         from keras_transformer import export
 
         task = export.load_preset_task(args.preset)
-        path = export.export_model(task, args.out_dir, format=args.format, overwrite=args.overwrite)
-        print(f"Exported {type(task).__name__} to {path} ({args.format}).")
+        path = export.export_model(task, args.out_dir, format=args.format, overwrite=args.overwrite,
+                                   quantize=args.quantize)
+        quantized = f", {args.quantize} weights" if args.quantize else ""
+        print(f"Exported {type(task).__name__} to {path} ({args.format}{quantized}).")
 
     return run
 

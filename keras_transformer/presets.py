@@ -9,6 +9,8 @@ A preset is a directory:
     model.weights.h5    backbone weights (optional: presets without it start from random weights)
     task.weights.h5     the whole task, head included (optional)
     metadata.json       versions, backend saved from, parameter count
+    (config.json's optional "quantization": "int8" / "int4": the model is quantized before its
+    weights load, so quantized weights keep their 8 / 4-bit form)
     README.md           the model card
 Only classes registered by this library can be named in a config (safe loading).
 """
@@ -136,6 +138,8 @@ def load_backbone(cls, preset, load_weights=True, **overrides):
         hint = f" Presets for a {cls.__name__}: {', '.join(fitting)}." if fitting else ""
         raise ValueError(f"Preset {str(preset)!r} holds a {backbone_cls.__name__}, not a {cls.__name__}.{hint}")
     backbone = backbone_cls(**{**spec["config"], **overrides})
+    if config.get("quantization") is not None:  # rebuilt quantized, so the quantized weights fit
+        backbone.quantize(config["quantization"])
     if load_weights:
         _load_weights(backbone, path, config, BACKBONE_WEIGHTS_FILE)
     return backbone
@@ -189,6 +193,8 @@ def load_task(cls, preset, load_weights=True, preprocessor="auto", **kwargs):
     elif preprocessor is not None and not isinstance(preprocessor, Preprocessor):
         raise ValueError(f"`preprocessor` must be a Preprocessor, None or 'auto'. Received: {preprocessor!r}")
     task = cls(backbone=backbone, preprocessor=preprocessor, **{**task_kwargs, **kwargs})
+    if config.get("quantization") is not None:
+        task.quantize(config["quantization"])  # the head's projections (the backbone's already are)
     if load_weights:
         if task_kwargs == {**task_kwargs, **kwargs} and (path / TASK_WEIGHTS_FILE).is_file():
             _load_weights(task, path, config, TASK_WEIGHTS_FILE)
@@ -303,12 +309,21 @@ def _save_weights_without_optimizer(model, path):
     saving_lib.save_weights_only(model, str(path), objects_to_skip=[optimizer] if optimizer is not None else None)
 
 
+def _quantization_entry(model):
+    """{"quantization": mode} for a model with quantized weights ("int8", "int4"), else {}."""
+    from keras_transformer.models.quantization import quantization_mode
+
+    mode = quantization_mode(model)
+    return {} if mode is None else {"quantization": mode}
+
+
 def save_backbone(backbone, preset_dir, overwrite=True, extra=None):
     def write(tmp):
         config = {
             "family": getattr(backbone, "family", None),
             "parameter_count": int(backbone.count_params()),
             "backbone": _backbone_spec(backbone),
+            **_quantization_entry(backbone),
             **(extra or {}),
         }
         _write_json(tmp / CONFIG_FILE, config)
@@ -328,6 +343,7 @@ def save_task(task, preset_dir, overwrite=True):
             "parameter_count": int(task.backbone.count_params()),
             "backbone": _backbone_spec(task.backbone),
             "task": {"class_name": type(task).__name__, "config": task_config},
+            **_quantization_entry(task),
         }
         if task.preprocessor is not None:
             config["preprocessor"] = {

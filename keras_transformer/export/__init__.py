@@ -14,6 +14,10 @@ Formats:
     "tf_saved_model": a SavedModel with serving signatures for the forward pass and,
         for language models, a `generate` signature with the decoding loop in the graph.
 
+`quantize="int8"` or `"int4"` (ONNX only) rewrites the bundle's graphs with 8- or 4-bit weights
+after they are written (see `export/quantize.py`). A model with LoRA enabled is exported with
+its LoRA factors merged into the kernels (on a copy: the model keeps its LoRA).
+
 Writes are atomic: the export goes to a temporary directory next to the target, which is
 renamed at the end; a failure leaves nothing behind, and an existing target is replaced
 only with `overwrite=True`.
@@ -32,6 +36,9 @@ from pathlib import Path
 import keras
 
 from keras_transformer import presets
+from keras_transformer.export.quantize import check_mode, quantize_bundle
+from keras_transformer.models.lora import lora_layers
+from keras_transformer.models.quantization import quantization_mode
 
 FORMATS = ("onnx", "tf_saved_model")
 INSTALL_HINT = "pip install 'keras-transformer[export]'"
@@ -42,7 +49,7 @@ _REQUIREMENTS = {
 }
 
 
-def export_model(task, path, format="onnx", overwrite=False):
+def export_model(task, path, format="onnx", overwrite=False, quantize=None):
     """Export `task` to `path` as an ONNX bundle or a TensorFlow SavedModel.
 
     Args:
@@ -51,6 +58,7 @@ def export_model(task, path, format="onnx", overwrite=False):
         path: the directory to write; it must not exist unless `overwrite=True`.
         format: "onnx" or "tf_saved_model".
         overwrite: bool, replace an existing directory (atomically, at the end).
+        quantize: None, "int8" or "int4" (format "onnx" only): the bundle's weights in 8 or 4 bits.
 
     Returns:
         The `Path` of the written directory.
@@ -59,10 +67,10 @@ def export_model(task, path, format="onnx", overwrite=False):
     >>> lm.export("out/gpt_onnx", format="onnx")
     >>> # python out/gpt_onnx/generate.py --prompt "def add(" --sampler greedy
     """
-    return export_models(task, {path: format}, overwrite=overwrite)[0]
+    return export_models(task, {path: format}, overwrite=overwrite, quantize=quantize)[0]
 
 
-def export_models(task, targets, overwrite=False):
+def export_models(task, targets, overwrite=False, quantize=None):
     """Export `task` to several directories at once: `{path: format}`.
 
     The same as one `export_model` per target, but under JAX or PyTorch a single
@@ -84,7 +92,16 @@ def export_models(task, targets, overwrite=False):
             raise ValueError(f"`format` must be one of {FORMATS}. Received: format={format!r}")
         if path.exists() and not overwrite:
             raise ValueError(f"{path} already exists: pass overwrite=True to replace it.")
+    check_mode(quantize)
+    if quantize is not None and any(format != "onnx" for _, format in targets):
+        raise ValueError(f"`quantize` applies to format='onnx' only. Received: quantize={quantize!r} with "
+                         f"formats {sorted({format for _, format in targets})}")
+    if quantization_mode(task) is not None:
+        raise ValueError(f"The task's weights are quantized ({quantization_mode(task)}) in Keras: export the float "
+                         f"model and pass quantize='int8' or 'int4' to quantize the exported graphs.")
     graphs.model_kind(task)  # an unsupported task is an error before any work
+    if lora_layers(task):
+        task = _merged_copy(task)  # the graphs get plain kernels
     for format in dict.fromkeys(format for _, format in targets):
         check_requirements(format)
 
@@ -93,14 +110,28 @@ def export_models(task, targets, overwrite=False):
         if pending:
             (path, format), rest = pending[0], pending[1:]
             presets._atomic_dir(path, overwrite, lambda tmp: write_all(rest, written + [(tmp, format)]))
-        elif keras.config.backend() == "tensorflow":
-            for directory, format in written:
-                write(task, directory, format)
         else:
-            _write_in_tensorflow_child(task, written)
+            if keras.config.backend() == "tensorflow":
+                for directory, format in written:
+                    write(task, directory, format)
+            else:
+                _write_in_tensorflow_child(task, written)
+            for directory, format in written:
+                if quantize is not None:
+                    quantize_bundle(directory, quantize)
 
     write_all(targets, [])
     return [path for path, _ in targets]
+
+
+def _merged_copy(task):
+    """A copy of `task` whose LoRA factors are folded into its kernels (Keras saves LoRA layers merged)."""
+    copy = type(task).from_config(task.get_config())
+    with tempfile.TemporaryDirectory(prefix="keras_transformer_merge_") as scratch:
+        weights = Path(scratch) / "merged.weights.h5"
+        presets._save_weights_without_optimizer(task, weights)
+        copy.load_weights(str(weights))
+    return copy
 
 
 def check_requirements(format):

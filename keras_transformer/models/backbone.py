@@ -4,6 +4,7 @@ import keras
 
 from keras_transformer import presets
 from keras_transformer.layers.kv_cache import as_cache
+from keras_transformer.models import lora, quantization
 from keras_transformer.models.input_checks import check_inputs
 
 
@@ -47,6 +48,49 @@ class Backbone(keras.Model):
     def save_to_preset(self, preset_dir, overwrite=True):
         """Write `config.json`, `model.weights.h5` and `metadata.json` to `preset_dir` (atomically)."""
         presets.save_backbone(self, preset_dir, overwrite=overwrite)
+
+    # --- LoRA and quantized weights ------------------------------------------
+
+    def enable_lora(self, rank, target_names=None):
+        """Add rank-`rank` LoRA factors to the projections named `target_names`; only they train then.
+
+        Built on Keras's `Dense.enable_lora` / `EinsumDense.enable_lora`. Every other weight of the
+        backbone (embeddings, norms, biases, projections without LoRA) is frozen.
+
+        Args:
+            rank: int >= 1, the rank r of each update (kernel + A @ B, A (..., r), B (r, ...)).
+            target_names: layer names, default `("query", "value")`, the attention query and value
+                projections. Others: "key", "attention_output", "intermediate", "gate", "output", ...
+                A name that matches no layer is a ValueError listing the available names.
+
+        Example:
+        >>> lm.backbone.enable_lora(4)
+        >>> lm.fit(texts, epochs=1)  # trains the LoRA factors only
+        >>> lm.backbone.save_lora_weights("adapter.lora.safetensors")
+        """
+        lora.enable_lora(self, rank, target_names)
+
+    def save_lora_weights(self, path):
+        """Write only the LoRA factors (safetensors; rank and target names in its metadata) to `path`."""
+        lora.save_lora_weights(self, path)
+
+    def load_lora_weights(self, path):
+        """Load factors written by `save_lora_weights` into this backbone, which must have LoRA enabled
+        with the same rank and targets (else a ValueError, and nothing loads)."""
+        lora.load_lora_weights(self, path)
+
+    def merge_lora(self):
+        """Fold each A @ B into its kernel and remove the factors: plain weights, all trainable again."""
+        lora.merge_lora(self)
+
+    def quantize(self, mode, config=None, **kwargs):
+        """Quantize the Dense / EinsumDense weights to `mode` ("int8" or "int4"); embeddings stay float.
+
+        `save_to_preset` records the mode, so `from_preset` rebuilds the backbone quantized.
+        """
+        if kwargs:
+            raise ValueError(f"Unexpected arguments for quantize: {sorted(kwargs)}")
+        quantization.quantize(self, mode, super().quantize, config)
 
 
 def check_positive_ints(**values):

@@ -7,6 +7,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformer import presets
+from keras_transformer.models import quantization
 from keras_transformer.models.backbone import functional_setattr
 from keras_transformer.models.input_checks import check_finite, check_inputs
 
@@ -161,15 +162,34 @@ class Task(keras.Model):
             presets.check_weight_shapes(self, filepath)
         return super().load_weights(filepath, skip_mismatch=skip_mismatch, **kwargs)
 
+    # --- quantized weights ------------------------------------------------
+
+    def quantize(self, mode, config=None, **kwargs):
+        """Quantize the Dense / EinsumDense weights of the backbone and head to `mode` ("int8" or "int4").
+
+        Keras's own quantization (weights stored in 8 or 4 bits with per-channel scales); embedding
+        tables stay float. `generate` rebuilds its compiled loop once afterwards, and
+        `save_to_preset` / `from_preset` keep the quantized weights.
+
+        Example:
+        >>> lm.quantize("int8")
+        >>> lm.generate("def add(", max_new_tokens=16)
+        """
+        if kwargs:
+            raise ValueError(f"Unexpected arguments for quantize: {sorted(kwargs)}")
+        quantization.quantize(self, mode, super().quantize, config)
+
     # --- export -----------------------------------------------------------
 
-    def export(self, filepath, format="onnx", overwrite=False, **kwargs):
+    def export(self, filepath, format="onnx", overwrite=False, quantize=None, **kwargs):
         """Export for deployment from any backend: an ONNX bundle or a TensorFlow SavedModel.
 
         Args:
             filepath: the directory to write.
             format: "onnx" (graphs, tokenizer and a Keras-free runner) or "tf_saved_model".
             overwrite: bool, replace an existing directory.
+            quantize: None, "int8" or "int4" (ONNX only): the bundle's graphs with 8- or 4-bit weights.
+                A model with LoRA enabled is exported merged.
 
         See `keras_transformer.export.export_model`.
         """
@@ -177,7 +197,7 @@ class Task(keras.Model):
 
         if kwargs:
             raise ValueError(f"Unexpected arguments for export: {sorted(kwargs)}")
-        return export_model(self, filepath, format=format, overwrite=overwrite)
+        return export_model(self, filepath, format=format, overwrite=overwrite, quantize=quantize)
 
     # --- decoding ---------------------------------------------------------
 

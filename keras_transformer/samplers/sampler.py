@@ -542,9 +542,12 @@ class _Compiled:
 
 
 def _compiled(task, key, build):
+    # A compiled function holds the task's variables: when they change (LoRA enabled or merged,
+    # weights quantized), every function is made anew, once.
+    variables = tuple(map(id, task.variables))
     functions = task.__dict__.get("_generate_functions")
-    if functions is None:
-        functions = {}
+    if functions is None or functions["variables"] != variables:
+        functions = {"variables": variables}
         object.__setattr__(task, "_generate_functions", functions)
     if key not in functions:
         functions[key] = _Compiled(task, build())

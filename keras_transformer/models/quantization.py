@@ -1,0 +1,47 @@
+"""Quantized weights: Keras's own int8 / int4 quantization of a model's projections.
+
+Only `Dense` and `EinsumDense` layers are quantized (attention projections, feed-forward and
+dense heads): they hold most of the weights and Keras dequantizes them inside `call`. Embedding
+tables stay float, since decoding reads the tied head's table directly (`Task.decode_head`).
+"""
+
+import gc
+from contextlib import contextmanager
+
+import keras
+
+MODES = ("int8", "int4")
+_TYPES = (keras.layers.Dense, keras.layers.EinsumDense)
+
+
+def quantize(model, mode, parent_quantize, config=None):
+    """Quantize the float Dense / EinsumDense layers of `model` with `parent_quantize` (keras.Model.quantize);
+    `config`: None or a Keras `QuantizationConfig` (e.g. int4 with a block size)."""
+    if mode not in MODES:
+        raise ValueError(f"`mode` must be one of {MODES}. Received: mode={mode!r}")
+    if not model.built:
+        raise ValueError(f"Build the {type(model).__name__} (call it once) before quantizing it.")
+    with _one_gc_collect():
+        parent_quantize(mode, config=config, filters=lambda layer: isinstance(layer, _TYPES) and layer.quantization_mode is None)
+
+
+@contextmanager
+def _one_gc_collect():
+    """Keras runs `gc.collect()` for every variable a quantized layer drops (0.2 s each in a process
+    holding TensorFlow and JAX): collect once, at the end, instead."""
+    collect = gc.collect
+    gc.collect = lambda *args, **kwargs: 0
+    try:
+        yield
+    finally:
+        gc.collect = collect
+        collect()
+
+
+def quantization_mode(model):
+    """The mode the layers of `model` are quantized in ("int8", "int4"), or None for float weights."""
+    modes = {layer.quantization_mode for layer in model._flatten_layers() if isinstance(layer, _TYPES)}
+    modes.discard(None)
+    if len(modes) > 1:
+        raise ValueError(f"The layers of this {type(model).__name__} are quantized in several modes: {sorted(modes)}")
+    return modes.pop() if modes else None

@@ -1,0 +1,109 @@
+"""Quantized ONNX bundles (int8, int4) and the export of a model with LoRA enabled (merged).
+
+Tolerances, stated against the float bundle's logits of a tiny GPT with Keras's default
+initialisation: int8 (dynamic, per-tensor activations) within 5% of the logits' largest
+magnitude, int4 (blocks of 32) within 15%.
+"""
+
+import sys
+
+import numpy as np
+import onnxruntime
+import pytest
+
+from keras_transformer import cli
+from keras_transformer.export import export_model
+from keras_transformer.models import GPTBackbone, GPTCausalLM, GPTCausalLMPreprocessor
+from keras_transformer.tokenizers import BytePairTokenizer
+from tests.export.helpers import CORPUS, to_numpy
+
+pytestmark = pytest.mark.slow  # three exports (a TensorFlow conversion each)
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    tokenizer = BytePairTokenizer.train(CORPUS, vocabulary_size=300)
+    backbone = GPTBackbone(tokenizer.vocabulary_size, num_layers=2, num_heads=2, hidden_dim=64,
+                           intermediate_dim=128, max_sequence_length=48)
+    lm = GPTCausalLM(backbone, GPTCausalLMPreprocessor(tokenizer, sequence_length=32))
+    lm.backbone.enable_lora(4)
+    rng = np.random.default_rng(0)
+    for variable in lm.backbone.weights:
+        if variable.path.endswith("lora_kernel_b"):
+            variable.assign(0.05 * rng.standard_normal(tuple(variable.shape)).astype("float32"))
+    directory = tmp_path_factory.mktemp("quantized")
+    out = {"lm": lm, "float": export_model(lm, directory / "float")}
+    out["int8"] = export_model(lm, directory / "int8", quantize="int8")
+    lm.save_to_preset(directory / "preset")  # saved merged (Keras writes LoRA layers' kernels merged)
+    assert cli.main(["export", str(directory / "preset"), str(directory / "int4"), "--quantize", "int4"]) == 0
+    out["int4"] = directory / "int4"
+    assert lm.backbone.trainable_weights and all("lora" in v.path for v in lm.backbone.trainable_weights)  # LoRA kept
+    return out
+
+
+def _prefill_logits(bundle, ids):
+    session = onnxruntime.InferenceSession(str(bundle / "prefill.onnx"))
+    return session.run(["logits"], {"input_ids": ids, "attention_mask": np.ones(ids.shape, np.int64)})[0]
+
+
+def _ids():
+    return np.random.default_rng(3).integers(3, 300, (2, 12)).astype(np.int64)
+
+
+def test_a_lora_model_exports_merged(bundles):
+    ids = _ids()
+    expected = to_numpy(bundles["lm"]({"token_ids": ids.astype("int32"), "padding_mask": np.ones(ids.shape, bool)}))
+    np.testing.assert_allclose(_prefill_logits(bundles["float"], ids), expected, atol=1e-4)
+    assert not any("lora" in p.name for p in bundles["float"].iterdir())
+
+
+@pytest.mark.parametrize("mode, tolerance", [("int8", 0.05), ("int4", 0.15)])
+def test_quantized_logits_stay_near_float(bundles, mode, tolerance):
+    ids = _ids()
+    reference = _prefill_logits(bundles["float"], ids)
+    quantized = _prefill_logits(bundles[mode], ids)
+    assert np.abs(quantized - reference).max() < tolerance * np.abs(reference).max()
+    assert np.abs(quantized - reference).max() > 0  # the weights did change
+
+
+def test_quantized_graphs_use_quantized_operators_and_are_smaller(bundles):
+    import onnx
+
+    def ops(bundle, graph):
+        return {node.op_type for node in onnx.load(str(bundle / graph)).graph.node}
+
+    for graph in ("prefill.onnx", "decode.onnx"):
+        assert "MatMulInteger" in ops(bundles["int8"], graph)
+        assert "MatMulNBits" in ops(bundles["int4"], graph)
+    size = {mode: (bundles[mode] / "decode.onnx").stat().st_size for mode in ("float", "int8", "int4")}
+    assert size["int4"] < size["int8"] < 0.5 * size["float"]
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_the_runner_generates_with_quantized_weights(bundles, mode):
+    def generator(bundle):
+        sys.path.insert(0, str(bundle))
+        try:
+            import generate
+        finally:
+            sys.path.remove(str(bundle))
+            sys.modules.pop("generate", None)
+        return generate.Generator(bundle)
+
+    prompts = [[5, 9, 14], [7, 3, 22, 8]]
+    float_tokens = generator(bundles["float"]).generate_ids(prompts, max_new_tokens=6)
+    tokens = generator(bundles[mode]).generate_ids(prompts, max_new_tokens=6)
+    assert [len(row) for row in tokens] == [len(row) for row in float_tokens]
+    assert [row[0] for row in tokens] == [row[0] for row in float_tokens]  # the first choice survives quantization
+
+
+def test_quantize_arguments_are_checked(tmp_path):
+    lm = GPTCausalLM(GPTBackbone(20, num_layers=1, num_heads=1, hidden_dim=8, intermediate_dim=8, max_sequence_length=8))
+    with pytest.raises(ValueError, match="quantize='int2'"):
+        export_model(lm, tmp_path / "a", quantize="int2")
+    with pytest.raises(ValueError, match="format='onnx' only"):
+        export_model(lm, tmp_path / "b", format="tf_saved_model", quantize="int8")
+    lm.quantize("int8")
+    with pytest.raises(ValueError, match="quantized .int8. in Keras"):
+        export_model(lm, tmp_path / "c")
+    assert not any(tmp_path.iterdir())
