@@ -1,18 +1,21 @@
-"""A causal LM's decode step as an ONNX graph, built by running its own step with ONNX kernels per layer type.
+"""An LM's one-token decode step as an ONNX graph, built by running its own step with ONNX kernels per layer type.
 
-Axes: B rows, T = 1 new token, S_buf cache buffer length, H heads, Hkv key/value heads,
-Dh head size, D model width, F feed-forward width, V vocabulary, P positions.
+Axes: B rows, T = 1 new token, S_buf cache buffer length, S_enc encoder length, H heads,
+Hkv key/value heads, Dh head size, D model width, F feed-forward width, V vocabulary, P positions.
 
-    decode  input_ids (B, 1), position_ids (B, 1) (the new token's position S),
-            past_key_values.{i}.key/value (B, Hkv, S_buf, Dh)
+    causal LM  input_ids (B, 1), position_ids (B, 1) (the new token's position S),
+               past_key_values.{i}.key/value (B, Hkv, S_buf, Dh)
       -> logits (B, 1, V), present.{i}.key/value (B, Hkv, S_buf, Dh)
+    seq2seq    the same, and encoder_attention_mask (B, S_enc) (after position_ids),
+               cross_key_values.{i}.key/value (B, Hkv, S_enc, Dh) (after the pasts)
 
 The family's own step (`backbone.call_with_cache` + `task.compute_logits`, written once in its
 files) runs with `OnnxKernels` as its `call_layer` and symbolic `Value`s for tensors: each
 layer call adds that layer type's ONNX nodes, reading the layer's weights. Any family built
-from the layer types here gets the graph; a step that needs something else (cross-attention,
-post-norm blocks, a layer without a kernel) raises `Unsupported`, and the export falls back to
-the step traced by tf2onnx (graphs.py).
+from the layer types here gets the graph (pre- or post-norm blocks, layer or RMS norms, rotary
+or learned positions, a sliding window, T5's relative position bias, cross-attention over the
+encoder's keys/values); a step that needs something else raises `Unsupported`, and the export
+falls back to the step traced by tf2onnx (graphs.py).
 
 Why not the tf2onnx step: it concatenates every layer's whole past to the new keys/values and
 transposes the result twice, a copy of the cache per step that dominated batched and beam
@@ -21,9 +24,9 @@ S + 1 slots of a buffer and, when the present is bound to the very same memory a
 binding), writes the new position into it in place: the runner keeps one buffer per cache for
 the whole generation. Called with a past of exactly S positions and no binding, the same graph
 returns presents of S + 1 positions (the growing form the parity tests use). The kernels also
-emit what ONNX Runtime fuses: one QKV MatMul, residual additions inside SkipLayerNormalization
-(a residual sum stays pending until the next norm takes it), feed-forward biases inside
-FastGelu/BiasGelu.
+emit what ONNX Runtime fuses: one QKV MatMul, rotary positions inside GroupQueryAttention,
+residual additions inside Skip(Simplified)LayerNormalization (a residual sum stays pending until
+the next norm takes it), feed-forward biases inside FastGelu/BiasGelu.
 """
 
 import numpy as np
@@ -36,29 +39,46 @@ class Unsupported(Exception):
 
 
 def decode_model(task):
-    """`task` (a causal LM whose step the kernels cover) -> the checked ONNX ModelProto of its in-place decode step."""
+    """`task` (a causal or seq2seq LM whose step the kernels cover) -> the checked ONNX ModelProto of its
+    in-place decode step; `Unsupported` otherwise."""
     import onnx
     from onnx import TensorProto, helper
+
+    from keras_transformer.models.seq2seq_lm import Seq2SeqLM
 
     backbone = task.backbone
     if not hasattr(task, "compute_logits"):
         raise Unsupported(f"{type(task).__name__} has no `compute_logits`.")
+    seq2seq = isinstance(task, Seq2SeqLM)
     _, layers, _, kv_heads, _, head_dim = backbone.cache_shape(1, 1)
     builder = _Builder()
-    kernels = OnnxKernels(builder)
+    kernels = OnnxKernels(builder, max_positions=getattr(backbone, "max_sequence_length", None))
     inputs = [
         helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", 1]),
         helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", 1]),
     ]
-    past = []
-    for i in range(layers):
-        names = [f"past_key_values.{i}.{part}" for part in ("key", "value")]
-        inputs += [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", kv_heads, "past_sequence",
-                                                                           head_dim]) for name in names]
-        past.append(tuple(Value(builder, name) for name in names))
-    hidden, present = backbone.call_with_cache(
-        Value(builder, "input_ids"), past, Value(builder, "position_ids"), call_layer=kernels
-    )
+    if seq2seq:
+        inputs.append(helper.make_tensor_value_info("encoder_attention_mask", TensorProto.INT64,
+                                                    ["batch", "encoder_sequence"]))
+
+    def caches(prefix, axis):
+        pairs = []
+        for i in range(layers):
+            names = [f"{prefix}.{i}.{part}" for part in ("key", "value")]
+            inputs.extend(helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", kv_heads, axis, head_dim])
+                          for name in names)
+            pairs.append(tuple(Value(builder, name) for name in names))
+        return pairs
+
+    past = caches("past_key_values", "past_sequence")
+    if seq2seq:
+        cross = caches("cross_key_values", "encoder_sequence")
+        hidden, present = backbone.call_with_cache(Value(builder, "input_ids"), past, Value(builder, "position_ids"),
+                                                   cross, Value(builder, "encoder_attention_mask"),
+                                                   call_layer=kernels)
+    else:
+        hidden, present = backbone.call_with_cache(Value(builder, "input_ids"), past, Value(builder, "position_ids"),
+                                                   call_layer=kernels)
     logits = task.compute_logits(hidden, call_layer=kernels)
     builder.rename(logits.materialize(), "logits")
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 1, int(backbone.vocabulary_size)])]
@@ -69,7 +89,7 @@ def decode_model(task):
             outputs.append(helper.make_tensor_value_info(value.name, TensorProto.FLOAT,
                                                          ["batch", kv_heads, "present_sequence", head_dim]))
     model = helper.make_model(
-        helper.make_graph(builder.nodes, "decode", inputs, outputs, builder.initializers),
+        helper.make_graph(builder.nodes, "decoder" if seq2seq else "decode", inputs, outputs, builder.initializers),
         opset_imports=[helper.make_opsetid(domain, version) for domain, version in OPSET_IMPORTS],
         ir_version=8,  # what tf2onnx writes for opset 17; ONNX Runtime reads IR versions up to 13
         producer_name="keras_transformer",
@@ -85,13 +105,14 @@ class Value:
     SkipLayerNormalization node (which also outputs the sum for the residual stream).
     """
 
-    def __init__(self, builder, name, branch=None, bias=None):
-        self.builder, self.name, self.branch, self.bias = builder, name, branch, bias
+    def __init__(self, builder, name, branch=None, bias=None, index=None):
+        self.builder, self.name, self.branch, self.bias, self.index = builder, name, branch, bias, index
 
     def __add__(self, other):
         if not isinstance(other, Value):
             raise Unsupported(f"adding a {type(other).__name__} to a graph value")
-        if self.branch is None and other.branch is None:
+        plain = self.branch is None and self.bias is None and self.index is None
+        if plain and other.branch is None and other.index is None:
             return Value(self.builder, self.name, branch=other.name, bias=other.bias)
         return Value(self.builder, self.builder.node("Add", [self.materialize(), other.materialize()]))
 
@@ -101,11 +122,20 @@ class Value:
         return Value(self.builder, self.builder.node("Mul", [self.materialize(), self.builder.scalar(factor)]))
 
     def __getitem__(self, index):
-        raise Unsupported("indexing a graph value")
+        """x[:, ..., i] over leading axes, made only if something reads it (a step may index a cache for its length)."""
+        index = index if isinstance(index, tuple) else (index,)
+        if not all(isinstance(i, int) or i == slice(None) for i in index):
+            raise Unsupported(f"indexing a graph value with {index!r}")
+        return Value(self.builder, self.materialize(), index=index)
 
     def materialize(self):
-        """The name of this value's tensor, adding the pending sum's nodes if any."""
+        """The name of this value's tensor, adding the pending sum's (or indexing's) nodes if any."""
         name = self.name
+        if self.index is not None:  # one Gather per integer index, the last axis first
+            for axis, i in reversed(list(enumerate(self.index))):
+                if isinstance(i, int):
+                    name = self.builder.node("Gather", [name, self.builder.const("index", np.array(i))], axis=axis)
+            self.index = None
         if self.bias is not None:
             if self.branch is None:
                 name = self.builder.node("Add", [name, self.bias])
@@ -122,17 +152,26 @@ class OnnxKernels:
     """`call_layer` for the decode graph: each known layer type adds its ONNX nodes; anything else is `Unsupported`.
 
     It reads each row's position from `position_ids` (GroupQueryAttention takes each row's past
-    length and the longest total length, computed once for all layers).
+    length and the longest total length, computed once for all layers); tables indexed by
+    position (rotary cos/sin) have `max_positions` rows.
     """
 
-    def __init__(self, builder):
+    def __init__(self, builder, max_positions):
         from onnx import TensorProto
 
-        self.builder = builder
+        self.builder, self.max_positions = builder, max_positions
+        self._memo = {}
         squeezed = builder.node("Squeeze", ["position_ids", builder.const("axis_1", np.array([1]))])  # (B,)
         self.past_lengths = builder.node("Cast", [squeezed], to=TensorProto.INT32)
         total = builder.node("Add", [builder.node("ReduceMax", ["position_ids"], keepdims=0), builder.const("one", np.array(1))])
         self.total_length = builder.node("Cast", [total], to=TensorProto.INT32)  # ()
+        self.total_length_int64 = total
+
+    def memo(self, key, make):
+        """`make()` once per graph for `key` (a table or mask shared by every layer)."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
 
     def __call__(self, layer, *args, **kwargs):
         from keras_transformer.export import onnx_kernels

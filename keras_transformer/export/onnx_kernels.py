@@ -1,6 +1,7 @@
 """The ONNX nodes of each layer type in a one-token decode step (see decode_graph.py), keyed by layer type.
 
-Axes: B rows, D model width, H heads, Hkv key/value heads, Dh head size, F feed-forward width, V vocabulary.
+Axes: B rows, D model width, H heads, Hkv key/value heads, Dh head size, F feed-forward width, V vocabulary,
+S_total = S + 1 positions attended, S_enc encoder length, P positions, R rotated dims per head.
 Every kernel takes `(kernels, layer, *call arguments)` as the layer's own `call` does and returns
 `decode_graph.Value`s; what it does not build raises `Unsupported`.
 """
@@ -11,6 +12,7 @@ import numpy as np
 from keras_transformer.export.decode_graph import Unsupported, Value, weight
 from keras_transformer.layers.feed_forward import FeedForward
 from keras_transformer.layers.positional_embedding import PositionalEmbedding
+from keras_transformer.layers.relative_position_bias import RelativePositionBias
 from keras_transformer.layers.transformer_decoder_block import TransformerDecoderBlock
 
 
@@ -44,11 +46,33 @@ def _layer_norm(kernels, layer, x):
     if x.branch is None:
         return Value(b, b.node("LayerNormalization", [x.materialize(), gamma, beta], axis=-1,
                                epsilon=float(layer.epsilon)))
-    inputs = [x.name, x.branch, gamma, beta] + ([x.bias] if x.bias is not None else [])
-    normalized, total = b.node("SkipLayerNormalization", inputs, outputs=4, domain="com.microsoft",
-                               names=[None, "", "", None], epsilon=float(layer.epsilon))[::3]
+    return _skip_norm(kernels, "SkipLayerNormalization", x, [gamma, beta], layer.epsilon)
+
+
+def _rms_norm(kernels, layer, x):
+    """An RMSNormalization of x, x / sqrt(mean(x^2) + epsilon) * scale; a pending residual sum becomes one
+    SkipSimplifiedLayerNormalization (x takes the sum)."""
+    if layer.axis not in (-1, [-1], 2, [2]):
+        raise Unsupported(f"an RMSNormalization over another axis than the last ({layer.name})")
+    b = kernels.builder
+    scale = b.const(f"{layer.name}.scale", weight(layer.scale))
+    if x.branch is None:
+        # Standard ops (SimplifiedLayerNormalization is ONNX Runtime's, outside opset 17), in the
+        # pattern ONNX Runtime fuses into it.
+        x = x.materialize()
+        mean = b.node("ReduceMean", [b.node("Pow", [x, b.scalar(2.0)])], axes=[-1], keepdims=1)  # (B, 1, 1)
+        root = b.node("Sqrt", [b.node("Add", [mean, b.scalar(layer.epsilon)])])
+        return Value(b, b.node("Mul", [b.node("Div", [x, root]), scale]))
+    return _skip_norm(kernels, "SkipSimplifiedLayerNormalization", x, [scale], layer.epsilon)
+
+
+def _skip_norm(kernels, op, x, parameters, epsilon):
+    """norm(x + branch (+ bias)) of a pending sum as one fused node, which also gives the sum: x takes it."""
+    inputs = [x.name, x.branch, *parameters] + ([x.bias] if x.bias is not None else [])
+    normalized, total = kernels.builder.node(op, inputs, outputs=4, domain="com.microsoft", names=[None, "", "", None],
+                                             epsilon=float(epsilon))[::3]
     x.name, x.branch, x.bias = total, None, None  # the residual stream goes on from the sum
-    return Value(b, normalized)
+    return Value(kernels.builder, normalized)
 
 
 def _dense(kernels, layer, x):
@@ -100,29 +124,102 @@ def _activation(kernels, name, y):
     raise Unsupported(f"no ONNX kernel for the activation {name!r}")
 
 
-def _self_attention(kernels, attention, h, cache):
-    """Causal self-attention of one token per row, its keys/values written into the cache buffers in place."""
-    if attention.rotary_embedding is not None or attention.sliding_window is not None:
-        raise Unsupported(f"rotary positions or a sliding window ({attention.name})")
+def _relative_position_bias(kernels, layer, query, key, query_start=0):
+    """T5's causal bias of each row's query (at its `position_ids`) against keys [0, S_total): (B, H, 1, S_total).
+
+    Whatever `query_start` and `key` traced: the query is at the row's position and the keys are
+    the positions attended. Distances past `max_distance` share the last bucket, so a table of
+    max_distance + 1 distances, looked up at min(distance, max_distance), covers every position.
+    """
+    if layer.bidirectional:
+        raise Unsupported(f"a bidirectional relative position bias in a decode step ({layer.name})")
+    b = kernels.builder
+    distances = np.arange(layer.max_distance + 1, dtype=np.int32)
+    buckets = keras.ops.convert_to_numpy(layer._bucket(keras.ops.convert_to_tensor(-distances)))  # key - query = -d
+    table = b.const(f"{layer.name}.table", weight(layer.embeddings)[buckets])  # (max_distance + 1, H)
+    keys = b.node("Range", [b.const("zero", np.array(0)), kernels.total_length_int64, b.const("one", np.array(1))])
+    distance = b.node("Sub", ["position_ids", keys])  # (B, 1) - (S_total,) -> (B, S_total): query - key
+    distance = b.node("Clip", [distance, b.const("zero", np.array(0)), b.const("max", np.array(layer.max_distance))])
+    bias = b.node("Transpose", [b.node("Gather", [table, distance])], perm=[0, 2, 1])  # (B, S_total, H) -> (B, H, S_total)
+    return Value(b, b.node("Unsqueeze", [bias, b.const("axis_2", np.array([2]))]))  # -> (B, H, 1, S_total)
+
+
+def _self_attention(kernels, attention, h, cache, bias=None):
+    """Causal self-attention of one token per row, its keys/values written into the cache buffers in place.
+
+    Rotary positions and a sliding window are GroupQueryAttention's own: it rotates the packed
+    queries and keys at each row's position with cos/sin tables (P, R/2) (rotate-half layout; its
+    CPU kernel takes R/2 a multiple of 8), and `local_window_size` W lets a query at p attend the
+    keys k with p - W < k <= p, as `MultiHeadAttention(sliding_window=W)`. `bias` (B|1, H, 1, S_total)
+    is added to the logits (T5's relative positions).
+    """
     b = kernels.builder
     past = [value.name for value in cache]
     if not all(name.startswith("past_key_values.") for name in past):
         raise Unsupported("a self-attention cache that is not a graph input")
     present = [name.replace("past_key_values.", "present.", 1) for name in past]
+    H, Hkv, Dh = attention.num_heads, attention._kv_heads, attention._head_dim
     dense = (attention.query_dense, attention.key_dense, attention.value_dense)
     width = attention.query_dense.kernel.shape[0]
     # (D, H, Dh), (D, Hkv, Dh), (D, Hkv, Dh) -> (D, (H + 2 Hkv) Dh): one MatMul gives the packed QKV GQA reads.
     kernel = np.concatenate([weight(d.kernel).reshape(width, -1) for d in dense], axis=1)
     qkv = b.node("MatMul", [h.materialize(), b.const(f"{attention.name}.qkv.kernel", kernel)])  # (B, 1, (H + 2 Hkv) Dh)
     if attention.query_dense.bias is not None:
-        bias = np.concatenate([weight(d.bias).reshape(-1) for d in dense])
-        qkv = b.node("Add", [qkv, b.const(f"{attention.name}.qkv.bias", bias)])
-    out = b.node("GroupQueryAttention", [qkv, "", "", past[0], past[1], kernels.past_lengths, kernels.total_length],
-                 outputs=3, domain="com.microsoft", num_heads=attention.num_heads, kv_num_heads=attention._kv_heads,
-                 scale=float(attention._scale), names=[None, present[0], present[1]])[0]  # (B, 1, H Dh)
-    H, Dh = attention.num_heads, attention._head_dim
+        bias_qkv = np.concatenate([weight(d.bias).reshape(-1) for d in dense])
+        qkv = b.node("Add", [qkv, b.const(f"{attention.name}.qkv.bias", bias_qkv)])
+    inputs = [qkv, "", "", past[0], past[1], kernels.past_lengths, kernels.total_length]
+    options = {}
+    if attention.rotary_embedding is not None:
+        inputs += _rotary_tables(kernels, attention.rotary_embedding, Dh)
+        options.update(do_rotary=1, rotary_interleaved=0)
+    if attention.sliding_window is not None:
+        options["local_window_size"] = int(attention.sliding_window)
+    if bias is not None:
+        inputs += [""] * (10 - len(inputs)) + [bias.materialize()]  # attention_bias is GQA's 11th input
+    out = b.node("GroupQueryAttention", inputs, outputs=3, domain="com.microsoft", num_heads=H, kv_num_heads=Hkv,
+                 scale=float(attention._scale), names=[None, present[0], present[1]], **options)[0]  # (B, 1, H Dh)
     return _matmul(kernels, attention.output_dense, Value(b, out), shape=(H * Dh, -1)), (Value(b, present[0]),
                                                                                           Value(b, present[1]))
+
+
+def _rotary_tables(kernels, rotary, head_dim):
+    """[cos, sin] (P, R/2) of `RotaryEmbedding`'s angles position * theta_i, float32 as the layer computes them."""
+    frequencies = rotary.inverse_frequencies(head_dim)  # (R/2,)
+    if kernels.max_positions is None:
+        raise Unsupported("rotary positions in a backbone without a `max_sequence_length` (the tables' length)")
+    if frequencies.size % 8:
+        raise Unsupported(f"rotary positions over {2 * frequencies.size} dims per head (GroupQueryAttention's CPU "
+                          "kernel rotates a multiple of 16)")
+
+    def tables():
+        angles = np.arange(int(kernels.max_positions), dtype=np.float32)[:, None] * frequencies[None, :]  # (P, R/2)
+        return [kernels.builder.const("rotary.cos", np.cos(angles)), kernels.builder.const("rotary.sin", np.sin(angles))]
+
+    return kernels.memo(("rotary", frequencies.tobytes()), tables)
+
+
+def _cross_attention(kernels, attention, h, cache, encoder_padding_mask, bias=None):
+    """Attention of one token per row over the encoder's keys/values (B, H, S_enc, Dh), graph inputs: ONNX Runtime's
+    MultiHeadAttention reads them as they lie (no per-step copy)."""
+    b = kernels.builder
+    H, Dh = attention.num_heads, attention._head_dim
+    if attention._kv_heads != H:
+        raise Unsupported(f"grouped keys/values in cross-attention ({attention.name})")
+    keys, values = (value.materialize() for value in cache)
+    width = attention.query_dense.kernel.shape[0]
+    q = _matmul(kernels, attention.query_dense, h, shape=(width, -1)).materialize()  # (B, 1, D) -> (B, 1, H Dh)
+    inputs = [q, keys, values, ""]
+    if encoder_padding_mask is not None:
+        from onnx import TensorProto
+
+        name = encoder_padding_mask.materialize()
+        inputs.append(kernels.memo(("int32", name), lambda: b.node("Cast", [name], to=TensorProto.INT32)))  # (B, S_enc)
+    if bias is not None:
+        inputs += [""] * (5 - len(inputs)) + [bias.materialize()]
+    # A masked key gets MultiHeadAttention(Keras)'s -1e9 bias.
+    out = b.node("MultiHeadAttention", inputs, domain="com.microsoft", num_heads=H, scale=float(attention._scale),
+                 mask_filter_value=-1.0e9)  # (B, 1, H Dh)
+    return _matmul(kernels, attention.output_dense, Value(b, out), shape=(H * Dh, -1))
 
 
 def _decoder_block(
@@ -130,27 +227,41 @@ def _decoder_block(
     self_attention_bias=None, cross_attention_bias=None, self_attention_cache=None, cache_index=None,
     cross_attention_cache=None, use_causal_mask=True, return_attention_scores=False, training=None,
 ):
-    """A pre-norm decoder block without cross-attention, bias or padding mask (the residual sums stay pending)."""
-    if block.use_cross_attention or not block.norm_first:
-        raise Unsupported("decoder blocks with cross-attention or post-norm")
-    if any(a is not None for a in (padding_mask, self_attention_bias, encoder_outputs)) or return_attention_scores:
-        raise Unsupported("a decoder block call with a padding mask, an attention bias or scores")
+    """`TransformerDecoderBlock.call` at inference, pre- or post-norm, with cross-attention over cached keys/values
+    (the residual sums stay pending until a norm takes them)."""
+    if padding_mask is not None or encoder_outputs is not None or return_attention_scores:
+        raise Unsupported("a decoder block call with a padding mask, encoder outputs or scores")
     if training or not use_causal_mask or not isinstance(self_attention_cache, (list, tuple)):
         raise Unsupported("a decoder block call without a (keys, values) cache")
+    if block.use_cross_attention and not isinstance(cross_attention_cache, (list, tuple)):
+        raise Unsupported("cross-attention without the encoder's (keys, values)")
+
+    def pre(x, norm):
+        return kernels(norm, x) if block.norm_first else x
+
+    def post(x, h, norm):
+        return x + h if block.norm_first else kernels(norm, x + h)
+
     x = inputs
-    h, cache = _self_attention(kernels, block.self_attention, kernels(block.self_attention_norm, x),
-                               self_attention_cache)
-    x = x + h
-    x = x + kernels(block.feed_forward, kernels(block.feed_forward_norm, x))
-    return x, cache
+    h, cache = _self_attention(kernels, block.self_attention, pre(x, block.self_attention_norm), self_attention_cache,
+                               self_attention_bias)
+    x = post(x, h, block.self_attention_norm)
+    if block.use_cross_attention:
+        h = _cross_attention(kernels, block.cross_attention, pre(x, block.cross_attention_norm), cross_attention_cache,
+                             encoder_padding_mask, cross_attention_bias)
+        x = post(x, h, block.cross_attention_norm)
+    x = post(x, kernels(block.feed_forward, pre(x, block.feed_forward_norm)), block.feed_forward_norm)
+    return (x, cache, cross_attention_cache) if block.use_cross_attention else (x, cache)
 
 
 KERNELS = {
     keras.layers.ReversibleEmbedding: _reversible_embedding,
     PositionalEmbedding: _positional_embedding,
     keras.layers.LayerNormalization: _layer_norm,
+    keras.layers.RMSNormalization: _rms_norm,
     keras.layers.Dense: _dense,
     keras.layers.Dropout: _dropout,
+    RelativePositionBias: _relative_position_bias,
     FeedForward: _feed_forward,
     TransformerDecoderBlock: _decoder_block,
 }
