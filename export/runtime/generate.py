@@ -26,8 +26,8 @@ the same seed (the noise is the same hash of (seed, step, row), see `_uniform_no
 Prompts of different lengths share a batch: the prefill graph runs the positions every
 prompt has, then the decode graph runs one position at a time, feeding a row its own prompt token until its prompt ends and its
 chosen token afterwards; no padding enters the key/value caches. A row stops at its end
-token (kept) or after `max_new_tokens`. A GPT bundle's decode graph writes its caches in
-place, into buffers the runner allocates and binds once per generation (`_cache_buffers`).
+token (kept) or after `max_new_tokens`. A decode(r) graph with `position_ids` writes its caches
+in place, into buffers the runner allocates and binds once per generation (`_cache_buffers`).
 
 Seq2seq LMs run the encoder graph once (it also returns the cross-attention keys/values),
 then the decoder graph from the decoder start token.
@@ -90,9 +90,9 @@ class Generator:
             name: _session(os.path.join(self.bundle_dir, graph["file"]), providers, num_threads)
             for name, graph in self.bundle["graphs"].items()
         }
-        # A decode graph with `position_ids` writes its caches in place (see `_cache_buffers`).
-        self._in_place = self.kind == "decoder" and any(
-            value.name == "position_ids" for value in self.sessions["decode"].get_inputs())
+        # A decode(r) graph with `position_ids` writes its caches in place (see `_cache_buffers`).
+        self._step_graph = "decode" if self.kind == "decoder" else "decoder"
+        self._in_place = any(value.name == "position_ids" for value in self.sessions[self._step_graph].get_inputs())
         self.tokenizer = None
         if os.path.isfile(os.path.join(self.bundle_dir, "tokenizer.json")):
             import tokenizers
@@ -257,7 +257,9 @@ class Generator:
         return {"cross": [encoded[name] for name in self._cross_names], "encoder_mask": mask}
 
     def _empty_past(self, batch):
-        return [np.zeros((batch, 0) + self._cache_shape, np.float32)] * len(self._past_names)
+        heads, head_dim = self._cache_shape
+        shape = (batch, heads, 0, head_dim) if self._in_place else (batch, 0, heads, head_dim)
+        return [np.zeros(shape, np.float32)] * len(self._past_names)
 
     def _cache_buffers(self, state, length):
         """Growing caches 2L x (R, S, Hkv, Dh) -> buffers 2L x (R, Hkv, L, Dh) the decode graph writes in place.
@@ -265,18 +267,20 @@ class Generator:
         Each buffer is bound (IO binding) as both a layer's past and its present, so a step
         writes one position into it instead of returning a copy of the whole cache; the
         token and position inputs and the logits output are bound once too, and a step
-        only fills them. Other graphs (seq2seq decoders) keep the growing caches.
+        only fills them (a seq2seq decoder's encoder keys/values and mask as well; its first
+        step's caches come heads first already). Traced decode graphs keep the growing caches.
         """
         if not self._in_place:
             return state
         rows, position = state["past"][0].shape[0], state["position"]
-        session = self.sessions["decode"]
+        session = self.sessions[self._step_graph]
         binding = session.io_binding()
         heads, head_dim = self._cache_shape
         buffers = []
         for past, past_name, present_name in zip(state["past"], self._past_names, self._present_names):
             buffer = np.zeros((rows, heads, length, head_dim), np.float32)
-            buffer[:, :, :position] = past.transpose(0, 2, 1, 3)  # (R, S, Hkv, Dh) -> (R, Hkv, S, Dh)
+            # prefill gives (R, S, Hkv, Dh) -> (R, Hkv, S, Dh)
+            buffer[:, :, :position] = past.transpose(0, 2, 1, 3) if self.kind == "decoder" else past
             value = onnxruntime.OrtValue.ortvalue_from_numpy(buffer)  # shares the buffer's memory
             binding.bind_ortvalue_input(past_name, value)
             binding.bind_ortvalue_output(present_name, value)
@@ -287,6 +291,10 @@ class Generator:
         binding.bind_ortvalue_input("input_ids", values["input_ids"])
         binding.bind_ortvalue_input("position_ids", values["position_ids"])
         binding.bind_ortvalue_output("logits", values["logits"])
+        if "cross" in state:  # a row's buffer slot stays among its input's rows (see `_reorder_state`)
+            for name, array in zip(self._cross_names, state["cross"]):
+                binding.bind_cpu_input(name, array)
+            binding.bind_cpu_input("encoder_attention_mask", state["encoder_mask"])
         # slots: the buffer row of each row of the loop (beam search moves histories, see `_reorder_state`).
         return {"past": [buffer for buffer, _ in buffers], "position": position, "binding": binding,
                 "feeds": feeds, "slots": None, "ortvalues": (buffers, values)}  # OrtValues live as long as the binding
@@ -297,11 +305,13 @@ class Generator:
             feeds, slots = state["feeds"], state["slots"]
             feeds["input_ids"][slice(None) if slots is None else slots, 0] = tokens
             feeds["position_ids"][:] = state["position"]
-            self.sessions["decode"].run_with_iobinding(state["binding"])
+            self.sessions[self._step_graph].run_with_iobinding(state["binding"])
             # The logits buffer is overwritten by the next step; the loop reads it before.
             logits = feeds["logits"][:, -1] if slots is None else feeds["logits"][slots, -1]
             return logits, {**state, "position": state["position"] + 1}
         feeds = {"input_ids": tokens.reshape(-1, 1).astype(np.int64), **dict(zip(self._past_names, state["past"]))}
+        if self._in_place:  # a seq2seq decoder's first step: caches of exactly S positions, grown to S + 1
+            feeds["position_ids"] = np.full((tokens.shape[0], 1), state["position"], np.int64)
         if self.kind == "decoder":
             feeds["attention_mask"] = np.ones((tokens.shape[0], state["position"] + 1), np.int64)
             outputs = self._run("decode", feeds)
@@ -496,6 +506,8 @@ def _reorder_state(state, rows):
     # In-place buffers (R, Hkv, L, Dh): rather than moving every history to its beam's row, a
     # beam keeps the buffer row of its parent, and only a parent's second, third... child gets a
     # copy, into a row no beam continues (so no source is overwritten), of the positions written.
+    # An input has as many such copies as free rows among its own K, and both lists are sorted:
+    # a slot stays among its input's rows (those a seq2seq decoder binds that input's encoder to).
     slots = np.arange(rows.size) if state["slots"] is None else state["slots"]
     parents = slots[rows]  # (R,) the buffer row each new beam continues
     _, first = np.unique(parents, return_index=True)

@@ -18,14 +18,20 @@ Three kinds of task, three sets of graphs:
                                  -> the backbone's outputs (sequence_output, pooled_output) and logits
     encoder-decoder (T5, ...): encoder  input_ids (B, S_enc), attention_mask (B, S_enc)
                                  -> encoder_hidden_states (B, S_enc, D), cross_key_values.{i}.key/value
-                               decoder  input_ids (B, 1), encoder_attention_mask (B, S_enc),
+                                    (B, Hkv, S_enc, Dh) for an in-place decoder, else (B, S_enc, Hkv, Dh)
+                               decoder  when the ONNX kernels cover the task's step (decode_graph.py):
+                                        input_ids (B, 1), position_ids (B, 1), encoder_attention_mask
+                                        (B, S_enc), past_key_values.{i}.key/value (B, Hkv, S_buf, Dh),
+                                        cross_key_values.{i}.key/value (B, Hkv, S_enc, Dh)
+                                 -> logits (B, 1, V), present.{i}.key/value written in place (as decode)
+                                        otherwise: input_ids (B, 1), encoder_attention_mask (B, S_enc),
                                         past_key_values.{i}.key/value (B, S, Hkv, Dh) (S may be 0),
                                         cross_key_values.{i}.key/value (B, S_enc, Hkv, Dh)
                                  -> logits (B, 1, V), present.{i}.key/value (B, S + 1, Hkv, Dh)
 
 The traced key/value caches grow by one position per step, as in Hugging Face optimum: the new
-tokens' positions start at the past length S. A traced step (every prefill, seq2seq decoders,
-causal LMs the ONNX kernels do not cover) pads the past by the new slots and calls the task's
+tokens' positions start at the past length S. A traced step (every prefill, the decode steps
+the ONNX kernels do not cover) pads the past by the new slots and calls the task's
 own `call_with_cache` at index S: its one-token cache write is a `where` (ONNX Equal/Where),
 and its multi-token write an XlaDynamicUpdateSlice that onnx.py converts to Pad + Where.
 All integer inputs are int64 (ONNX Runtime's and Hugging Face's convention); masks are 0/1.
@@ -103,7 +109,8 @@ def build_graphs(task):
         return [_prefill_graph(task), _in_place_decode_graph(task) or _decode_graph(task)]
     if kind == "encoder":
         return [_encoder_task_graph(task)]
-    return [_seq2seq_encoder_graph(task), _seq2seq_decoder_graph(task)]
+    decoder = _in_place_decode_graph(task, "decoder")
+    return [_seq2seq_encoder_graph(task, heads_first=decoder is not None), decoder or _seq2seq_decoder_graph(task)]
 
 
 # --- decoders ---------------------------------------------------------------
@@ -164,13 +171,13 @@ def _layer_presents(caches, task):
     return presents
 
 
-def _in_place_decode_graph(task):
+def _in_place_decode_graph(task, name="decode"):
     """The decode step built by running the task's own step with ONNX kernels (decode_graph.py), caches
     written in place; None when the step needs something those kernels do not build."""
     from keras_transformer.export.decode_graph import Unsupported, decode_model
 
     try:
-        return Graph("decode", None, [], {}, model=decode_model(task))
+        return Graph(name, None, [], {}, model=decode_model(task))
     except Unsupported:
         return None
 
@@ -275,7 +282,8 @@ def _encoder_task_graph(task):
 # --- encoder-decoders -------------------------------------------------------
 
 
-def _seq2seq_encoder_graph(task):
+def _seq2seq_encoder_graph(task, heads_first=False):
+    """heads_first: cross keys/values (B, Hkv, S_enc, Dh), as an in-place decoder reads them; else (B, S_enc, Hkv, Dh)."""
     import tensorflow as tf
 
     layers, _, _ = cache_dims(task)
@@ -283,9 +291,15 @@ def _seq2seq_encoder_graph(task):
     def encoder(input_ids, attention_mask):
         hidden = task.encode(tf.cast(input_ids, "int32"), tf.cast(attention_mask, "bool"))
         cross = task.compute_cross_cache(hidden)  # (B, L, 2, Hkv, S_enc, Dh)
-        return {"encoder_hidden_states": hidden, **_named("cross_key_values", _present(cross, layers))}
+        if heads_first:
+            cross = [cross[:, i, part] for i in range(layers) for part in (0, 1)]
+        else:
+            cross = _present(cross, layers)
+        return {"encoder_hidden_states": hidden, **_named("cross_key_values", cross)}
 
     _, cross_axes = _cache_specs(task, "cross_key_values", "encoder_sequence")
+    if heads_first:
+        cross_axes = {name: ("batch", None, "encoder_sequence", None) for name in cross_axes}
     inputs = [
         tf.TensorSpec((None, None), tf.int64, name="input_ids"),
         tf.TensorSpec((None, None), tf.int64, name="attention_mask"),

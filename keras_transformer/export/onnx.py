@@ -68,9 +68,9 @@ def write_onnx_bundle(task, directory):
             "num_key_value_heads": int(heads),
             "head_dim": int(head_dim),
             "layout": "one float32 array per layer for keys and one for values: (batch, sequence, "
-                      "num_key_value_heads, head_dim) out of prefill and in seq2seq decoders; (batch, "
-                      "num_key_value_heads, sequence, head_dim) in a decode graph with position_ids, "
-                      "which writes them in place",
+                      "num_key_value_heads, head_dim) out of prefill and in a traced decode(r) graph; (batch, "
+                      "num_key_value_heads, sequence, head_dim) in a decode(r) graph with position_ids, "
+                      "which writes them in place, and in the cross_key_values it reads",
         }
     _write_json(directory / BUNDLE_FILE, bundle)
     if task.preprocessor is not None:
