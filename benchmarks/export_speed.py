@@ -1,6 +1,7 @@
 """Exported bundle vs Keras: generation tokens/s and encoder latency, in one run.
 
     KERAS_BACKEND=jax python benchmarks/export_speed.py [--quick]
+    KERAS_BACKEND=jax python benchmarks/export_speed.py --t5 [--traced]
 
 Generation: a GPT of 4 layers, width 256, 4 heads, vocabulary 8000 (the `gpt_tiny` preset's
 shape, random weights), prompts of 16 tokens, 128 new tokens (no early stop), greedy and
@@ -8,6 +9,12 @@ beam search with 4 beams, batch 1 and 8: the ONNX bundle's runner (ONNX Runtime,
 against `lm.generate` on the current backend (compiled loop, timed after a warm-up call).
 Encoder: `bert_tiny`'s shape, batch 8 x 128 tokens: ONNX Runtime against Keras
 `predict_on_batch`. Prints tokens/s (or ms) and the bundle/Keras ratios (> 1: the bundle is faster).
+
+`--t5`: instead, T5 generation at `benchmarks/generate_seq2seq.py`'s shape (4 + 4 layers, d 256,
+4 heads of 64, d_ff 1024 gated gelu, untied head, vocabulary 8000), sources of 32 tokens, 64 new
+tokens (no early stop), greedy and beam-4 at batch 1 and 8: the bundle (its decoder the ONNX
+kernels' in-place step) against `lm.generate`. `--traced` (TensorFlow backend, which exports
+in-process) also times a bundle whose decoder is the traced fallback step.
 """
 
 import argparse
@@ -23,7 +30,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from keras_transformer.cli import load_bundle_runtime  # noqa: E402
-from keras_transformer.models import BertBackbone, BertMaskedLM, GPTBackbone, GPTCausalLM  # noqa: E402
+from keras_transformer.models import (  # noqa: E402
+    BertBackbone,
+    BertMaskedLM,
+    GPTBackbone,
+    GPTCausalLM,
+    T5Backbone,
+    T5Seq2SeqLM,
+)
 from keras_transformer.samplers import BeamSampler  # noqa: E402
 
 PROMPT, NEW_TOKENS = 16, 128
@@ -61,6 +75,41 @@ def generation(directory, repeats, new_tokens, threads):
     return rows
 
 
+def t5_generation(directory, repeats, new_tokens, threads, traced):
+    from keras_transformer.export import graphs
+
+    keras.utils.set_random_seed(0)
+    lm = T5Seq2SeqLM(T5Backbone(8000, num_layers=4, num_heads=4, hidden_dim=256, intermediate_dim=1024, key_dim=64,
+                                activation="gated-gelu", dropout=0.0, tie_embedding_weights=False))
+    bundles = {"in place": lm.export(Path(directory) / "t5", format="onnx")}
+    if traced:  # the decoder the export falls back to when the kernels do not cover a step
+        if keras.config.backend() != "tensorflow":
+            raise SystemExit("--traced exports in-process: run it with KERAS_BACKEND=tensorflow")
+        in_place, graphs._in_place_decode_graph = graphs._in_place_decode_graph, lambda *args: None
+        try:
+            bundles["traced"] = lm.export(Path(directory) / "t5_traced", format="onnx")
+        finally:
+            graphs._in_place_decode_graph = in_place
+    runtime = load_bundle_runtime(bundles["in place"])
+    generators = {name: runtime.Generator(bundle, num_threads=threads) for name, bundle in bundles.items()}
+    assert generators["in place"]._in_place and not ("traced" in generators and generators["traced"]._in_place)
+    rows = []
+    for batch in (1, 8):
+        sources = np.random.default_rng(batch).integers(1, 8000, (batch, 32))
+        for name, keras_sampler, options in (
+            ("greedy", "greedy", {"sampler": "greedy"}),
+            ("beam-4", BeamSampler(num_beams=4), {"sampler": "beam", "num_beams": 4}),
+        ):
+            keras_time = best_time(lambda: lm.generate(sources.astype("int32"), max_new_tokens=new_tokens,
+                                                       sampler=keras_sampler, stop_token_ids=None), repeats)
+            for bundle_name, generator in generators.items():
+                onnx_time = best_time(lambda: generator.generate_ids(sources.tolist(), new_tokens, stop_token_ids=None,
+                                                                     **options), repeats)
+                rows.append((f"t5 {name:6s} batch {batch} ({bundle_name})", batch * new_tokens / keras_time,
+                             batch * new_tokens / onnx_time, "tokens/s"))
+    return rows
+
+
 def encoder(directory, repeats, threads):
     import onnxruntime
 
@@ -89,11 +138,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 timed repeat, 32 new tokens")
     parser.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: its own)")
+    parser.add_argument("--t5", action="store_true", help="T5 generation instead (64 new tokens)")
+    parser.add_argument("--traced", action="store_true", help="with --t5: also the traced-decoder bundle (TensorFlow)")
     args = parser.parse_args()
     repeats, new_tokens = (1, 32) if args.quick else (3, NEW_TOKENS)
     load_before = _load()
     with tempfile.TemporaryDirectory() as directory:
-        rows = generation(directory, repeats, new_tokens, args.threads) + encoder(directory, repeats, args.threads)
+        if args.t5:
+            rows = t5_generation(directory, repeats, 32 if args.quick else 64, args.threads, args.traced)
+        else:
+            rows = generation(directory, repeats, new_tokens, args.threads) + encoder(directory, repeats, args.threads)
     backend = keras.config.backend()
     threads = args.threads or "default"
     print(f"\nKeras backend: {backend}; ONNX Runtime on CPU, {threads} threads. Ratio > 1: the bundle is faster.")
