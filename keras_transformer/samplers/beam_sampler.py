@@ -149,7 +149,7 @@ class BeamSampler(Sampler):
         keep_beam = ops.broadcast_to(ops.arange(K, dtype="int32")[None, :], (B, K))
         next_beam = ops.where(active[:, None], ops.cast(next_beam, "int32"), keep_beam)
         flat = ops.reshape(ops.arange(B, dtype="int32")[:, None] * K + next_beam, (B * K,))  # (R,)
-        rows = reorder_rows(rows, flat)
+        rows = reorder_rows(rows, flat, filled=i)  # the model has written positions [0, i)
         prompt_token = ops.reshape(column(rows["tokens"], i), (B, K))
         token = ops.where(in_prompt[:, None], prompt_token, ops.where(active[:, None], next_token, ctx.pad_id))
         rows["tokens"] = write_column(rows["tokens"], i, ops.reshape(token, (B * K,)))

@@ -344,8 +344,12 @@ def _model_cache(cache, leading):
     return [tuple(ops.reshape(t, (leading, -1, *t.shape[1:])) for t in pair) for pair in cache]
 
 
-def reorder_rows(rows, index):
-    """The loop's per-row state (token buffer, cache, ...) with its rows taken in the order `index` (R,)."""
+def reorder_rows(rows, index, filled=None):
+    """The loop's per-row state (token buffer, cache, ...) with its rows taken in the order `index` (R,).
+
+    filled: None, or the number of cache positions written so far (the rest is written before it is
+    read): PyTorch's eager loop then reorders only those, in place.
+    """
     num_rows = ops.shape(index)[0]
 
     def take(value):
@@ -354,6 +358,18 @@ def reorder_rows(rows, index):
     reordered = {name: keras.tree.map_structure(take, value) for name, value in rows.items() if name != "cache"}
     if "ancestry" in rows:  # a beam cache stays in place: the reordered ancestry rows say where each beam reads
         reordered["cache"] = rows["cache"]
+        return reordered
+    if filled is not None and keras.config.backend() == "torch":
+        # A copy of the written positions only, into the same buffers: no new (R, Hkv, S, Dh) buffer per
+        # layer and step, and on average half the positions of the chunk's width.
+        n, rows_index = int(filled), ops.convert_to_tensor(index).long()
+        cache = []
+        for pair in rows["cache"]:
+            pair = tuple(t if t.is_contiguous() else t.contiguous() for t in pair)  # rows may be broadcast views
+            for t in pair:  # (R, Hkv, S, Dh)
+                t[:, :, :n] = t[:, :, :n].index_select(0, rows_index)
+            cache.append(pair)
+        reordered["cache"] = cache
         return reordered
     cache = _model_cache(rows["cache"], num_rows)
     reordered["cache"] = _loop_cache([tuple(take(t) for t in pair) for pair in cache])

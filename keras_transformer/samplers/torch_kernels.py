@@ -51,6 +51,7 @@ class TorchKernels:
         self._weights = {}  # id(layer) -> the layer's weights arranged for its kernel
         self._masks = {}  # (start, T, S) -> causal mask (T, S), for the step in progress
         self._index = (None, 0)  # the step's cache index tensor and its int
+        self._padding = (None, None)  # a padding mask tensor and its `padding_blocked` form
         self.through_keras = set()  # names of the layer types that ran through Keras (slow, still right)
 
     def __call__(self, layer, *args, **kwargs):
@@ -75,6 +76,16 @@ class TorchKernels:
         if self._index[0] is not index:
             self._index = (index, int(index))
         return self._index[1]
+
+    def padding_blocked(self, padding_mask):
+        """(R, S) padding mask -> (R, 1, 1, S) True where masked out, or None where nothing is: made once
+        per mask tensor (the encoder's mask is the same at every step)."""
+        if padding_mask is None:
+            return None
+        if self._padding[0] is not padding_mask:
+            blocked = ~padding_mask.bool()[:, None, None, :]
+            self._padding = (padding_mask, blocked if bool(blocked.any()) else None)
+        return self._padding[1]
 
     def causal_mask(self, start, length, width, device, window=None):
         """(T, S) bool, True where query t (at start + t) may attend key s: s <= start + t
@@ -198,39 +209,49 @@ def _attention_weights(attention, fused):
     if not fused:
         projections = projections[:1]
     width = attention.query_dense.kernel.shape[0]
-    kernel = torch.cat([_value(p.kernel).reshape(width, -1) for p in projections], dim=1).detach().contiguous()
+    # The logits' scale goes into the query projection (one product per step fewer; rotary
+    # embeddings are linear, so rotating scaled queries is the same).
+    scales = [attention._scale] + [1.0] * (len(projections) - 1)
+    kernel = torch.cat(
+        [_value(p.kernel).reshape(width, -1) * scale for p, scale in zip(projections, scales)], dim=1
+    ).detach().contiguous()
     bias = None
     if attention.query_dense.bias is not None:
-        bias = torch.cat([_value(p.bias).reshape(-1) for p in projections]).detach()
+        bias = torch.cat([_value(p.bias).reshape(-1) * scale for p, scale in zip(projections, scales)]).detach()
     output = attention.output_dense
     H, Dh = attention.num_heads, attention._head_dim
     return {
-        "heads": (H, attention._kv_heads, Dh, attention._scale),
+        "heads": (H, attention._kv_heads, Dh),
         "projection": (kernel, bias),
         "output": (_value(output.kernel).reshape(H * Dh, -1), None if output.bias is None else _value(output.bias)),
     }
 
 
-def _attend(heads, q, keys, values, allowed, bias):
-    """q (R, T, H, Dh), keys/values (R, Hkv, S, Dh), allowed (R|1, 1, T, S) bool or None,
-    bias (R|1, H, T, S) or None -> (R, T, H * Dh).
+def _attend(heads, q, keys, values, blocked, bias):
+    """q (R, T, H, Dh) already scaled, keys/values (R, Hkv, S, Dh), blocked (R|1, 1, T, S) bool (True: masked
+    out) or None, bias (R|1, H, T, S) or None -> (R, T, H * Dh).
 
     Each key/value head serves its G query heads as one (G * T)-row product, so grouped-query
     attention reads the cache without repeating it. Plain products: PyTorch's CPU
     flash-attention kernel costs more than these at a few queries.
     """
-    H, Hkv, Dh, scale = heads
+    H, Hkv, Dh = heads
     G = H // Hkv
     rows, length = q.shape[0], q.shape[1]
     width = keys.shape[2]
-    q = q.permute(0, 2, 1, 3).reshape(rows, Hkv, G * length, Dh)  # (R, T, H, Dh) -> (R, Hkv, G * T, Dh)
-    logits = (q * scale) @ keys.transpose(2, 3)  # (R, Hkv, G * T, Dh) x (R, Hkv, Dh, S)
-    logits = logits.view(rows, H, length, width)  # -> (R, H, T, S)
+    q = q.transpose(1, 2)  # (R, T, H, Dh) -> (R, H, T, Dh)
+    if G > 1:
+        q = q.reshape(rows, Hkv, G * length, Dh)  # -> (R, Hkv, G * T, Dh)
+    logits = q @ keys.transpose(2, 3)  # (R, Hkv, G * T, Dh) x (R, Hkv, Dh, S)
+    if G > 1:
+        logits = logits.view(rows, H, length, width)  # -> (R, H, T, S)
     if bias is not None:
         logits = logits + bias
-    if allowed is not None:
-        logits = logits.masked_fill(~allowed, -1.0e9)  # MultiHeadAttention's mask bias
-    probs = logits.softmax(dim=-1).view(rows, Hkv, G * length, width)
+    if blocked is not None:
+        logits = logits.masked_fill(blocked, -1.0e9)  # MultiHeadAttention's mask bias
+    probs = logits.softmax(dim=-1)
+    if G > 1:
+        probs = probs.view(rows, Hkv, G * length, width)
     out = probs @ values  # (R, Hkv, G * T, S) x (R, Hkv, S, Dh) -> (R, Hkv, G * T, Dh)
     return out.view(rows, H, length, Dh).transpose(1, 2).reshape(rows, length, H * Dh)  # -> (R, T, H * Dh)
 
@@ -239,7 +260,7 @@ def _self_attention(kernels, attention, h, cache, start, padding_mask, bias):
     """Causal self-attention of h (R, T, D) at positions [start, start + T), writing the new keys/values
     into the cache pair (R, Hkv, S, Dh) in place -> (output (R, T, D), cache)."""
     weights = kernels.weights(attention, lambda layer: _attention_weights(layer, fused=True))
-    H, Hkv, Dh, _ = weights["heads"]
+    H, Hkv, Dh = weights["heads"]
     rows, length, _ = h.shape
     qkv = _linear(h, *weights["projection"])  # (R, T, D) -> (R, T, (H + 2 Hkv) Dh)
     q, k, v = qkv.split([H * Dh, Hkv * Dh, Hkv * Dh], dim=-1)
@@ -247,12 +268,22 @@ def _self_attention(kernels, attention, h, cache, start, padding_mask, bias):
     if attention.rotary_embedding is not None:
         q, k = _rotate(kernels, attention.rotary_embedding, q, start), _rotate(kernels, attention.rotary_embedding, k, start)
     keys, values = (c if c.is_contiguous() else c.contiguous() for c in cache)  # rows may be broadcast views
-    keys[:, :, start : start + length] = k.transpose(1, 2)  # (R, T, Hkv, Dh) -> (R, Hkv, T, Dh)
-    values[:, :, start : start + length] = v.view(rows, length, Hkv, Dh).transpose(1, 2)
-    allowed = kernels.causal_mask(start, length, keys.shape[2], h.device, attention.sliding_window)[None, None]
+    end = start + length
+    keys[:, :, start:end] = k.transpose(1, 2)  # (R, T, Hkv, Dh) -> (R, Hkv, T, Dh)
+    values[:, :, start:end] = v.view(rows, length, Hkv, Dh).transpose(1, 2)
+    # Only the positions [low, end) that some query may see are read: the cache past `end` is not
+    # written yet, and a one-token step sees every position of that range, so it needs no mask.
+    window = attention.sliding_window
+    low = 0 if window is None else max(0, start + 1 - window)
+    blocked = None
+    if length > 1:
+        blocked = ~kernels.causal_mask(start, length, keys.shape[2], h.device, window)[None, None, :, low:end]
     if padding_mask is not None:
-        allowed = allowed & padding_mask.bool()[:, None, None, :]  # (R, S) -> (R, 1, T, S)
-    out = _attend(weights["heads"], q, keys, values, allowed, bias)
+        padded = ~padding_mask[:, low:end].bool()[:, None, None, :]  # (R, S) -> (R, 1, 1, S)
+        blocked = padded if blocked is None else blocked | padded
+    if bias is not None:
+        bias = bias[..., low:end]  # (R|1, H, T, S)
+    out = _attend(weights["heads"], q, keys[:, :, low:end], values[:, :, low:end], blocked, bias)
     return _linear(out, *weights["output"]), (keys, values)  # (R, T, H * Dh) -> (R, T, D)
 
 
@@ -281,11 +312,10 @@ def _rotate(kernels, rotary, x, start):
 def _cross_attention(kernels, attention, h, cache, encoder_padding_mask, bias):
     """Attention of h (R, T, D) over the encoder's cached keys/values (R, Hkv, S_enc, Dh) -> (R, T, D)."""
     weights = kernels.weights(attention, lambda layer: _attention_weights(layer, fused=False))
-    H, _, Dh, _ = weights["heads"]
+    H, _, Dh = weights["heads"]
     rows, length, _ = h.shape
     q = _linear(h, *weights["projection"]).view(rows, length, H, Dh)  # (R, T, D) -> (R, T, H, Dh)
-    allowed = None if encoder_padding_mask is None else encoder_padding_mask.bool()[:, None, None, :]  # (R, 1, 1, S_enc)
-    out = _attend(weights["heads"], q, cache[0], cache[1], allowed, bias)
+    out = _attend(weights["heads"], q, cache[0], cache[1], kernels.padding_blocked(encoder_padding_mask), bias)
     return _linear(out, *weights["output"])
 
 
