@@ -560,11 +560,11 @@ class _Compiled:
 def _compiled(task, key, build):
     # A compiled function holds the task's variables: when they change (LoRA enabled or merged,
     # weights quantized), every function is made anew, once.
-    variables = tuple(map(id, task.variables))
-    functions = task.__dict__.get("_generate_functions")
-    if functions is None or functions["variables"] != variables:
-        functions = {"variables": variables}
-        object.__setattr__(task, "_generate_functions", functions)
+    variables = tuple(map(id, getattr(task, "variables", ())))
+    if task.__dict__.get("_generate_variables") != variables:
+        object.__setattr__(task, "_generate_functions", {})
+        object.__setattr__(task, "_generate_variables", variables)
+    functions = task.__dict__["_generate_functions"]
     if key not in functions:
         functions[key] = _Compiled(task, build())
     return functions[key]
