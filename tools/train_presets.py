@@ -63,52 +63,40 @@ def gpt_eval_data(tokenizer):
 
 
 def train_gpt_stdlib(steps=580, batch_size=32):
-    train_texts = stdlib_texts("train")
-    tokenizer = kt.tokenizers.BytePairTokenizer.train(train_texts, vocabulary_size=4096)
-    inputs, labels = windows(token_stream(tokenizer, train_texts))
-    order = np.random.default_rng(SEED).permutation(len(inputs))[: steps * batch_size]
-    steps = -(-len(order) // batch_size)  # fewer when the corpus runs out: one pass at most
-    backbone = kt.models.GPTBackbone(vocabulary_size=tokenizer.vocabulary_size, num_layers=2, num_heads=4,
-                                     hidden_dim=128, intermediate_dim=512, max_sequence_length=GPT_LENGTH)
-    lm = kt.models.GPTCausalLM(backbone, kt.models.GPTCausalLMPreprocessor(tokenizer, sequence_length=GPT_LENGTH))
-    lm.compile(optimizer=_adamw(3e-3, steps))
-    eval_inputs, eval_labels = gpt_eval_data(tokenizer)
-    baseline = _gpt_evaluate(kt.models.GPTCausalLM(_clone(backbone)), eval_inputs, eval_labels)
-    start = time.time()
-    lm.fit({"token_ids": inputs[order], "padding_mask": np.ones_like(inputs[order], bool)}, labels[order],
-           batch_size=batch_size, epochs=1, shuffle=False, verbose=2)
-    train_seconds = time.time() - start
-    metrics = _gpt_evaluate(lm, eval_inputs, eval_labels)
-    prompts = ("import", "def __init__(self", "    for")
-    samples = {prompt: lm.generate(prompt, max_new_tokens=40, sampler="greedy") for prompt in prompts}
-    data = {
-        "train": f"{len(train_texts)} files, {sum(map(len, train_texts)):,} characters, {len(inputs):,} windows of "
-                 f"{GPT_LENGTH + 1} tokens; trained on {len(order):,} of them ({len(order) * GPT_LENGTH:,} tokens, "
-                 f"one pass, batch {batch_size}, {steps} steps)",
-        "eval": f"the first {GPT_EVAL_WINDOWS} windows of {GPT_LENGTH + 1} tokens of the held-out files "
-                f"({GPT_EVAL_WINDOWS * GPT_LENGTH:,} predicted tokens)",
-    }
-    sample_text = "\n\n".join(f"Prompt {prompt!r}, greedy, 40 new tokens:\n\n```python\n{text}\n```"
-                              for prompt, text in samples.items())
-    write_preset(lm, "gpt_stdlib", "GPT-style decoder trained on the Python standard library: 2 layers, d 128, "
-                 "4 heads, byte-level BPE 4096.", data, metrics, baseline, train_seconds,
-                 {"eval_data_sha256": fingerprint(eval_inputs, eval_labels)}, sample_text)
+    def task(tokenizer):
+        backbone = kt.models.GPTBackbone(vocabulary_size=tokenizer.vocabulary_size, num_layers=2, num_heads=4,
+                                         hidden_dim=128, intermediate_dim=512, max_sequence_length=GPT_LENGTH)
+        return kt.models.GPTCausalLM(backbone, kt.models.GPTCausalLMPreprocessor(tokenizer, sequence_length=GPT_LENGTH))
+
+    _train_causal_stdlib("gpt_stdlib", "GPT-style decoder trained on the Python standard library: 2 layers, d 128, "
+                         "4 heads, byte-level BPE 4096.", task, steps, batch_size)
 
 
 def train_llama_stdlib(steps=580, batch_size=32):
     """gpt_stdlib's data, tokenizer, optimizer and steps, with a Llama-style decoder of the same parameter count
     (RoPE instead of learned positions, RMS norm, SwiGLU of width 366 instead of a GELU MLP of 512, no biases)."""
+    def task(tokenizer):
+        backbone = kt.models.LlamaBackbone(vocabulary_size=tokenizer.vocabulary_size, num_layers=2, num_heads=4,
+                                           hidden_dim=128, intermediate_dim=366, max_sequence_length=GPT_LENGTH)
+        return kt.models.LlamaCausalLM(
+            backbone, kt.models.LlamaCausalLMPreprocessor(tokenizer, sequence_length=GPT_LENGTH))
+
+    _train_causal_stdlib("llama_stdlib", "Llama-style decoder trained on the Python standard library: 2 layers, "
+                         "d 128, 4 heads, SwiGLU 366, RoPE, RMS norm, byte-level BPE 4096 (gpt_stdlib's data, steps "
+                         "and parameter count).", task, steps, batch_size, same_as=", as gpt_stdlib")
+
+
+def _train_causal_stdlib(name, description, make_task, steps, batch_size, same_as=""):
+    """Next-token training of `make_task(tokenizer)` on the standard library: one pass over shuffled windows."""
     train_texts = stdlib_texts("train")
     tokenizer = kt.tokenizers.BytePairTokenizer.train(train_texts, vocabulary_size=4096)
     inputs, labels = windows(token_stream(tokenizer, train_texts))
     order = np.random.default_rng(SEED).permutation(len(inputs))[: steps * batch_size]
-    steps = -(-len(order) // batch_size)
-    backbone = kt.models.LlamaBackbone(vocabulary_size=tokenizer.vocabulary_size, num_layers=2, num_heads=4,
-                                       hidden_dim=128, intermediate_dim=366, max_sequence_length=GPT_LENGTH)
-    lm = kt.models.LlamaCausalLM(backbone, kt.models.LlamaCausalLMPreprocessor(tokenizer, sequence_length=GPT_LENGTH))
+    steps = -(-len(order) // batch_size)  # fewer when the corpus runs out: one pass at most
+    lm = make_task(tokenizer)
     lm.compile(optimizer=_adamw(3e-3, steps))
     eval_inputs, eval_labels = gpt_eval_data(tokenizer)
-    baseline = _gpt_evaluate(kt.models.LlamaCausalLM(_clone(backbone)), eval_inputs, eval_labels)
+    baseline = _gpt_evaluate(type(lm)(_clone(lm.backbone)), eval_inputs, eval_labels)
     start = time.time()
     lm.fit({"token_ids": inputs[order], "padding_mask": np.ones_like(inputs[order], bool)}, labels[order],
            batch_size=batch_size, epochs=1, shuffle=False, verbose=2)
@@ -119,15 +107,13 @@ def train_llama_stdlib(steps=580, batch_size=32):
     data = {
         "train": f"{len(train_texts)} files, {sum(map(len, train_texts)):,} characters, {len(inputs):,} windows of "
                  f"{GPT_LENGTH + 1} tokens; trained on {len(order):,} of them ({len(order) * GPT_LENGTH:,} tokens, "
-                 f"one pass, batch {batch_size}, {steps} steps), as gpt_stdlib",
+                 f"one pass, batch {batch_size}, {steps} steps){same_as}",
         "eval": f"the first {GPT_EVAL_WINDOWS} windows of {GPT_LENGTH + 1} tokens of the held-out files "
-                f"({GPT_EVAL_WINDOWS * GPT_LENGTH:,} predicted tokens), as gpt_stdlib",
+                f"({GPT_EVAL_WINDOWS * GPT_LENGTH:,} predicted tokens){same_as}",
     }
     sample_text = "\n\n".join(f"Prompt {prompt!r}, greedy, 40 new tokens:\n\n```python\n{text}\n```"
                               for prompt, text in samples.items())
-    write_preset(lm, "llama_stdlib", "Llama-style decoder trained on the Python standard library: 2 layers, d 128, "
-                 "4 heads, SwiGLU 366, RoPE, RMS norm, byte-level BPE 4096 (gpt_stdlib's data, steps and "
-                 "parameter count).", data, metrics, baseline, train_seconds,
+    write_preset(lm, name, description, data, metrics, baseline, train_seconds,
                  {"eval_data_sha256": fingerprint(eval_inputs, eval_labels)}, sample_text)
 
 
