@@ -42,8 +42,8 @@ def _keras_outputs(classifier, inputs):
 
 def test_graph_matches_keras(bundle, classifier):
     assert sorted(os.listdir(bundle)) == [
-        "bundle.json", "encoder.onnx", "generate.py", "preprocessor_config.json", "tokenizer.json",
-        "tokenizer_config.json",
+        "batching.py", "bundle.json", "encoder.onnx", "generate.py", "preprocessor_config.json",
+        "requirements.txt", "serve.py", "tokenizer.json", "tokenizer_config.json",
     ]
     spec = json.loads((bundle / "bundle.json").read_text())
     assert spec["kind"] == "encoder" and spec["family"] == "bert"

@@ -40,8 +40,8 @@ def test_graphs_match_keras(exported, name):
     task, bundle = exported(name)["task"], exported(name)["bundle"]
     layers = task.backbone.cache_shape(1, 1)[1]
     assert sorted(os.listdir(bundle)) == [
-        "bundle.json", "decoder.onnx", "encoder.onnx", "generate.py", "generation_config.json",
-        "tokenizer.json", "tokenizer_config.json",
+        "batching.py", "bundle.json", "decoder.onnx", "encoder.onnx", "generate.py", "generation_config.json",
+        "requirements.txt", "serve.py", "tokenizer.json", "tokenizer_config.json",
     ]
     assert json.loads((bundle / "bundle.json").read_text())["kind"] == "encoder_decoder"
     # The decoder is the ONNX kernels' in-place step, not the traced fallback.
