@@ -7,6 +7,7 @@ magnitude, int4 (blocks of 32) within 15%.
 
 import sys
 
+import keras
 import numpy as np
 import onnxruntime
 import pytest
@@ -22,6 +23,7 @@ pytestmark = pytest.mark.slow  # three exports (a TensorFlow conversion each)
 
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
+    keras.utils.set_random_seed(0)  # the same weights whatever ran before in this process
     tokenizer = BytePairTokenizer.train(CORPUS, vocabulary_size=300)
     backbone = GPTBackbone(tokenizer.vocabulary_size, num_layers=2, num_heads=2, hidden_dim=64,
                            intermediate_dim=128, max_sequence_length=48)
