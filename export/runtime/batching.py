@@ -1,4 +1,4 @@
-"""Continuous batching over a causal LM bundle: numpy, onnxruntime and tokenizers only.
+"""Continuous batching over an LM bundle: numpy, onnxruntime and tokenizers only.
 
 Every ONNX bundle carries a copy of this file next to `generate.py`, whose graphs and samplers
 it reuses. `serve.py` drives it; from Python:
@@ -12,20 +12,27 @@ Axes: N active rows, M the most rows, L the model's max_length, Hkv key/value he
 Dh head size, V vocabulary.
 
 `BatchDecoder` holds the decode graph's caches for M rows, 2 x layers buffers (M, Hkv, L, Dh),
-with the N active rows in rows [0, N). A new sequence is prefilled alone (its prompt's keys
-and values copied into row N); a step feeds every active row its last token at its own
-position (`position_ids` (N, 1): GroupQueryAttention reads each row's own past length) and
-writes the new position in place; a finished row is replaced by the last active row (its
-written positions copied), so the rows stay packed and a step computes nothing for free rows.
+with the N active rows in rows [0, N). New sequences are prefilled (those of one prompt length
+together, their keys and values copied into rows [N, N + k)); a step feeds every active row its
+last token at its own position (`position_ids` (N, 1): GroupQueryAttention reads each row's own
+past length) and writes the new position in place; a finished row is replaced by the last active
+row (its written positions copied), so the rows stay packed and a step computes nothing for free
+rows. A seq2seq LM's rows also hold their source's cross-attention keys/values (M, Hkv, S_src, Dh) and
+mask (M, S_src) (each source encoded on arrival, zero past its length); they start empty and are
+fed the decoder start token at position 0.
 
-`Scheduler` is one thread: at each step boundary it admits waiting sequences (up to M rows),
-runs one step for all, hands each row its token (`on_event`), and removes rows that stopped,
-were cancelled (a client that went away) or ran past their deadline. Sampling is per row:
-greedy, or `generate.py`'s random sampler with the row's own temperature/top-k/top-p and noise
-(seed, position, choice), so a seeded answer does not depend on its neighbours. Each row's
-arithmetic is its own (per-row attention, row-wise matrix products), so a greedy answer is
-the same alone or in a batch (tested). Other bundles (seq2seq, traced decode graphs, beam
-search) run whole requests one at a time through `Generator.generate_ids`.
+`Scheduler` runs the batch on one thread: at each step boundary it admits waiting sequences (up to
+M rows), runs one step for all, hands each row its token (`on_event`), removes rows that stopped,
+were cancelled (a client that went away) or ran past their deadline, and calls `on_step` once
+(a server wakes its readers once per step, not once per token and row). Tokens are chosen for all rows
+at once (`choose`): one argmax for the greedy rows, and random rows drawn together per
+(temperature, top-k, top-p), each with its own noise (seed, position, choice), so a seeded
+answer does not depend on its neighbours. Each row's arithmetic is its own (per-row attention,
+row-wise matrix products), so a greedy answer is the same alone or in a batch (tested).
+
+Beam search (its K beams reorder their caches every step) and bundles without continuous
+batching (traced decode graphs, which grow their caches) run on a second thread, beside the
+batch: a request at a time, its n choices together, through `Generator.generate_ids`.
 """
 
 import collections
@@ -46,14 +53,15 @@ class BatchDecoder:
     """The decode graph's in-place caches for up to `max_rows` sequences at different positions.
 
     Args:
-        generator: a `generate.Generator` over a causal LM bundle whose decode graph takes
-            `position_ids` (writes its caches in place).
+        generator: a `generate.Generator` over an LM bundle whose decode graph takes `position_ids`
+            (writes its caches in place): a causal LM, or a seq2seq LM (whose rows also hold their
+            source's cross-attention keys/values and mask).
         max_rows: int, the most sequences decoded together (M).
     """
 
     def __init__(self, generator, max_rows):
         if not self.supports(generator):
-            raise ValueError(f"Continuous batching needs a causal LM bundle whose decode graph takes position_ids. "
+            raise ValueError(f"Continuous batching needs a bundle whose decode graph takes position_ids. "
                              f"Received: bundle_dir={generator.bundle_dir!r}")
         if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
             raise ValueError(f"`max_rows` must be a positive int. Received: max_rows={max_rows!r}")
@@ -62,6 +70,11 @@ class BatchDecoder:
         heads, head_dim = generator._cache_shape
         self.caches = [np.zeros((max_rows, heads, self.length, head_dim), np.float32)  # 2 x layers x (M, Hkv, L, Dh)
                        for _ in generator._past_names]
+        self.cross, self.encoder_mask = [], None
+        if generator.kind == "encoder_decoder":  # sources of up to S_src = L tokens, as `Generator` reads them
+            self.cross = [np.zeros((max_rows, heads, self.length, head_dim), np.float32)  # (M, Hkv, S_src, Dh)
+                          for _ in generator._cross_names]
+            self.encoder_mask = np.zeros((max_rows, self.length), np.int64)  # (M, S_src): 0 past a row's source
         self.input_ids = np.zeros((max_rows, 1), np.int64)
         self.position_ids = np.zeros((max_rows, 1), np.int64)  # each row's next position = its written length
         self.logits = np.zeros((max_rows, 1, generator.bundle["vocabulary_size"]), np.float32)
@@ -70,22 +83,38 @@ class BatchDecoder:
 
     @staticmethod
     def supports(generator):
-        return generator.kind == "decoder" and generator._in_place
+        return generator._in_place
 
-    def add(self, prompt_ids):
-        """Prefill a prompt (T,) into row N -> (its row, the logits of position T (V,))."""
-        if self.size == self.max_rows:
-            raise RuntimeError(f"All max_rows={self.max_rows} rows are taken.")
-        tokens = np.asarray(prompt_ids, np.int64).reshape(1, -1)  # (1, T)
-        if not 0 < tokens.shape[1] < self.length:
-            raise ValueError(f"A prompt must hold 1 to {self.length - 1} tokens. Received: {tokens.shape[1]} tokens")
-        logits, state = self.generator._prefill(tokens)
-        row, length = self.size, tokens.shape[1]
-        for cache, past in zip(self.caches, state["past"]):
-            cache[row, :, :length] = past[0].transpose(1, 0, 2)  # (T, Hkv, Dh) -> (Hkv, T, Dh)
-        self.position_ids[row] = length
-        self.size += 1
-        return row, logits[0]
+    def add(self, prompts):
+        """k prompts of one length T into rows [N, N + k) -> (row N, the logits of their next position (k, V)).
+
+        A causal LM's prompts are prefilled (next position T); a seq2seq LM's sources are encoded and
+        its rows start empty (next position 0, fed the decoder start token): logits None.
+        """
+        tokens = np.asarray(prompts, np.int64)  # (k, T)
+        limit = self.length if self.encoder_mask is not None else self.length - 1
+        if tokens.ndim != 2 or not 0 < tokens.shape[1] <= limit:
+            raise ValueError(f"`prompts` must be prompts of one length, 1 to {limit} tokens. "
+                             f"Received: an array of shape {tokens.shape}")
+        count, length = tokens.shape
+        if self.size + count > self.max_rows:
+            raise RuntimeError(f"{count} more rows would pass max_rows={self.max_rows} ({self.size} taken).")
+        rows = slice(self.size, self.size + count)
+        if self.encoder_mask is None:
+            logits, state = self.generator._prefill(tokens)
+            for cache, past in zip(self.caches, state["past"]):
+                cache[rows, :, :length] = past.transpose(0, 2, 1, 3)  # (k, T, Hkv, Dh) -> (k, Hkv, T, Dh)
+            self.position_ids[rows] = length
+        else:
+            logits, state = None, self.generator._encode(list(tokens))
+            for cache, keys in zip(self.cross, state["cross"]):
+                cache[rows, :, :length] = keys  # (k, Hkv, T, Dh), heads first
+                cache[rows, :, length:] = 0
+            self.encoder_mask[rows] = 0
+            self.encoder_mask[rows, :length] = 1
+            self.position_ids[rows] = 0
+        first, self.size = self.size, self.size + count
+        return first, logits
 
     def step(self, tokens):
         """Feed each active row its token (N,) at its position -> the next logits (N, V) (a view, valid until the next step)."""
@@ -95,7 +124,7 @@ class BatchDecoder:
         if int(self.position_ids[:n].max()) >= self.length:
             raise ValueError(f"A row would pass the model's max_length={self.length}.")
         self.input_ids[:n, 0] = tokens
-        self.generator.sessions["decode"].run_with_iobinding(self._bind(n))
+        self.generator.sessions[self.generator._step_graph].run_with_iobinding(self._bind(n))
         self.position_ids[:n] += 1
         return self.logits[:n, -1]
 
@@ -108,6 +137,10 @@ class BatchDecoder:
             written = int(self.position_ids[last, 0])
             for cache in self.caches:
                 cache[row, :, :written] = cache[last, :, :written]
+            for cache in self.cross:
+                cache[row] = cache[last]
+            if self.encoder_mask is not None:
+                self.encoder_mask[row] = self.encoder_mask[last]
             self.position_ids[row] = self.position_ids[last]
         self.size = last
         return last
@@ -115,16 +148,18 @@ class BatchDecoder:
     def _bind(self, n):
         """IO binding over the first n rows of every buffer (views share the buffers' memory); rebuilt when n changes."""
         if n != self._bound_size:
-            session = self.generator.sessions["decode"]
-            binding = session.io_binding()
+            generator = self.generator
+            binding = generator.sessions[generator._step_graph].io_binding()
             values = []
-            for cache, past_name, present_name in zip(self.caches, self.generator._past_names,
-                                                      self.generator._present_names):
+            for cache, past_name, present_name in zip(self.caches, generator._past_names, generator._present_names):
                 value = onnxruntime.OrtValue.ortvalue_from_numpy(cache[:n])  # contiguous rows: no copy
                 binding.bind_ortvalue_input(past_name, value)
                 binding.bind_ortvalue_output(present_name, value)
                 values.append(value)
-            for name, array in (("input_ids", self.input_ids), ("position_ids", self.position_ids)):
+            inputs = [("input_ids", self.input_ids), ("position_ids", self.position_ids)]
+            if self.encoder_mask is not None:
+                inputs += [("encoder_attention_mask", self.encoder_mask), *zip(generator._cross_names, self.cross)]
+            for name, array in inputs:
                 values.append(onnxruntime.OrtValue.ortvalue_from_numpy(array[:n]))
                 binding.bind_ortvalue_input(name, values[-1])
             values.append(onnxruntime.OrtValue.ortvalue_from_numpy(self.logits[:n]))
@@ -139,14 +174,14 @@ class Sequence:
     Args:
         prompt_ids: list of ints (the start token included).
         max_tokens: int, the most new tokens.
-        on_event: called from the scheduler's thread with ("token", id), then once with
+        on_event: called from a decoding thread with ("token", id), then once with
             ("finish", reason): "stop" (a stop token), "length", "timeout", "cancelled", or
             ("error", message).
         temperature: 0 for greedy, else random sampling with `top_k`/`top_p`.
         seed: the random noise's seed (None: a fresh one); `choice` picks the noise's row, so
             choice c of seed s draws what row c of `Generator.generate(..., seed=s)` draws.
         stop_token_ids: ids that end the sequence (kept, as `Generator`).
-        num_beams, length_penalty: beam search (run whole, not batched).
+        num_beams, length_penalty: beam search (run whole, beside the batch).
         deadline: `time.monotonic()` after which the sequence finishes with "timeout".
     """
 
@@ -165,14 +200,16 @@ class Sequence:
     def cancel(self):
         self.cancelled = True
 
-    def pick(self, logits):
-        """Logits (V,) of position `len(prompt) + len(generated)` -> the chosen token."""
-        if self.temperature <= 0:
-            return int(np.argmax(logits))
-        position = len(self.prompt_ids) + len(self.generated)
-        uniform = runtime._uniform_noise(self.noise_seed, position, self.choice + 1)[-1:]  # the noise of row `choice`
-        picker = runtime._Picker("random", self.temperature, self.top_k, self.top_p)
-        return int(picker(logits[None], uniform)[0])
+    @property
+    def batched(self):
+        """Decoded among others, a token per step (beam search runs whole)."""
+        return self.num_beams == 1
+
+    def same_request(self, other):
+        """The same prompt and options (choices of one request): they can run as rows of one call."""
+        return all(getattr(self, name) == getattr(other, name) for name in (
+            "prompt_ids", "max_tokens", "temperature", "top_k", "top_p", "noise_seed", "stop_token_ids", "num_beams",
+            "length_penalty"))
 
     def accept(self, token):
         """Record and announce a token -> the finish reason, or None to go on."""
@@ -188,58 +225,97 @@ class Sequence:
         return "timeout" if self.deadline is not None and now > self.deadline else None
 
 
+def choose(sequences, logits, positions):
+    """Each sequence's next token from its logits (N, V) at its position (N,) -> (N,) ids: greedy rows by one
+    argmax, random rows grouped by their (temperature, top_k, top_p), each group drawn at once with each
+    row's own noise."""
+    chosen = np.argmax(logits, axis=-1)
+    groups = collections.defaultdict(list)
+    for row, sequence in enumerate(sequences):
+        if sequence.temperature > 0:
+            groups[sequence.temperature, sequence.top_k, sequence.top_p].append(row)
+    for (temperature, top_k, top_p), rows in groups.items():
+        drawn = [sequences[row] for row in rows]
+        # Noise of (seed, position of the token, choice): what `Generator.generate(seed=s)` draws for row `choice`.
+        uniform = runtime._noise([s.noise_seed for s in drawn], positions[rows], [s.choice for s in drawn])
+        chosen[rows] = runtime._Picker("random", temperature, top_k, top_p)(logits[rows], uniform)
+    return chosen
+
+
 class Scheduler:
-    """The decoding thread: admits sequences at step boundaries and decodes all active rows together.
+    """The decoding threads: one admits sequences at step boundaries and decodes all active rows together;
+    another runs sequences that are not batched (beam search; every sequence of a bundle without
+    continuous batching) whole, one at a time, so they never hold the batch up.
 
     Args:
         generator: a `generate.Generator` over an LM bundle.
         max_rows: int, the most sequences decoded together.
-        max_queue: int, the most sequences waiting for a row; `submit` raises `QueueFull` beyond.
+        max_queue: int, the most sequences waiting (both kinds); `submit` raises `QueueFull` beyond.
+        on_step: None, or called from a decoding thread after each step's events (tokens of
+            every row, finishes) have gone out, with the number of rows stepped: a server wakes
+            its readers once per step, or once per few steps of a large batch.
     """
 
-    def __init__(self, generator, max_rows=32, max_queue=256):
+    def __init__(self, generator, max_rows=32, max_queue=256, on_step=None):
         if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0:
             raise ValueError(f"`max_queue` must be a non-negative int. Received: max_queue={max_queue!r}")
-        self.generator, self.max_queue = generator, max_queue
+        self.generator, self.max_queue, self.on_step = generator, max_queue, on_step
         self.decoder = BatchDecoder(generator, max_rows) if BatchDecoder.supports(generator) else None
-        self.max_rows = max_rows if self.decoder is not None else 1
-        self.waiting = collections.deque()
+        self.max_rows = max_rows if self.decoder is not None else 0
+        self.waiting = collections.deque()  # for the batch
+        self.waiting_whole = collections.deque()  # to run whole
         self.active = []  # row r of the decoder holds active[r]
+        self.running_whole = 0
         self.steps, self.rows_decoded = 0, 0  # decode steps run, and rows over those steps (for metrics)
         self._condition = threading.Condition()
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="kt-scheduler", daemon=True)
+        self._threads = [threading.Thread(target=self._run_whole_loop, name="kt-whole", daemon=True)]
+        if self.decoder is not None:
+            self._threads.append(threading.Thread(target=self._run_batch, name="kt-batch", daemon=True))
 
     @property
     def batched(self):
         return self.decoder is not None
 
     def start(self):
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         return self
 
     def stop(self, timeout=None):
-        """Finish what is active and waiting, then end the thread."""
+        """Finish what is active and waiting, then end the threads."""
         with self._condition:
             self._stopping = True
-            self._condition.notify()
-        self._thread.join(timeout)
+            self._condition.notify_all()
+        for thread in self._threads:
+            thread.join(timeout)
 
     def submit(self, sequence):
         with self._condition:
             if self._stopping:
                 raise RuntimeError("The scheduler is stopping.")
-            if len(self.waiting) >= self.max_queue:  # cancelled sequences (their clients gone) give their place up
+            if self.queue_depth() >= self.max_queue:  # cancelled sequences (their clients gone) give their place up
                 self.waiting = collections.deque(s for s in self.waiting if not s.cancelled)
-            if len(self.waiting) >= self.max_queue:
-                raise QueueFull(f"{len(self.waiting)} sequences wait already (max_queue={self.max_queue}).")
-            self.waiting.append(sequence)
-            self._condition.notify()
+                self.waiting_whole = collections.deque(s for s in self.waiting_whole if not s.cancelled)
+            if self.queue_depth() >= self.max_queue:
+                raise QueueFull(f"{self.queue_depth()} sequences wait already (max_queue={self.max_queue}).")
+            (self.waiting if self.batched and sequence.batched else self.waiting_whole).append(sequence)
+            self._condition.notify_all()
 
     def queue_depth(self):
-        return len(self.waiting)
+        return len(self.waiting) + len(self.waiting_whole)
 
-    def _run(self):
+    def rows(self):
+        """Sequences being decoded now: the batch's rows and the one running whole."""
+        return len(self.active) + self.running_whole
+
+    def _stepped(self, rows):
+        if self.on_step is not None:
+            self.on_step(rows)
+
+    # --- the batch ------------------------------------------------------------------
+
+    def _run_batch(self):
         while True:
             with self._condition:
                 while not self.waiting and not self.active and not self._stopping:
@@ -250,70 +326,107 @@ class Scheduler:
                 while self.waiting and len(self.active) + len(admitted) < self.max_rows:
                     admitted.append(self.waiting.popleft())
             try:
-                if self.decoder is None:
-                    for sequence in admitted:
-                        self._run_whole(sequence)
-                    continue
-                for sequence in admitted:
-                    if sequence.num_beams > 1:
-                        self._run_whole(sequence)
-                    else:
-                        self._admit(sequence)
+                self._admit(admitted)
                 if self.active:
                     self._step()
             except Exception as error:  # a failing graph run must not leave clients waiting forever
-                for sequence in admitted + self.active:
+                for sequence in dict.fromkeys(admitted + self.active):  # each once, in order
                     sequence.on_event("error", f"{type(error).__name__}: {error}")
                 self.active = []
-                if self.decoder is not None:
-                    self.decoder.size = 0
+                self.decoder.size = 0
+            self._stepped(len(self.active))
 
-    def _admit(self, sequence):
-        reason = sequence.interrupted(time.monotonic())
-        if reason is None:
-            row, logits = self.decoder.add(sequence.prompt_ids)
-            self.active.append(sequence)
-            reason = sequence.accept(sequence.pick(logits))
-            if reason is not None:
-                self._remove(row)
-        if reason is not None:
-            sequence.on_event("finish", reason)
-
-    def _step(self):
-        tokens = np.array([sequence.generated[-1] for sequence in self.active], np.int64)
-        logits = self.decoder.step(tokens)  # (N, V)
-        self.steps += 1
-        self.rows_decoded += len(self.active)
-        greedy = np.argmax(logits, axis=-1)
-        now, finished = time.monotonic(), []
-        for row, sequence in enumerate(self.active):
+    def _admit(self, sequences):
+        """Prefill the new sequences into free rows, those of one prompt length together, and choose their
+        first tokens."""
+        now, by_length, finished = time.monotonic(), collections.defaultdict(list), []
+        for sequence in sequences:
             reason = sequence.interrupted(now)
             if reason is None:
-                token = int(greedy[row]) if sequence.temperature <= 0 else sequence.pick(logits[row])
+                by_length[len(sequence.prompt_ids)].append(sequence)
+            else:
+                sequence.on_event("finish", reason)
+        for group in by_length.values():
+            first, logits = self.decoder.add([sequence.prompt_ids for sequence in group])
+            self.active.extend(group)
+            if logits is None:  # seq2seq rows: their first token comes from the next step
+                continue
+            positions = self.decoder.position_ids[first: first + len(group), 0]
+            for row, (sequence, token) in enumerate(zip(group, choose(group, logits, positions).tolist()), first):
                 reason = sequence.accept(token)
+                if reason is not None:
+                    finished.append((row, sequence, reason))
+        self._finish(finished)
+
+    def _step(self):
+        active = self.active
+        start = self.generator.config.get("decoder_start_token_id")  # a seq2seq row's first input
+        tokens = np.fromiter((s.generated[-1] if s.generated else start for s in active), np.int64, len(active))  # (N,)
+        logits = self.decoder.step(tokens)  # (N, V)
+        self.steps += 1
+        self.rows_decoded += len(active)
+        chosen = choose(active, logits, self.decoder.position_ids[: len(active), 0]).tolist()
+        now, finished = time.monotonic(), []
+        for row, sequence in enumerate(active):
+            reason = sequence.interrupted(now) or sequence.accept(chosen[row])
             if reason is not None:
                 finished.append((row, sequence, reason))
+        self._finish(finished)
+
+    def _finish(self, finished):
+        """Free the rows of (row, sequence, reason) in increasing rows, and announce each finish."""
         for row, sequence, reason in reversed(finished):  # highest rows first: a moved row is never one still to remove
-            self._remove(row)
+            last = self.decoder.remove(row)
+            self.active[row] = self.active[last]
+            self.active.pop()
             sequence.on_event("finish", reason)
 
-    def _remove(self, row):
-        last = self.decoder.remove(row)
-        self.active[row] = self.active[last]
-        self.active.pop()
+    # --- whole sequences ---------------------------------------------------------------
 
-    def _run_whole(self, sequence):
-        """Beam search, or a bundle without continuous batching: the whole sequence in one `generate_ids` call."""
-        reason = sequence.interrupted(time.monotonic())
-        if reason is None:
-            options = dict(stop_token_ids=list(sequence.stop_token_ids))
-            if sequence.num_beams > 1:
-                options.update(sampler="beam", num_beams=sequence.num_beams, length_penalty=sequence.length_penalty)
-            elif sequence.temperature > 0:
-                options.update(sampler="random", temperature=sequence.temperature, top_k=sequence.top_k,
-                               top_p=sequence.top_p, seed=sequence.noise_seed)
-            tokens = self.generator.generate_ids([sequence.prompt_ids], sequence.max_tokens, **options)[0]
-            for token in tokens:
+    def _run_whole_loop(self):
+        while True:
+            with self._condition:
+                while not self.waiting_whole and not self._stopping:
+                    self._condition.wait()
+                if not self.waiting_whole:
+                    return
+                # The choices of one prompt (n > 1: the same prompt and options) run together, choice c as row c.
+                group = [self.waiting_whole.popleft()]
+                while self.waiting_whole and self.waiting_whole[0].same_request(group[0]):
+                    group.append(self.waiting_whole.popleft())
+                self.running_whole = len(group)
+            try:
+                self._run_whole(group)
+            except Exception as error:
+                for sequence in group:
+                    sequence.on_event("error", f"{type(error).__name__}: {error}")
+            self.running_whole = 0
+            self._stepped(0)
+
+    def _run_whole(self, group):
+        """Sequences of one prompt and options (beam search, or a bundle without continuous batching) in one
+        `generate_ids` call: choice c is row c, so a seeded draw equals `Generator.generate`'s row c."""
+        now = time.monotonic()
+        running = []
+        for sequence in group:
+            reason = sequence.interrupted(now)
+            if reason is None:
+                running.append(sequence)
+            else:
+                sequence.on_event("finish", reason)
+        if not running:
+            return
+        first = running[0]
+        options = dict(stop_token_ids=list(first.stop_token_ids))
+        if first.num_beams > 1:
+            options.update(sampler="beam", num_beams=first.num_beams, length_penalty=first.length_penalty)
+        elif first.temperature > 0:
+            options.update(sampler="random", temperature=first.temperature, top_k=first.top_k, top_p=first.top_p,
+                           seed=first.noise_seed)
+        rows = 1 + max(sequence.choice for sequence in running) if first.temperature > 0 else 1  # greedy rows are equal
+        found = self.generator.generate_ids([first.prompt_ids] * rows, first.max_tokens, **options)
+        for sequence in running:
+            reason = None
+            for token in found[sequence.choice if rows > 1 else 0]:
                 reason = sequence.accept(int(token))
-            reason = reason or "length"
-        sequence.on_event("finish", reason)
+            sequence.on_event("finish", reason or "length")

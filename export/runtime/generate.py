@@ -537,9 +537,17 @@ def _mix(x):
 
 def _uniform_noise(seed, step, num_rows):
     """Step `step`'s noise (R,) float32 in (0, 1]: entry r a hash of (seed, step, r) only."""
-    h = _mix(np.array([seed], np.int32).view(np.uint32) ^ np.uint32(0x9E3779B9))  # (1,): arrays wrap silently
-    h = _mix(h ^ np.array([step], np.int32).view(np.uint32))
-    h = _mix(h ^ np.arange(num_rows, dtype=np.uint32))  # (R,)
+    return _noise(seed, step, np.arange(num_rows, dtype=np.uint32))
+
+
+def _noise(seeds, steps, rows):
+    """The noise of (seed, step, row) triples, int arrays or ints broadcast together, float32 in (0, 1].
+
+    `batching.py` draws rows of different seeds and steps in one call (continuous batching).
+    """
+    h = _mix(np.atleast_1d(np.asarray(seeds, np.int32)).view(np.uint32) ^ np.uint32(0x9E3779B9))  # arrays wrap silently
+    h = _mix(h ^ np.atleast_1d(np.asarray(steps, np.int32)).view(np.uint32))
+    h = _mix(h ^ np.atleast_1d(np.asarray(rows, np.uint32)))
     return ((h >> np.uint32(8)) + np.uint32(1)).astype(np.float32) * np.float32(2.0**-24)
 
 

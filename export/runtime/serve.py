@@ -16,22 +16,28 @@ Endpoints:
     GET  /v2, /v2/health/live, /v2/health/ready, /v2/models/{name}[/ready]   (Open Inference Protocol)
     GET  /metrics               Prometheus text: requests, tokens, queue depth, latency, time to first token
 
-Causal LM bundles decode concurrent requests together (`batching.Scheduler`: a request joins the
-running batch at a step boundary and leaves it when done). Waiting requests are bounded
+LM bundles decode concurrent requests together (`batching.Scheduler`: a request joins the running
+batch at a step boundary and leaves it when done; beam search runs beside it, a request at a
+time). The decoding threads hand tokens to the event loop once per step (`_Relay`), and each
+request sends what arrived since its last event as one event. Waiting requests are bounded
 (`--max-queue`; beyond, 503 with Retry-After), each has `--timeout` seconds, and a client that
 disconnects frees its row. Bad input gets a 4xx answer whose JSON error names the field
 (`{"error": {"message", "type", "param", "code"}}`, as OpenAI's). SIGTERM stops taking requests
-(readiness turns 503), finishes those in flight, and exits. The server keeps no state between
-requests: replicas behind any HTTP load balancer scale it out.
+(503, then connections refused), finishes those in flight, and exits with status 0. The server
+keeps no state between requests: replicas behind any HTTP load balancer scale it out.
 """
 
 import argparse
 import asyncio
 import base64
+import collections
 import contextlib
+import itertools
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import uuid
 
@@ -73,6 +79,8 @@ class Service:
         self.bundle = runtime._read_json(os.path.join(self.bundle_dir, "bundle.json"))
         self.name = model_name or os.path.basename(self.bundle_dir.rstrip(os.sep))
         self.timeout, self.draining, self.created = float(timeout), False, int(time.time())
+        self.relay = _Relay()
+        self._ids, self._id_prefix = itertools.count(), uuid.uuid4().hex[:16]  # ids unique across replicas too
         if self.bundle["kind"] == "encoder":
             self.encoder, self.generator, self.scheduler = runtime.Encoder(self.bundle_dir, num_threads=num_threads), None, None
             self.max_length = int(self.encoder.config["max_length"])
@@ -81,19 +89,23 @@ class Service:
             self.generator = runtime.Generator(self.bundle_dir, num_threads=num_threads)
             if self.generator.tokenizer is None:
                 raise ValueError(f"Serving needs the bundle's tokenizer.json. Received: bundle_dir={bundle_dir!r}")
-            self.scheduler = batching.Scheduler(self.generator, max_rows=max_batch, max_queue=max_queue)
+            self.scheduler = batching.Scheduler(self.generator, max_rows=max_batch, max_queue=max_queue,
+                                                on_step=self.relay.flush)
             self.max_length = int(self.generator.config["max_length"])
         self.metrics = _Metrics(self)
 
     # --- requests -> sequences ------------------------------------------------
+
+    def next_id(self):
+        return f"{self._id_prefix}{next(self._ids):016x}"
 
     def check_model(self, body):
         model = _field(body, "model", str, required=True)
         if model != self.name:
             raise ApiError(f"The model {model!r} does not exist; this server serves {self.name!r}.", "model", 404)
 
-    def submit(self, prompt_ids, options, n, on_event):
-        """Queue n sequences per prompt; on_event(index, kind, value) with index = prompt * n + choice."""
+    def submit(self, prompt_ids, options, n, inbox):
+        """Queue n sequences per prompt; their events (index, kind, value), index = prompt * n + choice, go to `inbox`."""
         sequences = []
         deadline = time.monotonic() + self.timeout
         stop_ids = () if self.generator.config.get("eos_token_id") is None else (self.generator.config["eos_token_id"],)
@@ -101,7 +113,8 @@ class Service:
             for p, ids in enumerate(prompt_ids):
                 for c in range(n):
                     index = p * n + c
-                    sequence = batching.Sequence(ids, on_event=lambda kind, value, index=index: on_event(index, kind, value),
+                    sequence = batching.Sequence(ids, on_event=lambda kind, value, index=index: self.relay.post(
+                                                     inbox, (index, kind, value)),
                                                  choice=c, stop_token_ids=stop_ids, deadline=deadline, **options)
                     self.scheduler.submit(sequence)
                     sequences.append(sequence)
@@ -154,10 +167,58 @@ class _SchedulerCollector:
 
         scheduler = self.scheduler
         yield GaugeMetricFamily("kt_queue_depth", "Sequences waiting for a batch row", value=scheduler.queue_depth())
-        yield GaugeMetricFamily("kt_batch_rows", "Sequences being decoded together", value=len(scheduler.active))
+        yield GaugeMetricFamily("kt_batch_rows", "Sequences being decoded together", value=scheduler.rows())
         yield CounterMetricFamily("kt_decode_steps", "Batched decode steps run", value=scheduler.steps)
         yield CounterMetricFamily("kt_decoded_rows", "Rows decoded, summed over steps (/ steps: the mean batch)",
                                   value=scheduler.rows_decoded)
+
+
+class _Inbox:
+    """A request's scheduler events (index, kind, value), and the event-loop Event that says some are waiting."""
+
+    def __init__(self):
+        self.events, self.wake, self.disconnected = collections.deque(), asyncio.Event(), False
+
+
+class _Relay:
+    """Hands the decoding threads' events to the requests on the event loop: an event waits in its
+    request's inbox, and the loop is woken once per decode step (`flush`), not once per token.
+
+    A large batch wakes it once per `1 + rows // ROWS_PER_STREAM_STEP` steps: each streamed
+    answer then gets a few tokens per server-sent event (a socket write, a wake-up of the client)
+    rather than one, which is what a busy server spends its time on; a lone request still gets
+    every token as it comes.
+    """
+
+    ROWS_PER_STREAM_STEP = 16
+
+    def __init__(self):
+        self.loop, self.ready, self.scheduled = None, collections.deque(), False  # deques: safe across threads
+        self.steps = 0  # since the last wake-up
+
+    def post(self, inbox, event):
+        """From a decoding thread: queue an event for its request."""
+        inbox.events.append(event)
+        self.ready.append(inbox)
+
+    def flush(self, rows):
+        """From a decoding thread, after a step of `rows` rows: wake the loop, unless a wake-up is pending
+        already, or the batch is large and its interval has not passed."""
+        self.steps += 1
+        if self.steps < 1 + rows // self.ROWS_PER_STREAM_STEP:
+            return
+        self.steps = 0
+        if self.ready and not self.scheduled and self.loop is not None:
+            self.scheduled = True
+            try:
+                self.loop.call_soon_threadsafe(self._wake)
+            except RuntimeError:  # the loop has closed: nobody is waiting any more
+                pass
+
+    def _wake(self):
+        self.scheduled = False  # before draining: whatever arrives from now on schedules another wake-up
+        while self.ready:
+            self.ready.popleft().wake.set()
 
 
 # --- request bodies ----------------------------------------------------------------
@@ -263,10 +324,23 @@ class _Choice:
         self.tokenizer, self.stop = tokenizer, stop
         self.ids, self.sent, self.finish, self.first_token_at = [], "", None, None
 
-    def add(self, token):
-        """-> the new text to send (possibly empty); sets `finish` = "stop" when a stop string appears."""
-        self.ids.append(token)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+    def add(self, tokens):
+        """New tokens -> the new text to send (possibly empty); sets `finish` = "stop" when a stop string appears.
+
+        Without stop strings the text is decoded once for all the tokens; with them, token by token
+        (the first stop string completed is the one that cuts)."""
+        if not self.stop:
+            self.ids.extend(tokens)
+            return self._text(self.tokenizer.decode(self.ids, skip_special_tokens=True))
+        new = ""
+        for token in tokens:
+            self.ids.append(token)
+            new += self._text(self.tokenizer.decode(self.ids, skip_special_tokens=True))
+            if self.finish is not None:
+                break
+        return new
+
+    def _text(self, text):
         cut = min((text.find(s) for s in self.stop if s in text), default=-1)
         if cut >= 0:
             self.finish = "stop"
@@ -286,75 +360,85 @@ class _Choice:
         return new
 
 
+async def _watch_disconnect(request, inbox):
+    """Wakes the request's reader when its client goes away (a streamed answer learns it from Starlette)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    inbox.disconnected = True
+    inbox.wake.set()
+
+
 async def _generate(service, request, endpoint, prompt_ids, options, n, stop, stream, include_usage, chat):
-    started, loop, events = time.perf_counter(), asyncio.get_running_loop(), asyncio.Queue()
-    sequences = service.submit(prompt_ids, options, n,
-                               lambda index, kind, value: loop.call_soon_threadsafe(events.put_nowait, (index, kind, value)))
-    service.metrics.prompt_tokens.inc(sum(len(ids) for ids in prompt_ids) * n)
+    started, inbox = time.perf_counter(), _Inbox()
+    sequences = service.submit(prompt_ids, options, n, inbox)
+    prompt_tokens = sum(len(ids) for ids in prompt_ids) * n
+    service.metrics.prompt_tokens.inc(prompt_tokens)
     choices = [_Choice(service.generator.tokenizer, stop) for _ in sequences]
     prefix = "chatcmpl" if chat else "cmpl"
-    head = {"id": f"{prefix}-{uuid.uuid4().hex}", "object": "chat.completion" if chat else "text_completion",
+    head = {"id": f"{prefix}-{service.next_id()}", "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()), "model": service.name}
-    usage = lambda: {"prompt_tokens": sum(len(ids) for ids in prompt_ids) * n,  # noqa: E731
-                     "completion_tokens": sum(len(c.ids) for c in choices),
-                     "total_tokens": sum(len(ids) for ids in prompt_ids) * n + sum(len(c.ids) for c in choices)}
+    usage = lambda: {"prompt_tokens": prompt_tokens, "completion_tokens": sum(len(c.ids) for c in choices),  # noqa: E731
+                     "total_tokens": prompt_tokens + sum(len(c.ids) for c in choices)}
 
-    def choice_text(index, kind, value):
-        """One scheduler event of choice `index` -> the text it adds (updates the choice; raises on errors)."""
-        choice = choices[index]
-        if kind == "token":
-            if choice.finish is not None:
-                return ""  # after a stop string, until the scheduler drops the row
+    def choice_text(index, tokens, finish):
+        """Choice `index`'s new tokens and its finish (None: not yet) -> the text they add (raises on a timeout)."""
+        choice, text = choices[index], ""
+        if tokens and choice.finish is None:  # (after a stop string, tokens come until the scheduler drops the row)
             if choice.first_token_at is None:
                 choice.first_token_at = time.perf_counter()
                 if sum(c.first_token_at is not None for c in choices) == 1:  # the request's first token
                     service.metrics.ttft.labels(endpoint).observe(choice.first_token_at - started)
-            service.metrics.generated_tokens.inc()
-            text = choice.add(value)
+            before = len(choice.ids)
+            text = choice.add(tokens)
+            service.metrics.generated_tokens.inc(len(choice.ids) - before)
             if choice.finish is not None:
                 sequences[index].cancel()
-            return text
-        if kind == "finish":
-            if value == "timeout":
+        if finish is not None:
+            if finish == "timeout":
                 raise ApiError(f"The request ran past the server's timeout of {service.timeout:g} s.", None, 504)
-            text = choice.close() if choice.finish is None else ""
-            choice.finish = choice.finish or ("stop" if value == "stop" else "length")
-            return text
-        raise ApiError(f"Generation failed: {value}", None, 500)
+            if choice.finish is None:
+                text += choice.close()
+                choice.finish = "stop" if finish == "stop" else "length"
+        return text
 
     async def deltas():
-        """(index, text, finish or None) as tokens arrive, the tokens already waiting merged into one piece per
-        choice (a busy server sends fewer, longer events); ends when every sequence has finished."""
+        """(index, text, finish or None) as tokens arrive: every token of a choice that waits when the request
+        wakes (once per decode step at most) goes out as one piece; ends when every sequence has finished."""
         remaining = len(sequences)
+        watcher = None if stream else asyncio.ensure_future(_watch_disconnect(request, inbox))
         try:
             while remaining:
-                try:
-                    batch = [await asyncio.wait_for(events.get(), timeout=0.5)]
-                except asyncio.TimeoutError:
-                    if not stream and await request.is_disconnected():
-                        return
-                    continue
-                while not events.empty():
-                    batch.append(events.get_nowait())
-                pieces = {}  # index -> [text, finish]
-                for index, kind, value in batch:
-                    piece = pieces.setdefault(index, ["", None])
-                    remaining -= kind == "finish"
-                    piece[0] += choice_text(index, kind, value)
-                    piece[1] = choices[index].finish if kind == "finish" else None
-                for index, (text, finish) in pieces.items():
+                await inbox.wake.wait()
+                inbox.wake.clear()
+                if inbox.disconnected:
+                    return
+                tokens, finishes = collections.defaultdict(list), {}
+                while inbox.events:
+                    index, kind, value = inbox.events.popleft()
+                    if kind == "token":
+                        tokens[index].append(value)
+                    elif kind == "finish":
+                        finishes[index] = value
+                    else:
+                        raise ApiError(f"Generation failed: {value}", None, 500)
+                for index in sorted(tokens.keys() | finishes.keys()):
+                    text = choice_text(index, tokens.get(index), finishes.get(index))
+                    finish = choices[index].finish if index in finishes else None
+                    remaining -= index in finishes
                     if text or finish:
                         yield index, text, finish
         finally:  # the client went away, or an error: free every row
             for sequence in sequences:
                 sequence.cancel()
+            if watcher is not None:
+                watcher.cancel()
             service.metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
 
     if not stream:
         texts = ["" for _ in choices]
         async for index, text, _ in deltas():
             texts[index] += text
-        if await request.is_disconnected():
+        if inbox.disconnected:
             return Response(status_code=499)
         body = [{"index": i, "finish_reason": c.finish, "logprobs": None,
                  **({"message": {"role": "assistant", "content": texts[i]}} if chat else {"text": texts[i]})}
@@ -367,11 +451,16 @@ async def _generate(service, request, endpoint, prompt_ids, options, n, stop, st
             for i in range(len(choices)):
                 yield _sse({**chunk, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                                   "finish_reason": None, "logprobs": None}]})
+        # An event per delta: the chunk's fixed fields are encoded once, each delta's own by hand.
+        before = f'data: {_json(chunk)[:-1]}, "choices": [{{"index": '
         try:
             async for index, text, finish in deltas():
-                part = {"index": index, "finish_reason": finish, "logprobs": None}
-                part.update({"delta": {"content": text} if text or not finish else {}} if chat else {"text": text})
-                yield _sse({**chunk, "choices": [part]})
+                if chat:
+                    delta = f'{{"content": {_json(text)}}}' if text or not finish else "{}"
+                    part = f'"delta": {delta}'
+                else:
+                    part = f'"text": {_json(text)}'
+                yield f'{before}{index}, {part}, "finish_reason": {_json(finish)}, "logprobs": null}}]}}\n\n'
         except ApiError as error:
             yield _sse({"error": {"message": error.message, "type": "server_error", "param": None, "code": None}})
             return
@@ -383,8 +472,11 @@ async def _generate(service, request, endpoint, prompt_ids, options, n, stop, st
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
+_json = json.JSONEncoder(ensure_ascii=False).encode
+
+
 def _sse(payload):
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+    return f"data: {_json(payload)}\n\n"
 
 
 # --- endpoints --------------------------------------------------------------------
@@ -593,6 +685,7 @@ def build_app(bundle_dir=None, **service_options):
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        service.relay.loop = asyncio.get_running_loop()
         if service.scheduler is not None:
             service.scheduler.start()
         yield
@@ -607,7 +700,10 @@ def build_app(bundle_dir=None, **service_options):
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server; on SIGTERM/SIGINT readiness turns 503 at once, while uvicorn drains the connections."""
+    """uvicorn's server, ending cleanly on SIGTERM/SIGINT: readiness turns 503 and new requests get 503 at
+    once; uvicorn then closes the listening socket (new connections are refused), waits for the answers
+    in flight, and the scheduler finishes what it holds. The process exits with status 0 (uvicorn
+    itself would raise the signal again once drained, so that the process dies of it)."""
 
     def __init__(self, config, service):
         super().__init__(config)
@@ -616,6 +712,18 @@ class _Server(uvicorn.Server):
     def handle_exit(self, sig, frame):
         self.service.draining = True
         super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def main(argv=None):
@@ -632,7 +740,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     app = build_app(args.bundle, model_name=args.model_name, max_batch=args.max_batch, max_queue=args.max_queue,
                     timeout=args.timeout, num_threads=args.threads)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_keep_alive=5)
+    # On SIGTERM, answers in flight get --timeout seconds (each request's own limit) and a little more to finish.
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_keep_alive=5,
+                            timeout_graceful_shutdown=args.timeout + 5)
     server = _Server(config, app.state.service)
     print(f"Serving {app.state.service.name!r} on http://{args.host}:{args.port}", flush=True)
     server.run()
