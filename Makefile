@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 XDIST ?= -n 2 --dist loadfile
 export TF_CPP_MIN_LOG_LEVEL := 3
 
-.PHONY: install demo test test-fast test-tensorflow test-jax test-torch bench gpu-check clean
+.PHONY: install demo test test-fast test-tensorflow test-jax test-torch notebooks bench gpu-check clean
 
 install: $(STAMP)
 
@@ -36,6 +36,12 @@ test-fast:
 
 test-tensorflow test-jax test-torch: install
 	KERAS_BACKEND=$(@:test-%=%) $(PY) -m pytest -q -p no:cacheprovider $(XDIST) $(PYTEST_ARGS) tests
+
+# Rebuild each examples/NN_*.ipynb from its script and run it (KERAS_BACKEND=jax), keeping its outputs;
+# copies the README's pictures to docs/images/. `make notebooks NOTEBOOKS=09_lora_quantize` runs one.
+NOTEBOOKS ?=
+notebooks: install
+	$(PY) examples/make_notebooks.py $(NOTEBOOKS)
 
 # Benchmarks against keras-hub, one process per backend; results go to benchmarks/RESULTS.md by hand.
 bench: install

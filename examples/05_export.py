@@ -64,12 +64,12 @@ print(f"{lm.count_params():,} parameters")
 # %%
 start = time.perf_counter()
 bundle = lm.export(OUT / "gpt_onnx", format="onnx", overwrite=True)
-print(f"ONNX bundle in {time.perf_counter() - start:.0f} s: {bundle}")
+print(f"ONNX bundle in {time.perf_counter() - start:.0f} s: {bundle.relative_to(OUT.parent.resolve())}")
 for path in sorted(bundle.iterdir()):
     print(f"  {path.name:26} {path.stat().st_size / 1e3:8.1f} kB")
 start = time.perf_counter()
 saved_model = lm.export(OUT / "gpt_saved_model", format="tf_saved_model", overwrite=True)
-print(f"SavedModel in {time.perf_counter() - start:.0f} s: {saved_model}")
+print(f"SavedModel in {time.perf_counter() - start:.0f} s: {saved_model.relative_to(OUT.parent.resolve())}")
 
 # %% [markdown]
 # ## Logits: Keras vs ONNX Runtime vs SavedModel
@@ -174,5 +174,5 @@ for name, outputs, keras_sampler in [
 # %%
 command = [sys.executable, str(bundle / "generate.py"), "--prompt", "def __init__(self", "--max-new-tokens", "16"]
 result = subprocess.run(command, capture_output=True, text=True, check=True)
-print("$ python", shlex.join([str(Path(command[1]).relative_to(OUT.parent)), *command[2:]]))
+print("$ python", shlex.join([str(Path(command[1]).relative_to(OUT.parent.resolve())), *command[2:]]))
 print(result.stdout)

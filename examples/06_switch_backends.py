@@ -5,13 +5,15 @@
 # process runs one backend. Models and presets do not depend on it: we train a tiny GPT on the
 # backend this notebook runs on, save it as a preset, then load that preset in two child processes
 # running the other two backends, and check that greedy generation gives the same text
-# everywhere and that the logits agree to float32 rounding.
+# everywhere and that the logits agree to float32 rounding. Last, how fast each backend runs
+# against keras-hub, from the README's benchmark table.
 #
 # Plots go to `$KT_EXAMPLES_OUT/06_switch_backends/` (default `examples/out/`).
 
 # %%
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -131,3 +133,63 @@ ax.axhline(1e-4, color="gray", linestyle="--", linewidth=1, label="tolerance ass
 ax.legend()
 fig.tight_layout()
 save(fig, "backend_logit_differences.png")
+
+# %% [markdown]
+# ## How fast is each backend?
+#
+# The README's benchmark table gives our speed over keras-hub's for the same model shape, per
+# backend (`benchmarks/`, measured on the project's 2-core CPU). We read the table from
+# README.md, so its numbers live in one place, and draw the rows that are ratios against keras-hub:
+# a range (several runs or rounds) is a bar to its middle with a line over the range.
+
+# %%
+RATIO = re.compile(r"^(\d+(?:\.\d+)?)(?:-(\d+(?:\.\d+)?))?$")  # "1.02" or "1.59-1.85"
+
+
+def benchmark_table(readme):
+    """The first table under "## Benchmarks": its header, and its rows as lists of cells."""
+    section = readme.split("\n## Benchmarks", 1)[1].split("\n## ", 1)[0]
+    rows, started = [], False
+    for line in section.splitlines():
+        if line.startswith("|"):
+            rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+            started = True
+        elif started:
+            break
+    return rows[0], [row for row in rows[2:] if len(row) == len(rows[0])]  # rows[1] is the |---| line
+
+
+header, rows = benchmark_table((EXAMPLES.parent / "README.md").read_text())
+assert header[0] == "ours / keras-hub", header
+backends = header[1:4]  # JAX, TensorFlow, PyTorch
+ratios = {}  # row label -> [(low, high) per backend]
+for label, *cells in rows:
+    parsed = [RATIO.match(cell) for cell in cells[:3]]
+    if label.endswith(", ours") or not all(parsed):  # a "..., ours" row measures ours alone
+        continue
+    label = re.sub(r"\s*\(\d{4}-\d{2}-\d{2}\)|;\s*\d{4}-\d{2}-\d{2}", "", label.replace("`", ""))
+    ratios[label] = [(float(m[1]), float(m[2] or m[1])) for m in parsed]
+for label, values in ratios.items():
+    print(f"{label:56}", "  ".join(f"{b} {lo:.2f}" + (f"-{hi:.2f}" if hi > lo else "") for b, (lo, hi) in zip(backends, values)))
+assert len(ratios) >= 5 and all(0 < lo <= hi for values in ratios.values() for lo, hi in values)
+
+fig, ax = plt.subplots(figsize=(9, 0.55 * len(ratios) + 1.2))
+height = 0.8 / len(backends)
+for b, backend in enumerate(backends):
+    low, high = np.array([values[b] for values in ratios.values()]).T
+    middle = (low + high) / 2
+    y = np.arange(len(ratios)) + (b - (len(backends) - 1) / 2) * height
+    ax.barh(y, middle, height, label=backend, color=f"C{b}")
+    ax.errorbar(middle, y, xerr=[middle - low, high - middle], fmt="none", ecolor="black", elinewidth=1, capsize=2)
+ax.axvline(1.0, color="gray", linestyle="--", linewidth=1)
+extremes = np.array(list(ratios.values())).ravel()
+ticks = [t for t in (0.25, 0.5, 1, 2, 4, 8, 16, 32) if extremes.min() / 2 <= t <= extremes.max() * 2]
+ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+ax.tick_params(axis="x", which="minor", labelbottom=False)
+ax.set_yticks(range(len(ratios)), list(ratios), fontsize=8)
+ax.invert_yaxis()
+ax.set(xscale="log", xlabel="speed, ours / keras-hub (log scale; 1 = as fast; README benchmark table)",
+       title="keras_transformer against keras-hub, same model shape, on each backend (2-core CPU)")
+ax.legend(loc="lower right")
+fig.tight_layout()
+save(fig, "speed_vs_keras_hub.png")
