@@ -112,6 +112,7 @@ def main():
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=1, help="sequential + concurrent rounds against one server")
+    parser.add_argument("--threads", type=int, default=None, help="the server's ONNX Runtime intra-op threads")
     args = parser.parse_args()
     bundle = args.bundle
     if bundle is None:
@@ -124,7 +125,8 @@ def main():
         port = probe.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, os.path.join(bundle, "serve.py"), "--port", str(port),
-                               "--max-batch", str(args.max_batch), "--max-queue", "1024", "--log-level", "warning"])
+                               "--max-batch", str(args.max_batch), "--max-queue", "1024", "--log-level", "warning",
+                               *(["--threads", str(args.threads)] if args.threads else [])])
     name = os.path.basename(os.path.abspath(bundle))
     bodies = [[{"model": name, "prompt": PROMPTS[(c * args.requests + r) % len(PROMPTS)] + str(c),
                 "max_tokens": args.max_tokens, "temperature": 0} for r in range(args.requests)]
@@ -139,7 +141,7 @@ def main():
             except OSError:
                 time.sleep(0.1)
         print(f"requests: {len(flat)} ({args.clients} clients x {args.requests}), max_tokens={args.max_tokens}, "
-              f"greedy, streamed, --max-batch {args.max_batch}; {os.cpu_count()} cores")
+              f"greedy, streamed, --max-batch {args.max_batch}, --threads {args.threads or 'default'}; {os.cpu_count()} cores")
         for round_ in range(1, args.rounds + 1):
             load = os.getloadavg()[0]
             started = time.perf_counter()

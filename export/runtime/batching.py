@@ -21,8 +21,9 @@ rows. A seq2seq LM's rows also hold their source's cross-attention keys/values (
 mask (M, S_src) (each source encoded on arrival, zero past its length); they start empty and are
 fed the decoder start token at position 0.
 
-`Scheduler` runs the batch on one thread: at each step boundary it admits waiting sequences (up to
-M rows), runs one step for all, hands each row its token (`on_event`), removes rows that stopped,
+`Scheduler` prefills waiting sequences on one thread (up to M rows held in all) while another
+runs the batch (their graph runs overlap: ONNX Runtime releases the GIL). At each step boundary
+the batch thread puts the prefilled sequences into free rows, runs one step for all, hands each row its token (`on_event`), removes rows that stopped,
 were cancelled (a client that went away) or ran past their deadline, and calls `on_step` once
 (a server wakes its readers once per step, not once per token and row). Tokens are chosen for all rows
 at once (`choose`): one argmax for the greedy rows, and random rows drawn together per
@@ -91,22 +92,34 @@ class BatchDecoder:
         A causal LM's prompts are prefilled (next position T); a seq2seq LM's sources are encoded and
         its rows start empty (next position 0, fed the decoder start token): logits None.
         """
+        logits, state = self.prefill(prompts)
+        return self.insert(state), logits
+
+    def prefill(self, prompts):
+        """k prompts of one length -> (logits or None, their state for `insert`). Touches no row: another
+        thread may prefill while the batch steps."""
         tokens = np.asarray(prompts, np.int64)  # (k, T)
         limit = self.length if self.encoder_mask is not None else self.length - 1
         if tokens.ndim != 2 or not 0 < tokens.shape[1] <= limit:
             raise ValueError(f"`prompts` must be prompts of one length, 1 to {limit} tokens. "
                              f"Received: an array of shape {tokens.shape}")
-        count, length = tokens.shape
+        if self.encoder_mask is None:
+            logits, state = self.generator._prefill(tokens)  # past: (k, T, Hkv, Dh)
+        else:
+            logits, state = None, self.generator._encode(list(tokens))  # cross: (k, Hkv, T, Dh)
+        return logits, {**state, "count": tokens.shape[0], "length": tokens.shape[1]}
+
+    def insert(self, state):
+        """A `prefill` state into rows [N, N + k) -> N."""
+        count, length = state["count"], state["length"]
         if self.size + count > self.max_rows:
             raise RuntimeError(f"{count} more rows would pass max_rows={self.max_rows} ({self.size} taken).")
         rows = slice(self.size, self.size + count)
         if self.encoder_mask is None:
-            logits, state = self.generator._prefill(tokens)
             for cache, past in zip(self.caches, state["past"]):
                 cache[rows, :, :length] = past.transpose(0, 2, 1, 3)  # (k, T, Hkv, Dh) -> (k, Hkv, T, Dh)
             self.position_ids[rows] = length
         else:
-            logits, state = None, self.generator._encode(list(tokens))
             for cache, keys in zip(self.cross, state["cross"]):
                 cache[rows, :, :length] = keys  # (k, Hkv, T, Dh), heads first
                 cache[rows, :, length:] = 0
@@ -114,7 +127,7 @@ class BatchDecoder:
             self.encoder_mask[rows, :length] = 1
             self.position_ids[rows] = 0
         first, self.size = self.size, self.size + count
-        return first, logits
+        return first
 
     def step(self, tokens):
         """Feed each active row its token (N,) at its position -> the next logits (N, V) (a view, valid until the next step)."""
@@ -265,13 +278,17 @@ class Scheduler:
         self.waiting = collections.deque()  # for the batch
         self.waiting_whole = collections.deque()  # to run whole
         self.active = []  # row r of the decoder holds active[r]
+        self.staged = collections.deque()  # prefilled groups (sequences, logits, state) waiting for a step boundary
         self.running_whole = 0
         self.steps, self.rows_decoded = 0, 0  # decode steps run, and rows over those steps (for metrics)
-        self._condition = threading.Condition()
-        self._stopping = False
+        self._condition = threading.Condition()  # guards the queues and the row counts below
+        self._taken = 0  # rows held: active, staged, or being prefilled (at most max_rows)
+        self._prefilling = 0  # of which being prefilled
+        self._stopping = self._prefill_done = False
         self._threads = [threading.Thread(target=self._run_whole_loop, name="kt-whole", daemon=True)]
         if self.decoder is not None:
-            self._threads.append(threading.Thread(target=self._run_batch, name="kt-batch", daemon=True))
+            self._threads += [threading.Thread(target=self._run_prefill, name="kt-prefill", daemon=True),
+                              threading.Thread(target=self._run_batch, name="kt-batch", daemon=True)]
 
     @property
     def batched(self):
@@ -306,8 +323,8 @@ class Scheduler:
         return len(self.waiting) + len(self.waiting_whole)
 
     def rows(self):
-        """Sequences being decoded now: the batch's rows and the one running whole."""
-        return len(self.active) + self.running_whole
+        """Sequences holding a row (decoding, prefilled or being prefilled) and those running whole."""
+        return self._taken + self.running_whole
 
     def _stepped(self, rows):
         if self.on_step is not None:
@@ -315,41 +332,76 @@ class Scheduler:
 
     # --- the batch ------------------------------------------------------------------
 
+    def _run_prefill(self):
+        """Prefills waiting sequences (those of one prompt length together) while the batch steps: the two
+        threads' graph runs overlap (ONNX Runtime releases the GIL)."""
+        while True:
+            with self._condition:
+                while not self.waiting or self._taken >= self.max_rows:
+                    if self._stopping and not self.waiting:
+                        self._prefill_done = True
+                        self._condition.notify_all()
+                        return
+                    self._condition.wait()
+                admitted = []
+                while self.waiting and self._taken < self.max_rows:
+                    admitted.append(self.waiting.popleft())
+                    self._taken += 1
+                self._prefilling = len(admitted)
+            now, by_length, staged, freed = time.monotonic(), collections.defaultdict(list), [], 0
+            for sequence in admitted:
+                reason = sequence.interrupted(now)
+                if reason is None:
+                    by_length[len(sequence.prompt_ids)].append(sequence)
+                else:
+                    sequence.on_event("finish", reason)
+                    freed += 1
+            for group in by_length.values():
+                try:
+                    staged.append((group, *self.decoder.prefill([sequence.prompt_ids for sequence in group])))
+                except Exception as error:  # a failing graph run must not leave clients waiting forever
+                    for sequence in group:
+                        sequence.on_event("error", f"{type(error).__name__}: {error}")
+                    freed += len(group)
+            with self._condition:
+                self._taken -= freed
+                self._prefilling = 0
+                self.staged.extend(staged)
+                self._condition.notify_all()
+            if freed:
+                self._stepped(0)
+
     def _run_batch(self):
         while True:
             with self._condition:
-                while not self.waiting and not self.active and not self._stopping:
+                while not self.staged and not self.active:
+                    if self._stopping and self._prefill_done:
+                        return
                     self._condition.wait()
-                if self._stopping and not self.waiting and not self.active:
-                    return
-                admitted = []
-                while self.waiting and len(self.active) + len(admitted) < self.max_rows:
-                    admitted.append(self.waiting.popleft())
+                staged = list(self.staged)
+                self.staged.clear()
             try:
-                self._admit(admitted)
+                self._admit(staged)
                 if self.active:
                     self._step()
             except Exception as error:  # a failing graph run must not leave clients waiting forever
-                for sequence in dict.fromkeys(admitted + self.active):  # each once, in order
+                for sequence in dict.fromkeys([s for group, _, _ in staged for s in group] + self.active):
                     sequence.on_event("error", f"{type(error).__name__}: {error}")
                 self.active = []
                 self.decoder.size = 0
+                with self._condition:  # this thread holds no row any more
+                    self._taken = self._prefilling + sum(len(group) for group, _, _ in self.staged)
+                    self._condition.notify_all()
             self._stepped(len(self.active))
 
-    def _admit(self, sequences):
-        """Prefill the new sequences into free rows, those of one prompt length together, and choose their
-        first tokens."""
-        now, by_length, finished = time.monotonic(), collections.defaultdict(list), []
-        for sequence in sequences:
-            reason = sequence.interrupted(now)
-            if reason is None:
-                by_length[len(sequence.prompt_ids)].append(sequence)
-            else:
-                sequence.on_event("finish", reason)
-        for group in by_length.values():
-            first, logits = self.decoder.add([sequence.prompt_ids for sequence in group])
+    def _admit(self, staged):
+        """Put prefilled groups into free rows and choose their first tokens (a seq2seq row's comes from its
+        first step)."""
+        finished = []
+        for group, logits, state in staged:
+            first = self.decoder.insert(state)
             self.active.extend(group)
-            if logits is None:  # seq2seq rows: their first token comes from the next step
+            if logits is None:
                 continue
             positions = self.decoder.position_ids[first: first + len(group), 0]
             for row, (sequence, token) in enumerate(zip(group, choose(group, logits, positions).tolist()), first):
@@ -380,6 +432,10 @@ class Scheduler:
             self.active[row] = self.active[last]
             self.active.pop()
             sequence.on_event("finish", reason)
+        if finished:
+            with self._condition:
+                self._taken -= len(finished)
+                self._condition.notify_all()
 
     # --- whole sequences ---------------------------------------------------------------
 

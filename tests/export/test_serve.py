@@ -368,6 +368,27 @@ def test_a_full_queue_answers_503_and_sigterm_drains(chat_bundle, generator):
         server.stop()
 
 
+def test_a_request_past_its_timeout_gets_504_and_frees_its_rows(chat_bundle):
+    """One row, a 0.15 s timeout: of three requests of 16 x 40 tokens (1,920 single-row steps), at least the
+    last cannot finish in time; each is answered 200 or 504 (its rows freed), then the server serves on."""
+    server = Server(chat_bundle, "--max-batch", "1", "--timeout", "0.15")
+    try:
+        body = {"model": "tiny_gpt", "prompt": "def add(", "max_tokens": 40, "temperature": 0, "n": 16}
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(lambda _: server.post("/v1/completions", body), range(3)))
+        statuses = [status for status, _, _ in answers]
+        assert 504 in statuses and set(statuses) <= {200, 504}, statuses
+        late = next(answer for status, answer, _ in answers if status == 504)
+        assert "timeout" in late["error"]["message"]
+        deadline = time.monotonic() + 10  # a late request's other choices leave the queue at the next steps
+        while server.metric("kt_batch_rows") + server.metric("kt_queue_depth") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.metric("kt_batch_rows") == 0 and server.metric("kt_queue_depth") == 0
+        assert server.post("/v1/completions", {**body, "n": 1, "max_tokens": 1})[0] == 200
+    finally:
+        server.stop()
+
+
 def test_embeddings_of_an_encoder_bundle(exported):
     bundle = exported("bert")["bundle"]
     server = Server(bundle)
@@ -386,11 +407,17 @@ def test_embeddings_of_an_encoder_bundle(exported):
         server.stop()
 
 
-def test_a_seq2seq_bundle_is_served(exported):
+@pytest.fixture(scope="module")
+def t5_bundle(tmp_path_factory):
+    """The tiny T5's ONNX bundle alone (`exported("t5")` also writes a SavedModel, which this file does not need)."""
+    return helpers.tiny_t5().export(tmp_path_factory.mktemp("serve_t5") / "tiny_t5", format="onnx")
+
+
+def test_a_seq2seq_bundle_is_served(t5_bundle):
     """T5: concurrent requests decoded together (sources of different lengths, their cross-attention rows
     masked), each equal to the bundle's Generator (greedy, seeded draws with choice c as row c, and beam
     search beside the batch), streamed too; bad input names its field."""
-    bundle = exported("t5")["bundle"]
+    bundle = t5_bundle
     generator = _runtime(bundle).Generator(bundle)
     server = Server(bundle)
     try:
