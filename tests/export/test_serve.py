@@ -32,16 +32,19 @@ TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endf
 PROMPTS = [text[:n] for text in helpers.CORPUS[:4] for n in (3, 8, 14)]
 
 
-class Server:
-    """`python BUNDLE/serve.py` on a free localhost port, until `stop`."""
+CLI = "import sys; from keras_transformer import cli; sys.exit(cli.main(sys.argv[1:]))"
 
-    def __init__(self, bundle, *options):
+
+class Server:
+    """`python BUNDLE/serve.py` (or `keras-transformer serve BUNDLE`) on a free localhost port, until `stop`."""
+
+    def __init__(self, bundle, *options, cli=False):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen([sys.executable, str(bundle / "serve.py"), "--port", str(self.port),
-                                         "--log-level", "warning", *options],
+        command = [sys.executable, "-c", CLI, "serve", str(bundle)] if cli else [sys.executable, str(bundle / "serve.py")]
+        self.process = subprocess.Popen([*command, "--port", str(self.port), "--log-level", "warning", *options],
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + 60
         while True:
@@ -370,8 +373,9 @@ def test_a_full_queue_answers_503_and_sigterm_drains(chat_bundle, generator):
 
 def test_a_request_past_its_timeout_gets_504_and_frees_its_rows(chat_bundle):
     """One row, a 0.15 s timeout: of three requests of 16 x 40 tokens (1,920 single-row steps), at least the
-    last cannot finish in time; each is answered 200 or 504 (its rows freed), then the server serves on."""
-    server = Server(chat_bundle, "--max-batch", "1", "--timeout", "0.15")
+    last cannot finish in time; each is answered 200 or 504 (its rows freed), then the server serves on.
+    Started as `keras-transformer serve BUNDLE` (which hands the process over to the bundle's serve.py)."""
+    server = Server(chat_bundle, "--max-batch", "1", "--timeout", "0.15", cli=True)
     try:
         body = {"model": "tiny_gpt", "prompt": "def add(", "max_tokens": 40, "temperature": 0, "n": 16}
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
