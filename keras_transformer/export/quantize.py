@@ -8,10 +8,12 @@ A step after the bundle is written, on its `.onnx` files only; the runner needs 
   `com.microsoft.MatMulNBits` (4-bit blocks of 32 along K, a scale and zero point per block),
   packed by ONNX Runtime's own `quantize_matmul_4bits`. (ORT's `MatMulNBitsQuantizer` does the
   same but needs the `onnx_ir` package, which the export extra does not install.)
-Gemm nodes with a constant weight are first rewritten as MatMul + Add, which both modes quantize.
+Each graph first goes through ONNX Runtime's pre-quantization pass (`quant_pre_process`: its basic graph
+optimizations, constant folding among them), so weights the traced prefill reshapes at run time become the
+constant operands the quantizers need; then Gemm nodes with a constant weight are rewritten as MatMul + Add,
+which both modes quantize.
 """
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -34,20 +36,24 @@ def quantize_bundle(directory, mode):
 
 def quantize_graph(path, mode):
     import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dynamic
 
     path = Path(path)
-    model = onnx.load(str(path))
-    _gemm_to_matmul(model.graph)
     float_path = path.with_name(path.stem + ".float.onnx")
-    onnx.save(model, str(float_path))
     try:
+        # ONNX Runtime's pre-quantization pass (its basic graph optimizations: constant folding): a weight the
+        # traced graph reshapes at run time (tf2onnx's einsums: Reshape(W, Concat(.., ReduceProd(Shape(W))))) becomes
+        # the constant operand the quantizers need, and copies read only for their shape are dropped.
+        quant_pre_process(str(path), str(float_path), skip_symbolic_shape=True)
+        model = onnx.load(str(float_path))
+        _gemm_to_matmul(model.graph)
+        onnx.save(model, str(float_path))
         # int8 weights for MatMul and Gather tables; int4 mode: the tables only (MatMuls follow).
         op_types = ["MatMul", "Gather"] if mode == "int8" else ["Gather"]
         quantize_dynamic(str(float_path), str(path), weight_type=QuantType.QInt8, op_types_to_quantize=op_types,
                          extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT})
     finally:
-        os.remove(float_path)
+        float_path.unlink(missing_ok=True)
     if mode == "int4":
         model = onnx.load(str(path))
         _matmul_to_nbits(model.graph)
