@@ -16,6 +16,7 @@ import pytest
 
 import keras_transformer as kt
 from keras_transformer import presets
+from keras_transformer.models.quantization import quantization_mode
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -50,8 +51,14 @@ def _next_token_counts(lm, inputs, labels, batch_size=64):
 
 
 def _masked_correct(lm, inputs, labels, weights):
+    return _masked_counts(lm, inputs, labels, weights)[1]
+
+
+def _masked_counts(lm, inputs, labels, weights):
+    """(summed negative log-likelihood, correct predictions) over the masked positions (weight 1)."""
     logits = np.asarray(lm.predict_on_batch(inputs))  # (B, P, V)
-    return int(((logits.argmax(-1) == labels) * weights).sum())
+    nll = -(np.take_along_axis(_log_softmax(logits), labels[..., None], axis=-1)[..., 0] * weights).sum()
+    return nll, int(((logits.argmax(-1) == labels) * weights).sum())
 
 
 def test_trained_presets_are_registered_with_weights_and_cards():
@@ -61,6 +68,9 @@ def test_trained_presets_are_registered_with_weights_and_cards():
         record = _record(name)
         card = (presets.resolve(name) / "README.md").read_text()
         assert f"| {metric} | {record['metrics'][metric]:.4f} |" in card  # the card shows what metrics.json holds
+        if name in recipes.QUANTIZED:
+            for mode in recipes.QUANTIZATION_MODES:
+                assert f"| {record['quantized'][mode]['perplexity']:.4f} (" in card
         size = sum(f.stat().st_size for f in presets.resolve(name).iterdir())
         assert size < 6.5e6, f"{name} is {size / 1e6:.1f} MB"
 
@@ -86,6 +96,27 @@ def test_llama_stdlib_beats_gpt_stdlib_on_the_same_held_out_data():
     assert gpt["eval_data_sha256"] == llama["eval_data_sha256"]
     assert abs(gpt["parameter_count"] - llama["parameter_count"]) < 1e-3 * gpt["parameter_count"]
     assert llama["metrics"]["perplexity"] < gpt["metrics"]["perplexity"]
+
+
+@pytest.mark.parametrize("mode", recipes.QUANTIZATION_MODES)
+@pytest.mark.parametrize("name", recipes.QUANTIZED)
+def test_quantized_held_out_metrics_match_the_card(name, mode):
+    """The metrics after Keras's `task.quantize(mode)`, re-measured on this backend on the first windows (chunks) of
+    the card's held-out data (metrics.json records them beside the card's full-set figures, to keep this test short);
+    the quantized activations round differently by backend, hence looser tolerances than the float32 metrics'."""
+    rows = recipes.QUANTIZED_CHECK_ROWS
+    expected = _record(name)["quantized"][mode][f"first_{rows}"]
+    lm, data = recipes.quantized_task(name, mode)
+    assert quantization_mode(lm) == mode
+    data = recipes.first_rows(data, rows)
+    if name == "bert_stdlib":
+        nll, correct = _masked_counts(lm, *data)
+        count = data[2].sum()
+    else:
+        nll, correct = _next_token_counts(lm, *data)
+        count = data[1].size
+    assert np.exp(nll / count) == pytest.approx(expected["perplexity"], rel=5e-3)
+    assert abs(correct - expected["accuracy"] * count) <= max(2, 1e-3 * count)
 
 
 def test_bert_stdlib_held_out_masked_accuracy_matches_its_card():
