@@ -340,9 +340,20 @@ def test_a_full_queue_answers_503_and_sigterm_drains(chat_bundle, generator):
             if status == 200:
                 assert [c["text"] for c in answer["choices"]] == [expected] * 16
 
+        # A client that sends a request (not streamed) and goes away once it is queued: its choices are dropped.
+        rows, prompt_tokens = server.metric("kt_decoded_rows_total"), server.metric("kt_prompt_tokens_total")
+        with socket.create_connection(("127.0.0.1", server.port)) as connection:
+            payload = json.dumps(body)
+            connection.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                               f"Content-Length: {len(payload)}\r\n\r\n{payload}".encode())
+            deadline = time.monotonic() + 10
+            while server.metric("kt_prompt_tokens_total") == prompt_tokens and time.monotonic() < deadline:
+                time.sleep(0.005)
         deadline = time.monotonic() + 30
         while server.metric("kt_queue_depth") + server.metric("kt_batch_rows") and time.monotonic() < deadline:
             time.sleep(0.05)
+        steps_in_full = 16 * (len(_greedy(generator, "def add(", 40)[1]) - 1)  # one row: a step per token after the first
+        assert server.metric("kt_decoded_rows_total") - rows < steps_in_full / 2
         results, prompt_tokens = [], server.metric("kt_prompt_tokens_total")
         threads = [threading.Thread(target=lambda: results.append(server.post("/v1/completions", body)))
                    for _ in range(2)]
