@@ -39,6 +39,7 @@ def bundles(tmp_path_factory):
     lm.save_to_preset(directory / "preset")  # saved merged (Keras writes LoRA layers' kernels merged)
     assert cli.main(["export", str(directory / "preset"), str(directory / "int4"), "--quantize", "int4"]) == 0
     out["int4"] = directory / "int4"
+    out["preset"] = directory / "preset"
     assert lm.backbone.trainable_weights and all("lora" in v.path for v in lm.backbone.trainable_weights)  # LoRA kept
     return out
 
@@ -116,6 +117,33 @@ def test_the_runner_generates_with_quantized_weights(bundles, mode):
     assert [len(row) for row in tokens] == [len(row) for row in float_tokens]
     if mode == "int8":  # int8 keeps these models' first choice; int4's coarser blocks may flip it
         assert [row[0] for row in tokens] == [row[0] for row in float_tokens]
+
+
+def test_the_int8_bundle_follows_keras_int8(bundles):
+    # Keras's int8 and ONNX Runtime's dynamic int8 do not quantize the same way (Keras: a scale per
+    # output channel and per input row; ONNX Runtime: one scale per weight and per activation tensor),
+    # so the two are held to each other within the tolerance each keeps to float, and to the same
+    # greedy tokens, rather than to identical numbers.
+    lm = GPTCausalLM.from_preset(bundles["preset"])
+    lm.quantize("int8")
+    ids = _ids()
+    keras_logits = to_numpy(lm({"token_ids": ids.astype("int32"), "padding_mask": np.ones(ids.shape, bool)}))
+    onnx_logits = _prefill_logits(bundles["int8"], ids)
+    float_logits = _prefill_logits(bundles["float"], ids)
+    assert np.abs(onnx_logits - keras_logits).max() < 0.05 * np.abs(float_logits).max()
+    assert np.abs(keras_logits - float_logits).max() > 0  # Keras's weights did change
+
+    prompts = [[5, 9, 14], [7, 3, 22, 8]]
+    sys.path.insert(0, str(bundles["int8"]))
+    try:
+        import generate
+    finally:
+        sys.path.remove(str(bundles["int8"]))
+        sys.modules.pop("generate", None)
+    runner = generate.Generator(bundles["int8"]).generate_ids(prompts, max_new_tokens=6)
+    for prompt, tokens in zip(prompts, runner):
+        out = np.asarray(lm.generate(np.asarray([prompt], "int32"), max_new_tokens=6, stop_token_ids=None))[0]
+        assert list(out[len(prompt): len(prompt) + 1]) == list(tokens[:1]), (prompt, tokens, out)
 
 
 def test_quantize_arguments_are_checked(tmp_path):
