@@ -3,6 +3,11 @@
 Tolerances, stated against the float bundle's logits of a tiny GPT with Keras's default
 initialisation: int8 (dynamic, per-tensor activations) within 5% of the logits' largest
 magnitude, int4 (blocks of 32) within 15%.
+
+The int8 bundle and Keras's `quantize("int8")` do not quantize the same way (per-tensor weight
+scales and per-tensor activation scales in ONNX Runtime's `quantize_dynamic`, per-channel weights
+and per-token activations in Keras; see `test_the_int8_bundle_follows_keras_int8`), so they are
+compared within a tolerance and by greedy continuations that mostly agree, never for equal numbers.
 """
 
 import sys
@@ -119,31 +124,69 @@ def test_the_runner_generates_with_quantized_weights(bundles, mode):
         assert [row[0] for row in tokens] == [row[0] for row in float_tokens]
 
 
+def _load_generator(bundle):
+    sys.path.insert(0, str(bundle))
+    try:
+        import generate
+    finally:
+        sys.path.remove(str(bundle))
+        sys.modules.pop("generate", None)
+    return generate.Generator(bundle)
+
+
+def _agreement(tokens, reference):
+    """The share of positions where two lists of equally long continuations hold the same token."""
+    pairs = [(a, b) for row, ref in zip(tokens, reference) for a, b in zip(row, ref, strict=True)]
+    return sum(a == b for a, b in pairs) / len(pairs)
+
+
+# "Mostly follows": at least 80% of the greedy tokens equal, position by position (after a first
+# difference the rest of a row usually differs too, so this also asks for long equal prefixes).
+FOLLOWS = 0.8
+CONTINUATION_PROMPTS = [[5, 9, 14], [7, 3, 22, 8], [40, 41, 42, 43, 44], [120, 6], [250, 17, 99, 3], [61, 62]]
+
+
 def test_the_int8_bundle_follows_keras_int8(bundles):
-    # Keras's int8 and ONNX Runtime's dynamic int8 do not quantize the same way (Keras: a scale per
-    # output channel and per input row; ONNX Runtime: one scale per weight and per activation tensor),
-    # so the two are held to each other within the tolerance each keeps to float, and to the same
-    # greedy tokens, rather than to identical numbers.
+    """Keras's int8 and the bundle's int8 cannot be made to compute the same numbers: Keras stores a
+    symmetric int8 scale per output channel of each kernel and quantizes each token's activations
+    with its own scale (per row), while ONNX Runtime's `quantize_dynamic` (the tool the issue asks
+    us to use) stores one scale per weight tensor and quantizes each activation tensor with one
+    asymmetric uint8 scale and zero point (DynamicQuantizeLinear). The bundle also quantizes the
+    embedding table and the tied head, which Keras keeps float. Matching Keras would take a
+    hand-written quantization pass, which we do not build. So each is held to the float model and
+    to the other within tolerances stated here, and their greedy continuations must mostly agree.
+    """
     lm = GPTCausalLM.from_preset(bundles["preset"])
     lm.quantize("int8")
     ids = _ids()
     keras_logits = to_numpy(lm({"token_ids": ids.astype("int32"), "padding_mask": np.ones(ids.shape, bool)}))
     onnx_logits = _prefill_logits(bundles["int8"], ids)
     float_logits = _prefill_logits(bundles["float"], ids)
-    assert np.abs(onnx_logits - keras_logits).max() < 0.05 * np.abs(float_logits).max()
+    scale = np.abs(float_logits).max()
+    assert np.abs(onnx_logits - keras_logits).max() < 0.05 * scale
     assert np.abs(keras_logits - float_logits).max() > 0  # Keras's weights did change
 
-    prompts = [[5, 9, 14], [7, 3, 22, 8]]
-    sys.path.insert(0, str(bundles["int8"]))
-    try:
-        import generate
-    finally:
-        sys.path.remove(str(bundles["int8"]))
-        sys.modules.pop("generate", None)
-    runner = generate.Generator(bundles["int8"]).generate_ids(prompts, max_new_tokens=6)
-    for prompt, tokens in zip(prompts, runner):
-        out = np.asarray(lm.generate(np.asarray([prompt], "int32"), max_new_tokens=6, stop_token_ids=None))[0]
-        assert list(out[len(prompt): len(prompt) + 1]) == list(tokens[:1]), (prompt, tokens, out)
+    # Greedy continuations: 6 prompts x 12 new tokens, compared position by position.
+    float_tokens = _load_generator(bundles["float"]).generate_ids(CONTINUATION_PROMPTS, max_new_tokens=12)
+    runner_tokens = _load_generator(bundles["int8"]).generate_ids(CONTINUATION_PROMPTS, max_new_tokens=12)
+    keras_tokens = _keras_greedy(lm, CONTINUATION_PROMPTS, 12)
+    assert _agreement(runner_tokens, float_tokens) >= FOLLOWS, (runner_tokens, float_tokens)
+    assert _agreement(keras_tokens, float_tokens) >= FOLLOWS, (keras_tokens, float_tokens)
+    assert _agreement(runner_tokens, keras_tokens) >= FOLLOWS, (runner_tokens, keras_tokens)
+    # The threshold tells right weights from wrong ones: with the entries of its transformer blocks' kernels
+    # shuffled (weights written in the wrong order), this model's continuations fall below it.
+    shuffled = GPTCausalLM.from_preset(bundles["preset"])
+    rng = np.random.default_rng(0)
+    for variable in shuffled.backbone.weights:
+        if "transformer_layer" in variable.path and variable.path.endswith("kernel"):
+            values = to_numpy(variable)
+            variable.assign(rng.permutation(values.ravel()).reshape(values.shape))
+    assert _agreement(_keras_greedy(shuffled, CONTINUATION_PROMPTS, 12), float_tokens) < FOLLOWS
+
+
+def _keras_greedy(lm, prompts, new_tokens):
+    return [np.asarray(lm.generate(np.asarray([p], "int32"), max_new_tokens=new_tokens, stop_token_ids=None))[0, len(p):].tolist()
+            for p in prompts]
 
 
 def test_quantize_arguments_are_checked(tmp_path):
