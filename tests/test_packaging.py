@@ -1,6 +1,7 @@
 """The wheel: built from a copy of the source, installed into a folder of its own, it must hold every
-package of the source tree and the preset zoo, and load a preset (with its trained weights) in a
-fresh interpreter that imports the installed copy, not the repository."""
+package of the source tree, the preset zoo and the bundle runtime (export/runtime/, which every ONNX
+export copies), load a preset (with its trained weights) and find that runtime in a fresh
+interpreter that imports the installed copy, not the repository."""
 
 import json
 import os
@@ -16,21 +17,25 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PRESET = "gpt_stdlib"  # ships model.weights.h5
 
-# Run in the fresh interpreter: where the package and its zoo come from, the presets it lists, and
-# a checksum of the preset's weights.
+# Run in the fresh interpreter: where the package, its zoo and the bundle runtime come from, the
+# presets it lists, and a checksum of the preset's weights.
 PROBE = """
 import json, sys
 import numpy as np
 import keras_transformer as kt
 from keras_transformer import presets
+from keras_transformer.export import onnx
 lm = kt.models.GPTCausalLM.from_preset(sys.argv[1])
 print(json.dumps({
     "package": kt.__file__,
     "zoo": str(presets.zoo_dir()),
+    "runtime": str(onnx.runtime_dir()),
+    "runtime_files": list(onnx.RUNTIME_FILES),
     "presets": sorted(row["name"] for row in presets.list_presets()),
     "weights": [float(np.asarray(w, "float64").sum()) for w in lm.backbone.get_weights()],
 }))
 """
+RUNTIME = ROOT / "export" / "runtime"
 
 
 def _run(args, **kwargs):
@@ -48,7 +53,7 @@ def installed(tmp_path_factory):
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("keras_transformer", "models"):
+    for name in ("keras_transformer", "models", "export/runtime"):
         shutil.copytree(ROOT / name, source / name, ignore=ignore)
     dist = tmp / "dist"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
@@ -68,10 +73,30 @@ def test_wheel_holds_every_package_and_the_zoo(installed):
     assert zoo and [f for f in zoo if f"keras_transformer/zoo/{f}" not in names] == []
 
 
-def test_installed_wheel_loads_a_preset_with_its_weights(installed):
+@pytest.fixture(scope="module")
+def probe(installed):
+    """What a fresh interpreter importing the installed copy (not the repository) reports."""
     _, site = installed
     env = dict(os.environ, PYTHONPATH=str(site))
-    probe = json.loads(_run([sys.executable, "-c", PROBE, PRESET], env=env, cwd=site).strip().splitlines()[-1])
+    return json.loads(_run([sys.executable, "-c", PROBE, PRESET], env=env, cwd=site).strip().splitlines()[-1])
+
+
+def test_wheel_ships_the_bundle_runtime(installed, probe):
+    """export/runtime/ (generate.py, batching.py, serve.py, requirements.txt) is in the wheel, and the installed
+    `runtime_dir()` points at those files, so an export from an installed copy can write a whole bundle."""
+    wheel, site = installed
+    names = set(zipfile.ZipFile(wheel).namelist())
+    files = sorted(p.name for p in RUNTIME.iterdir() if p.is_file())
+    assert set(probe["runtime_files"]) <= set(files)
+    assert [f for f in files if f"keras_transformer/export/runtime/{f}" not in names] == []
+    runtime = Path(probe["runtime"])
+    assert runtime == site / "keras_transformer" / "export" / "runtime"
+    for name in probe["runtime_files"]:
+        assert (runtime / name).read_bytes() == (RUNTIME / name).read_bytes(), name
+
+
+def test_installed_wheel_loads_a_preset_with_its_weights(installed, probe):
+    _, site = installed
     assert Path(probe["package"]).is_relative_to(site) and Path(probe["zoo"]) == site / "keras_transformer" / "zoo"
     assert probe["presets"] == sorted(p.parent.name for p in (ROOT / "models").glob("*/config.json"))
 

@@ -22,7 +22,9 @@ mask (M, S_src) (each source encoded on arrival, zero past its length); they sta
 fed the decoder start token at position 0.
 
 `Scheduler` prefills waiting sequences on one thread (up to M rows held in all) while another
-runs the batch (their graph runs overlap: ONNX Runtime releases the GIL). At each step boundary
+runs the batch (their graph runs overlap: ONNX Runtime releases the GIL). A thread of its own
+answers waiting sequences at their deadlines: one queued behind a full batch (or a running beam
+search) finishes with "timeout" on time and leaves the queue, never prefilled or decoded. At each step boundary
 the batch thread puts the prefilled sequences into free rows, runs one step for all, hands each row its token (`on_event`), removes rows that stopped,
 were cancelled (a client that went away) or ran past their deadline, and calls `on_step` once
 (a server wakes its readers once per step, not once per token and row). Tokens are chosen for all rows
@@ -37,6 +39,8 @@ batch: a request at a time, its n choices together, through `Generator.generate_
 """
 
 import collections
+import heapq
+import itertools
 import threading
 import time
 
@@ -195,7 +199,8 @@ class Sequence:
             choice c of seed s draws what row c of `Generator.generate(..., seed=s)` draws.
         stop_token_ids: ids that end the sequence (kept, as `Generator`).
         num_beams, length_penalty: beam search (run whole, beside the batch).
-        deadline: `time.monotonic()` after which the sequence finishes with "timeout".
+        deadline: `time.monotonic()` after which the sequence finishes with "timeout": at that time while
+            it waits, at the next step while it holds a row (a beam search once started runs to its end).
     """
 
     def __init__(self, prompt_ids, max_tokens, on_event, temperature=0.0, top_k=None, top_p=None, seed=None,
@@ -209,6 +214,7 @@ class Sequence:
         self.num_beams, self.length_penalty, self.deadline = int(num_beams), float(length_penalty), deadline
         self.generated = []
         self.cancelled = False  # set by any thread; the scheduler frees the row at the next step boundary
+        self.queued = False  # in one of the scheduler's waiting queues (guarded by its lock)
 
     def cancel(self):
         self.cancelled = True
@@ -258,7 +264,8 @@ def choose(sequences, logits, positions):
 class Scheduler:
     """The decoding threads: one admits sequences at step boundaries and decodes all active rows together;
     another runs sequences that are not batched (beam search; every sequence of a bundle without
-    continuous batching) whole, one at a time, so they never hold the batch up.
+    continuous batching) whole, one at a time, so they never hold the batch up; a third finishes waiting
+    sequences at their deadlines.
 
     Args:
         generator: a `generate.Generator` over an LM bundle.
@@ -285,7 +292,9 @@ class Scheduler:
         self._taken = 0  # rows held: active, staged, or being prefilled (at most max_rows)
         self._prefilling = 0  # of which being prefilled
         self._stopping = self._prefill_done = False
-        self._threads = [threading.Thread(target=self._run_whole_loop, name="kt-whole", daemon=True)]
+        self._deadlines, self._order = [], itertools.count()  # heap of (deadline, order, sequence) submitted
+        self._threads = [threading.Thread(target=self._run_whole_loop, name="kt-whole", daemon=True),
+                         threading.Thread(target=self._run_expiry, name="kt-expiry", daemon=True)]
         if self.decoder is not None:
             self._threads += [threading.Thread(target=self._run_prefill, name="kt-prefill", daemon=True),
                               threading.Thread(target=self._run_batch, name="kt-batch", daemon=True)]
@@ -312,15 +321,31 @@ class Scheduler:
             if self._stopping:
                 raise RuntimeError("The scheduler is stopping.")
             if self.queue_depth() >= self.max_queue:  # cancelled sequences (their clients gone) give their place up
-                self.waiting = collections.deque(s for s in self.waiting if not s.cancelled)
-                self.waiting_whole = collections.deque(s for s in self.waiting_whole if not s.cancelled)
+                self._drop([s for s in itertools.chain(self.waiting, self.waiting_whole) if s.cancelled])
             if self.queue_depth() >= self.max_queue:
                 raise QueueFull(f"{self.queue_depth()} sequences wait already (max_queue={self.max_queue}).")
             (self.waiting if self.batched and sequence.batched else self.waiting_whole).append(sequence)
+            sequence.queued = True
+            if sequence.deadline is not None:
+                heapq.heappush(self._deadlines, (sequence.deadline, next(self._order), sequence))
             self._condition.notify_all()
 
     def queue_depth(self):
         return len(self.waiting) + len(self.waiting_whole)
+
+    def _drop(self, sequences):
+        """Take `sequences` out of the waiting queues (the lock held)."""
+        for sequence in sequences:
+            sequence.queued = False
+        if sequences:
+            self.waiting = collections.deque(s for s in self.waiting if s.queued)
+            self.waiting_whole = collections.deque(s for s in self.waiting_whole if s.queued)
+
+    def _take(self, queue):
+        """The next sequence of a waiting queue (the lock held)."""
+        sequence = queue.popleft()
+        sequence.queued = False
+        return sequence
 
     def rows(self):
         """Sequences holding a row (decoding, prefilled or being prefilled) and those running whole."""
@@ -345,7 +370,7 @@ class Scheduler:
                     self._condition.wait()
                 admitted = []
                 while self.waiting and self._taken < self.max_rows:
-                    admitted.append(self.waiting.popleft())
+                    admitted.append(self._take(self.waiting))
                     self._taken += 1
                 self._prefilling = len(admitted)
             now, by_length, staged, freed = time.monotonic(), collections.defaultdict(list), [], 0
@@ -437,6 +462,33 @@ class Scheduler:
                 self._taken -= len(finished)
                 self._condition.notify_all()
 
+    # --- deadlines ----------------------------------------------------------------------
+
+    def _run_expiry(self):
+        """Finishes each waiting sequence at its deadline ("timeout") and takes it out of its queue, so a sequence
+        queued behind a full batch or a running beam search is answered on time and never decoded. (A sequence
+        holding a row is stopped at the next step.)"""
+        while True:
+            with self._condition:
+                while True:
+                    while self._deadlines and not self._deadlines[0][2].queued:  # started or dropped: forget it
+                        heapq.heappop(self._deadlines)
+                    if self._stopping and not self.queue_depth():
+                        return
+                    now = time.monotonic()
+                    if self._deadlines and self._deadlines[0][0] < now:
+                        break
+                    self._condition.wait(self._deadlines[0][0] - now if self._deadlines else None)
+                late = []
+                while self._deadlines and self._deadlines[0][0] < now:
+                    sequence = heapq.heappop(self._deadlines)[2]
+                    if sequence.queued:
+                        late.append(sequence)
+                self._drop(late)
+            for sequence in late:
+                sequence.on_event("finish", "timeout")
+            self._stepped(0)
+
     # --- whole sequences ---------------------------------------------------------------
 
     def _run_whole_loop(self):
@@ -447,10 +499,11 @@ class Scheduler:
                 if not self.waiting_whole:
                     return
                 # The choices of one prompt (n > 1: the same prompt and options) run together, choice c as row c.
-                group = [self.waiting_whole.popleft()]
+                group = [self._take(self.waiting_whole)]
                 while self.waiting_whole and self.waiting_whole[0].same_request(group[0]):
-                    group.append(self.waiting_whole.popleft())
+                    group.append(self._take(self.waiting_whole))
                 self.running_whole = len(group)
+                self._condition.notify_all()  # (the expiry thread ends once the queues are empty on stopping)
             try:
                 self._run_whole(group)
             except Exception as error:

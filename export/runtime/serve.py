@@ -9,7 +9,8 @@ requirements.txt: numpy, onnxruntime, tokenizers, jinja2, starlette, uvicorn, pr
 Endpoints:
     POST /v1/completions        prompt (a string, a list of them, or token ids), max_tokens, temperature
                                 (0: greedy), top_p, top_k, seed, stop, n, stream (server-sent events);
-                                extensions: num_beams, length_penalty (beam search, not streamed)
+                                extensions: num_beams, length_penalty (beam search, not streamed),
+                                timeout (seconds, at most the server's --timeout)
     POST /v1/chat/completions   messages, rendered by the bundle's chat template; the same options
     POST /v1/embeddings         input (a string or a list): encoder bundles; the model's pooled output
     GET  /v1/models, /v1/models/{name}
@@ -20,9 +21,10 @@ LM bundles decode concurrent requests together (`batching.Scheduler`: a request 
 batch at a step boundary and leaves it when done; beam search runs beside it, a request at a
 time). The decoding threads hand tokens to the event loop once per step (`_Relay`), and each
 request sends what arrived since its last event as one event. Waiting requests are bounded
-(`--max-queue`; beyond, 503 with Retry-After), each has `--timeout` seconds, and a client that
-disconnects frees its row. Bad input gets a 4xx answer whose JSON error names the field
-(`{"error": {"message", "type", "param", "code"}}`, as OpenAI's). SIGTERM stops taking requests
+(`--max-queue`; beyond, 503 with Retry-After), each has `--timeout` seconds (or the fewer its
+`timeout` field asks for; a request still queued then is answered 504 at once and never
+decoded), and a client that disconnects frees its row. Bad input gets a 4xx answer whose JSON
+error names the field (`{"error": {"message", "type", "param", "code"}}`, as OpenAI's). SIGTERM stops taking requests
 (503, then connections refused), finishes those in flight, and exits with status 0. The server
 keeps no state between requests: replicas behind any HTTP load balancer scale it out.
 """
@@ -104,10 +106,11 @@ class Service:
         if model != self.name:
             raise ApiError(f"The model {model!r} does not exist; this server serves {self.name!r}.", "model", 404)
 
-    def submit(self, prompt_ids, options, n, inbox):
-        """Queue n sequences per prompt; their events (index, kind, value), index = prompt * n + choice, go to `inbox`."""
+    def submit(self, prompt_ids, options, n, inbox, timeout):
+        """Queue n sequences per prompt, due in `timeout` seconds; their events (index, kind, value),
+        index = prompt * n + choice, go to `inbox`."""
         sequences = []
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + timeout
         stop_ids = () if self.generator.config.get("eos_token_id") is None else (self.generator.config["eos_token_id"],)
         try:
             for p, ids in enumerate(prompt_ids):
@@ -263,6 +266,7 @@ def _sampling_options(body, n_prompts):
         seed=_field(body, "seed", int),
         num_beams=_field(body, "num_beams", int, default=1, check=lambda k: 1 <= k <= 32, rule="in [1, 32]"),
         length_penalty=_field(body, "length_penalty", (int, float), default=1.0),
+        timeout=_field(body, "timeout", (int, float), check=lambda t: t > 0, rule="a positive number of seconds"),
     )
     if options["top_k"] is not None and options["top_k"] < 1:
         options["top_k"] = None
@@ -370,7 +374,10 @@ async def _watch_disconnect(request, inbox):
 
 async def _generate(service, request, endpoint, prompt_ids, options, n, stop, stream, include_usage, chat):
     started, inbox = time.perf_counter(), _Inbox()
-    sequences = service.submit(prompt_ids, options, n, inbox)
+    options = dict(options)
+    requested = options.pop("timeout")
+    timeout = service.timeout if requested is None else min(requested, service.timeout)
+    sequences = service.submit(prompt_ids, options, n, inbox, timeout)
     prompt_tokens = sum(len(ids) for ids in prompt_ids) * n
     service.metrics.prompt_tokens.inc(prompt_tokens)
     choices = [_Choice(service.generator.tokenizer, stop) for _ in sequences]
@@ -395,7 +402,7 @@ async def _generate(service, request, endpoint, prompt_ids, options, n, stop, st
                 sequences[index].cancel()
         if finish is not None:
             if finish == "timeout":
-                raise ApiError(f"The request ran past the server's timeout of {service.timeout:g} s.", None, 504)
+                raise ApiError(f"The request ran past its timeout of {timeout:g} s.", None, 504)
             if choice.finish is None:
                 text += choice.close()
                 choice.finish = "stop" if finish == "stop" else "length"

@@ -120,7 +120,16 @@ def _runtime(bundle, name="generate"):
 
 @pytest.fixture(scope="module")
 def server(chat_bundle):
-    server = Server(chat_bundle, "--max-batch", "16", "--max-queue", "64")
+    server = Server(chat_bundle, "--max-batch", "64", "--max-queue", "128")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def one_row_server(chat_bundle):
+    """One row, 32 waiting sequences: the choices of a request are decoded one after another. The last test
+    that uses it (the SIGTERM test) stops it."""
+    server = Server(chat_bundle, "--max-batch", "1", "--max-queue", "32")
     yield server
     server.stop()
 
@@ -185,6 +194,77 @@ def test_scheduler_frees_cancelled_and_late_rows_and_bounds_its_queue(chat_bundl
     assert scheduler.decoder.size == 0 and not scheduler.active
 
 
+def test_a_queued_sequence_is_answered_at_its_deadline_and_never_decoded(chat_bundle, generator):
+    """The row and the beam-search thread are held by sequences whose readers take 40 ms a token (30 tokens:
+    1.2 s each). Sequences queued behind them with a 0.2 s deadline finish with "timeout" at their deadline,
+    leave the queue at once and are never prefilled or decoded; the slow ones run to their ends."""
+    batching = _runtime(chat_bundle, "batching")
+    scheduler = batching.Scheduler(generator, max_rows=1).start()
+    finished, ids = {}, generator.encode("def add(")
+
+    def sequence(name, slow=False, **options):
+        def on_event(kind, value):
+            if kind == "token" and slow:
+                time.sleep(0.04)
+            if kind == "finish":
+                finished[name] = (value, time.monotonic())
+        return batching.Sequence(ids, 30, on_event, **options)
+
+    slow = [sequence("slow", slow=True), sequence("slow_beam", slow=True, num_beams=2)]
+    for item in slow:
+        scheduler.submit(item)
+    deadline = time.monotonic() + 30
+    while (not slow[0].generated or scheduler.running_whole == 0) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    submitted = time.monotonic()
+    queued = [sequence("queued", deadline=submitted + 0.2),
+              sequence("queued_beam", num_beams=2, deadline=submitted + 0.2)]
+    for item in queued:
+        scheduler.submit(item)
+    assert scheduler.queue_depth() == 2
+    while len(finished) < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    depth = scheduler.queue_depth()
+    assert sorted(finished) == ["queued", "queued_beam"]  # the slow ones still running
+    assert all(finished[name][0] == "timeout" and finished[name][1] - submitted < 0.6 for name in finished), (
+        {name: (reason, at - submitted) for name, (reason, at) in finished.items()})
+    assert depth == 0 and not any(item.generated for item in queued)
+    scheduler.stop(30)
+    assert finished["slow"][0] == finished["slow_beam"][0] == "length"
+    assert slow[0].generated == generator.generate_ids([ids], 30, stop_token_ids=None)[0]
+    assert scheduler.rows_decoded == 29  # the slow row's steps alone
+
+
+def test_33_greedy_sequences_share_one_batch_each_as_alone(chat_bundle, generator):
+    """33 greedy sequences (prompts and lengths of all kinds) queued before the scheduler starts, 64 rows: all are
+    admitted at the first step boundary and decoded together to the end, and each equals its answer alone."""
+    batching = _runtime(chat_bundle, "batching")
+    scheduler = batching.Scheduler(generator, max_rows=64)
+    finished, first_step, eos = [], {}, generator.config["eos_token_id"]
+
+    def on_event(i, kind, value):  # (the decoding thread's scheduler.steps: steps run before this event)
+        first_step.setdefault(i, scheduler.steps)
+        if kind == "finish":
+            finished.append(value)
+
+    sequences = [batching.Sequence(generator.encode(PROMPTS[i % len(PROMPTS)]), 8 + i % 17,
+                                   lambda kind, value, i=i: on_event(i, kind, value), stop_token_ids=(eos,))
+                 for i in range(33)]
+    for sequence in sequences:
+        scheduler.submit(sequence)
+    scheduler.start()
+    deadline = time.monotonic() + 30
+    while len(finished) < 33 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    scheduler.stop(30)
+    alone = [generator.generate_ids([s.prompt_ids], s.max_tokens)[0] for s in sequences]
+    assert [s.generated for s in sequences] == alone
+    # Every first token came before the first step (all 33 rows admitted at once), then one step per token.
+    lengths = [len(s.generated) for s in sequences]
+    assert first_step == {i: 0 for i in range(33)}
+    assert scheduler.steps == max(lengths) - 1 and scheduler.rows_decoded == sum(lengths) - 33
+
+
 def test_completions_with_the_openai_client(client, generator):
     expected, ids = _greedy(generator, "def add(", 12)
     answer = client.completions.create(model="tiny_gpt", prompt="def add(", max_tokens=12, temperature=0)
@@ -196,6 +276,26 @@ def test_completions_with_the_openai_client(client, generator):
     assert "".join(chunk.choices[0].text for chunk in chunks) == expected
     # (tokens waiting together are sent as one event: how many events depends on the load)
     assert chunks[-1].choices[0].finish_reason == answer.choices[0].finish_reason
+
+
+def test_a_list_of_prompts_gets_a_choice_per_prompt_and_n(client, generator):
+    """`prompt` as a list of strings, a list of token-id lists and one list of ids: choice index = prompt * n + c."""
+    prompts = ["def add(", "for i in", "import"]
+    expected = [_greedy(generator, prompt, 8)[0] for prompt in prompts]
+    ids = [generator.encode(prompt) for prompt in prompts]
+    answer = client.completions.create(model="tiny_gpt", prompt=prompts, max_tokens=8, temperature=0, n=2)
+    assert sorted(c.index for c in answer.choices) == list(range(6))
+    assert [c.text for c in sorted(answer.choices, key=lambda c: c.index)] == [e for e in expected for _ in range(2)]
+    assert answer.usage.prompt_tokens == 2 * sum(len(row) for row in ids)
+    answer = client.completions.create(model="tiny_gpt", prompt=ids, max_tokens=8, temperature=0)
+    assert [c.text for c in sorted(answer.choices, key=lambda c: c.index)] == expected
+    answer = client.completions.create(model="tiny_gpt", prompt=ids[1], max_tokens=8, temperature=0)
+    assert [(c.index, c.text) for c in answer.choices] == [(0, expected[1])]
+    texts = ["", "", ""]
+    for chunk in client.completions.create(model="tiny_gpt", prompt=prompts, max_tokens=8, temperature=0, stream=True):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+    assert texts == expected
 
 
 def test_chat_completions_with_the_openai_client(client, generator):
@@ -253,7 +353,8 @@ def test_a_greedy_answer_is_the_same_alone_or_among_32_others(server, generator)
     for (_, answer, _), (_, expected) in zip(together[33:], others):
         texts = [generator.tokenizer.decode(row, skip_special_tokens=True) for row in expected]
         assert [choice["text"] for choice in sorted(answer["choices"], key=lambda c: c["index"])] == texts
-    # Decoded together: rows per step well above one (16 rows at most; rows are reused as requests finish).
+    # Decoded together: rows per step well above one (rows are reused as requests finish; requests arrive over
+    # HTTP at different steps, so test_33_greedy_sequences_share_one_batch_each_as_alone holds them all at once).
     mean_batch = (server.metric("kt_decoded_rows_total") - rows) / (server.metric("kt_decode_steps_total") - steps)
     assert mean_batch > 2, mean_batch
     assert server.metric("kt_batch_rows") == 0 and server.metric("kt_queue_depth") == 0
@@ -306,100 +407,122 @@ def test_health_models_and_metrics(server):
     assert "kt_queue_depth" in server.get("/metrics")[1]
 
 
-def test_a_client_that_disconnects_frees_its_row(server):
-    before = server.metric("kt_generated_tokens_total")
-    with socket.create_connection(("127.0.0.1", server.port)) as connection:
-        body = json.dumps({"model": "tiny_gpt", "prompt": "def", "max_tokens": 40, "temperature": 0, "stream": True})
-        connection.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                           f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
-        received = b""
-        while b"data:" not in received:  # the headers, then the first event
-            chunk = connection.recv(4096)
-            assert chunk, received
-            received += chunk
-    deadline = time.monotonic() + 10
-    while server.metric("kt_batch_rows") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.metric("kt_batch_rows") == 0 and server.metric("kt_generated_tokens_total") > before
-    assert server.post("/v1/completions", {"model": "tiny_gpt", "prompt": "def", "max_tokens": 2})[0] == 200
+def _send(server, body):
+    """A socket that has sent `body` to /v1/completions (the caller reads the answer, or closes it unread)."""
+    connection = socket.create_connection(("127.0.0.1", server.port))
+    payload = json.dumps(body)
+    connection.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       f"Content-Length: {len(payload)}\r\n\r\n{payload}".encode())
+    return connection
 
 
-def test_a_full_queue_answers_503_and_sigterm_drains(chat_bundle, generator):
+def test_a_client_that_disconnects_frees_its_rows(one_row_server, generator):
+    """One row: a request of 16 choices (decoded one after another) waits behind another's 16. Its client goes
+    away once the answer's headers came (streamed) or once it is queued (not streamed): its choices are dropped,
+    and the rows decoded are those of the request ahead, not the 2 x 16 choices' full work."""
+    server = one_row_server
+    body = {"model": "tiny_gpt", "prompt": "def add(", "max_tokens": 40, "temperature": 0, "n": 16}
+    expected = _greedy(generator, "def add(", 40)
+    steps_in_full = 16 * (len(expected[1]) - 1)  # one row: a step per token after the first
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        for stream in (True, False):
+            rows = server.metric("kt_decoded_rows_total")
+            ahead = pool.submit(server.post, "/v1/completions", body)
+            deadline = time.monotonic() + 10
+            while server.metric("kt_queue_depth") < 15 and time.monotonic() < deadline:  # its choices queued
+                time.sleep(0.002)
+            prompt_tokens = server.metric("kt_prompt_tokens_total")
+            with _send(server, {**body, "stream": stream}) as connection:
+                received, deadline = b"", time.monotonic() + 10
+                while stream and b"\r\n\r\n" not in received:  # the headers of the event stream
+                    chunk = connection.recv(4096)
+                    assert chunk, received
+                    received += chunk
+                while server.metric("kt_prompt_tokens_total") == prompt_tokens and time.monotonic() < deadline:
+                    time.sleep(0.005)
+            assert not stream or received.startswith(b"HTTP/1.1 200"), received
+            status, answer, _ = ahead.result()
+            assert status == 200 and [c["text"] for c in answer["choices"]] == [expected[0]] * 16
+            deadline = time.monotonic() + 30
+            while server.metric("kt_queue_depth") + server.metric("kt_batch_rows") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert server.metric("kt_queue_depth") + server.metric("kt_batch_rows") == 0
+            decoded = server.metric("kt_decoded_rows_total") - rows - steps_in_full  # beyond the request ahead
+            assert decoded < steps_in_full / 2, (stream, decoded, steps_in_full)
+    assert server.post("/v1/completions", {**body, "n": 1, "max_tokens": 2})[0] == 200
+
+
+def test_a_full_queue_answers_503_and_sigterm_drains(one_row_server, generator):
     """One row, 32 waiting sequences: requests of 16 choices overflow it. SIGTERM while two such requests are
     in flight: new connections are refused at once, the two are answered in full, and the process exits 0."""
-    server = Server(chat_bundle, "--max-batch", "1", "--max-queue", "32")
-    try:
-        body = {"model": "tiny_gpt", "prompt": "def add(", "max_tokens": 40, "temperature": 0, "n": 16}
-        expected = _greedy(generator, "def add(", 40)[0]
-        with concurrent.futures.ThreadPoolExecutor(6) as pool:
-            answers = list(pool.map(lambda _: server.post("/v1/completions", body), range(6)))
-        busy = [answer for answer in answers if answer[0] == 503]
-        assert busy and all(headers["Retry-After"] for _, _, headers in busy), [a[0] for a in answers]
-        assert all(a[0] in (200, 503) for a in answers) and busy[0][1]["error"]["message"]
-        for status, answer, _ in answers:
-            if status == 200:
-                assert [c["text"] for c in answer["choices"]] == [expected] * 16
+    server = one_row_server
+    body = {"model": "tiny_gpt", "prompt": "def add(", "max_tokens": 40, "temperature": 0, "n": 16}
+    expected = _greedy(generator, "def add(", 40)[0]
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda _: server.post("/v1/completions", body), range(6)))
+    busy = [answer for answer in answers if answer[0] == 503]
+    assert busy and all(headers["Retry-After"] for _, _, headers in busy), [a[0] for a in answers]
+    assert all(a[0] in (200, 503) for a in answers) and busy[0][1]["error"]["message"]
+    for status, answer, _ in answers:
+        if status == 200:
+            assert [c["text"] for c in answer["choices"]] == [expected] * 16
 
-        # A client that sends a request (not streamed) and goes away once it is queued: its choices are dropped.
-        rows, prompt_tokens = server.metric("kt_decoded_rows_total"), server.metric("kt_prompt_tokens_total")
-        with socket.create_connection(("127.0.0.1", server.port)) as connection:
-            payload = json.dumps(body)
-            connection.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                               f"Content-Length: {len(payload)}\r\n\r\n{payload}".encode())
-            deadline = time.monotonic() + 10
-            while server.metric("kt_prompt_tokens_total") == prompt_tokens and time.monotonic() < deadline:
-                time.sleep(0.005)
-        deadline = time.monotonic() + 30
-        while server.metric("kt_queue_depth") + server.metric("kt_batch_rows") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        steps_in_full = 16 * (len(_greedy(generator, "def add(", 40)[1]) - 1)  # one row: a step per token after the first
-        assert server.metric("kt_decoded_rows_total") - rows < steps_in_full / 2
-        results, prompt_tokens = [], server.metric("kt_prompt_tokens_total")
-        threads = [threading.Thread(target=lambda: results.append(server.post("/v1/completions", body)))
-                   for _ in range(2)]
-        for thread in threads:
-            thread.start()
-        deadline = time.monotonic() + 10
-        accepted = 2 * 16 * len(generator.encode("def add("))  # prompt tokens counted once both are queued
-        while server.metric("kt_prompt_tokens_total") - prompt_tokens < accepted and time.monotonic() < deadline:
-            time.sleep(0.005)
-        server.process.send_signal(signal.SIGTERM)
-        refused, deadline = None, time.monotonic() + 10
-        while refused is None and time.monotonic() < deadline:  # new requests: 503 until the socket closes
-            try:
-                status = server.post("/v1/completions", {**body, "n": 1})[0]
-                assert status == 503, status
-            except (urllib.error.URLError, ConnectionError, http.client.RemoteDisconnected) as error:
-                if isinstance(getattr(error, "reason", error), ConnectionRefusedError):
-                    refused = [thread.is_alive() for thread in threads]
-        assert refused and any(refused), refused  # refused while the two were still being answered
-        for thread in threads:
-            thread.join(60)
-        assert [status for status, _, _ in results] == [200, 200]  # in flight when SIGTERM came: finished
-        assert all([c["text"] for c in answer["choices"]] == [expected] * 16 for _, answer, _ in results)
-        assert server.process.wait(30) == 0  # drained, then a clean exit
-    finally:
-        server.stop()
+    results, prompt_tokens = [], server.metric("kt_prompt_tokens_total")
+    threads = [threading.Thread(target=lambda: results.append(server.post("/v1/completions", body)))
+               for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 10
+    accepted = 2 * 16 * len(generator.encode("def add("))  # prompt tokens counted once both are queued
+    while server.metric("kt_prompt_tokens_total") - prompt_tokens < accepted and time.monotonic() < deadline:
+        time.sleep(0.005)
+    server.process.send_signal(signal.SIGTERM)
+    refused, deadline = None, time.monotonic() + 10
+    while refused is None and time.monotonic() < deadline:  # new requests: 503 until the socket closes
+        try:
+            status = server.post("/v1/completions", {**body, "n": 1})[0]
+            assert status == 503, status
+        except (urllib.error.URLError, ConnectionError, http.client.RemoteDisconnected) as error:
+            if isinstance(getattr(error, "reason", error), ConnectionRefusedError):
+                refused = [thread.is_alive() for thread in threads]
+    assert refused and any(refused), refused  # refused while the two were still being answered
+    for thread in threads:
+        thread.join(60)
+    assert [status for status, _, _ in results] == [200, 200]  # in flight when SIGTERM came: finished
+    assert all([c["text"] for c in answer["choices"]] == [expected] * 16 for _, answer, _ in results)
+    assert server.process.wait(30) == 0  # drained, then a clean exit
 
 
 def test_a_request_past_its_timeout_gets_504_and_frees_its_rows(chat_bundle):
-    """One row, a 0.15 s timeout: of three requests of 16 x 40 tokens (1,920 single-row steps), at least the
-    last cannot finish in time; each is answered 200 or 504 (its rows freed), then the server serves on.
-    Started as `keras-transformer serve BUNDLE` (which hands the process over to the bundle's serve.py)."""
-    server = Server(chat_bundle, "--max-batch", "1", "--timeout", "0.15", cli=True)
+    """One row, a 1 s timeout, 16 requests of 16 x 40 tokens (256 sequences, one at a time: longer than 1 s):
+    those not done in time get 504 and their rows and places are freed. A request sent behind them with its
+    own 0.1 s timeout gets its 504 at once, while they are still running, not when a row would come free; then
+    the server serves on. Started as `keras-transformer serve BUNDLE` (which hands the process over to the
+    bundle's serve.py)."""
+    server = Server(chat_bundle, "--max-batch", "1", "--max-queue", "512", "--timeout", "1", cli=True)
     try:
         body = {"model": "tiny_gpt", "prompt": "def add(", "max_tokens": 40, "temperature": 0, "n": 16}
-        with concurrent.futures.ThreadPoolExecutor(3) as pool:
-            answers = list(pool.map(lambda _: server.post("/v1/completions", body), range(3)))
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            answers = [pool.submit(server.post, "/v1/completions", body) for _ in range(16)]
+            deadline = time.monotonic() + 10
+            while server.metric("kt_queue_depth") < 200 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            started = time.monotonic()
+            status, late, _ = server.post("/v1/completions", {**body, "n": 1, "timeout": 0.1})
+            waited, running = time.monotonic() - started, sum(not answer.done() for answer in answers)
+            answers = [answer.result() for answer in answers]
+        assert status == 504 and "timeout of 0.1 s" in late["error"]["message"], late
+        assert waited < 0.6 and running > 0, (waited, running)  # answered at its deadline, ahead of the queue
         statuses = [status for status, _, _ in answers]
         assert 504 in statuses and set(statuses) <= {200, 504}, statuses
-        late = next(answer for status, answer, _ in answers if status == 504)
-        assert "timeout" in late["error"]["message"]
+        assert "timeout of 1 s" in next(answer for status, answer, _ in answers if status == 504)["error"]["message"]
         deadline = time.monotonic() + 10  # a late request's other choices leave the queue at the next steps
         while server.metric("kt_batch_rows") + server.metric("kt_queue_depth") and time.monotonic() < deadline:
             time.sleep(0.05)
         assert server.metric("kt_batch_rows") == 0 and server.metric("kt_queue_depth") == 0
         assert server.post("/v1/completions", {**body, "n": 1, "max_tokens": 1})[0] == 200
+        status, answer, _ = server.post("/v1/completions", {**body, "timeout": 0})
+        assert status == 400 and answer["error"]["param"] == "timeout"
     finally:
         server.stop()
 
