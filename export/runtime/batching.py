@@ -35,7 +35,8 @@ row-wise matrix products), so a greedy answer is the same alone or in a batch (t
 
 Beam search (its K beams reorder their caches every step) and bundles without continuous
 batching (traced decode graphs, which grow their caches) run on a second thread, beside the
-batch: a request at a time, its n choices together, through `Generator.generate_ids`.
+batch: a request at a time, its n choices together, through `Generator.generate_ids`, which asks
+before every step whether all its choices ran past their deadline or were cancelled, and then stops.
 """
 
 import collections
@@ -200,7 +201,7 @@ class Sequence:
         stop_token_ids: ids that end the sequence (kept, as `Generator`).
         num_beams, length_penalty: beam search (run whole, beside the batch).
         deadline: `time.monotonic()` after which the sequence finishes with "timeout": at that time while
-            it waits, at the next step while it holds a row (a beam search once started runs to its end).
+            it waits, at the next step while it holds a row or runs whole (beam search).
     """
 
     def __init__(self, prompt_ids, max_tokens, on_event, temperature=0.0, top_k=None, top_p=None, seed=None,
@@ -533,7 +534,19 @@ class Scheduler:
             options.update(sampler="random", temperature=first.temperature, top_k=first.top_k, top_p=first.top_p,
                            seed=first.noise_seed)
         rows = 1 + max(sequence.choice for sequence in running) if first.temperature > 0 else 1  # greedy rows are equal
-        found = self.generator.generate_ids([first.prompt_ids] * rows, first.max_tokens, **options)
+
+        def interrupt():  # every choice past its deadline or cancelled: stop before the next step
+            now = time.monotonic()
+            return all(sequence.interrupted(now) for sequence in running)
+
+        try:
+            found = self.generator.generate_ids([first.prompt_ids] * rows, first.max_tokens, interrupt=interrupt,
+                                                **options)
+        except runtime.Interrupted:
+            now = time.monotonic()
+            for sequence in running:
+                sequence.on_event("finish", sequence.interrupted(now) or "timeout")
+            return
         for sequence in running:
             reason = None
             for token in found[sequence.choice if rows > 1 else 0]:

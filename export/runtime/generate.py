@@ -180,7 +180,7 @@ class Generator:
 
     def generate_ids(self, prompt_ids, max_new_tokens=32, sampler="greedy", num_beams=4, temperature=1.0,
                      top_k=None, top_p=None, seed=None, length_penalty=1.0, early_stopping=False,
-                     stop_token_ids="auto"):
+                     stop_token_ids="auto", interrupt=None):
         """Prompt id lists -> each row's new ids (int lists; the end token included when reached).
 
         Args:
@@ -193,6 +193,8 @@ class Generator:
             temperature, top_k, top_p, seed: random sampling.
             stop_token_ids: "auto" (the end token), None (never stop early) or a list of ids,
                 as in `lm.generate`.
+            interrupt: None, or a callable asked before every decoding step; when it returns True the
+                call stops there and raises `Interrupted` (a server's timeout or a client gone).
         """
         _check_arguments(max_new_tokens, sampler, num_beams, temperature, top_k, top_p, early_stopping)
         rows = [np.asarray(row, dtype=np.int64).reshape(-1) for row in prompt_ids]
@@ -226,7 +228,8 @@ class Generator:
         else:
             logits, state = self._step(tokens[:, 0], {**encoder_state, "past": self._empty_past(len(rows)), "position": 0})
         stop = _stop_tokens(stop_token_ids, self.config.get("eos_token_id"), vocabulary_size)
-        loop = _Loop(self, np.repeat(tokens, beams, axis=0), np.repeat(lengths, beams), max_new_tokens, pad, stop)
+        loop = _Loop(self, np.repeat(tokens, beams, axis=0), np.repeat(lengths, beams), max_new_tokens, pad, stop,
+                     interrupt)
         if beams == 1:
             noise_seed = None
             if sampler == "random":  # a fresh seed per call when none is given, as `RandomSampler(seed=None)`
@@ -335,8 +338,9 @@ class _Loop:
     the batch until all are done.
     """
 
-    def __init__(self, generator, tokens, lengths, max_new_tokens, pad, stop):
+    def __init__(self, generator, tokens, lengths, max_new_tokens, pad, stop, interrupt=None):
         self.generator = generator
+        self.interrupt = interrupt  # None, or asked before every step (see `Generator.generate_ids`)
         self.tokens = tokens  # (R, L)
         self.lengths = lengths  # (R,)
         self.max_new_tokens = max_new_tokens
@@ -358,7 +362,7 @@ class _Loop:
             done = done | (emitted & np.isin(token, self.stop)) | (i + 1 >= limits)
             if i + 1 >= tokens.shape[1] or done.all():
                 break
-            logits, state = self.generator._step(tokens[:, i], state)
+            logits, state = self._step(tokens[:, i], state)
             i += 1
         return [_cut(tokens[r, lengths[r]: lengths[r] + self.max_new_tokens], self.stop) for r in range(len(tokens))]
 
@@ -432,9 +436,18 @@ class _Loop:
                 break
             if not np.array_equal(order, np.arange(R)):
                 state = _reorder_state(state, order)
-            logits, state = self.generator._step(tokens[:, i], state)
+            logits, state = self._step(tokens[:, i], state)
             i += 1
         return [finished_tokens[b, 0, lengths[b]: finished_ends[b, 0]] for b in range(B)]
+
+    def _step(self, token, state):
+        if self.interrupt is not None and self.interrupt():
+            raise Interrupted("generation interrupted by its caller")
+        return self.generator._step(token, state)
+
+
+class Interrupted(Exception):
+    """`Generator.generate_ids` stopped before a step because its `interrupt` callable returned True."""
 
 
 def _stop_tokens(stop_token_ids, eos, vocabulary_size):

@@ -235,6 +235,42 @@ def test_a_queued_sequence_is_answered_at_its_deadline_and_never_decoded(chat_bu
     assert scheduler.rows_decoded == 29  # the slow row's steps alone
 
 
+def test_a_running_beam_search_stops_at_its_deadline(chat_bundle):
+    """A beam search whose steps take 20 ms (30 tokens: over 0.6 s) with a 0.15 s deadline finishes with
+    "timeout" before its first step past the deadline, announces no token and frees the beam thread: the
+    beam search queued after it runs to its end, equal to the runtime's own."""
+    batching = _runtime(chat_bundle, "batching")
+    generator = batching.runtime.Generator(chat_bundle)  # the module batching catches `Interrupted` from
+    step = generator._step
+
+    def slow_step(*args):
+        time.sleep(0.02)
+        return step(*args)
+
+    generator._step = slow_step
+    scheduler = batching.Scheduler(generator, max_rows=1).start()
+    finished, ids = {}, generator.encode("def add(")
+
+    def sequence(name, prompt_ids, **options):
+        def on_event(kind, value):
+            if kind == "finish":
+                finished[name] = (value, time.monotonic())
+        return batching.Sequence(prompt_ids, 30, on_event, num_beams=2, **options)
+
+    started = time.monotonic()
+    other = generator.encode("import")  # another request (one prompt's choices would run together)
+    late, after = sequence("late", ids, deadline=started + 0.15), sequence("after", other)
+    scheduler.submit(late)
+    scheduler.submit(after)
+    while len(finished) < 2 and time.monotonic() < started + 60:
+        time.sleep(0.005)
+    scheduler.stop(30)
+    assert finished["late"][0] == "timeout" and finished["late"][1] - started < 0.45, finished
+    assert not late.generated
+    assert finished["after"][0] == "length"
+    assert after.generated == generator.generate_ids([other], 30, sampler="beam", num_beams=2, stop_token_ids=[])[0]
+
+
 def test_33_greedy_sequences_share_one_batch_each_as_alone(chat_bundle, generator):
     """33 greedy sequences (prompts and lengths of all kinds) queued before the scheduler starts, 64 rows: all are
     admitted at the first step boundary and decoded together to the end, and each equals its answer alone."""
