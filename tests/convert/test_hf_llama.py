@@ -26,6 +26,7 @@ from keras_transformer.presets import load_config
 from keras_transformer.samplers import BeamSampler
 from tests.conftest import to_numpy
 from tests.convert import hf_models
+from tests.export.helpers import bundle_generator
 
 ATOL = 1e-4
 NEW_TOKENS = 10
@@ -172,17 +173,9 @@ def test_onnx_bundle_greedy_matches_keras(tmp_path, build):
     included (one export: the other cases differ only in options of the same layers)."""
     _, hf, lm = build("mistral-window")
     bundle = lm.export(tmp_path / "bundle", format="onnx")
-    import sys
-
-    sys.path.insert(0, str(bundle))
-    try:
-        import generate
-    finally:
-        sys.path.remove(str(bundle))
-        sys.modules.pop("generate", None)
     prompts = _prompts(hf)
     ours = lm.generate(prompts, max_new_tokens=NEW_TOKENS, stop_token_ids=None)
-    theirs = generate.Generator(bundle).generate_ids(prompts, max_new_tokens=NEW_TOKENS, stop_token_ids=None)
+    theirs = bundle_generator(bundle).generate_ids(prompts, max_new_tokens=NEW_TOKENS, stop_token_ids=None)
     assert [prompt + new for prompt, new in zip(prompts, theirs)] == ours
 
 

@@ -187,6 +187,18 @@ def reference_greedy(next_logits, prefix, max_new_tokens, eos):
     return new
 
 
+def bundle_generator(bundle):
+    """The bundle's own Keras-free runner: its generate.py imported from the bundle, as when the bundle runs
+    (then forgotten, so that the next bundle's copy is imported afresh) -> its `Generator(bundle)`."""
+    sys.path.insert(0, str(bundle))
+    try:
+        import generate
+    finally:
+        sys.path.remove(str(bundle))
+        sys.modules.pop("generate", None)
+    return generate.Generator(bundle)
+
+
 def runtime_noise():
     """The numpy noise of the Keras-free runner (export/runtime/generate.py): (seed, step, rows) -> (R,)."""
     import importlib.util

@@ -6,7 +6,6 @@ test_saved_model.py.
 
 import json
 import os
-import sys
 
 import numpy as np
 import onnx
@@ -17,6 +16,7 @@ from keras_transformer import cli
 from keras_transformer.samplers import BeamSampler, RandomSampler
 from tests.export.helpers import (
     FRAMEWORKS,
+    bundle_generator,
     causal_next_logits,
     reference_greedy,
     run_python,
@@ -39,13 +39,7 @@ def bundle(exported):
 
 @pytest.fixture(scope="module")
 def generator(bundle):
-    sys.path.insert(0, str(bundle))
-    try:
-        import generate
-    finally:
-        sys.path.remove(str(bundle))
-        sys.modules.pop("generate", None)
-    return generate.Generator(bundle)
+    return bundle_generator(bundle)
 
 
 def _run(session, feeds):

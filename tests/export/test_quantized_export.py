@@ -10,7 +10,6 @@ and per-token activations in Keras; see `test_the_int8_bundle_follows_keras_int8
 compared within a tolerance and by greedy continuations that mostly agree, never for equal numbers.
 """
 
-import sys
 
 import keras
 import numpy as np
@@ -21,7 +20,7 @@ from keras_transformer import cli
 from keras_transformer.export import export_model
 from keras_transformer.models import GPTBackbone, GPTCausalLM, GPTCausalLMPreprocessor
 from keras_transformer.tokenizers import BytePairTokenizer
-from tests.export.helpers import CORPUS, to_numpy
+from tests.export.helpers import CORPUS, bundle_generator, to_numpy
 
 pytestmark = pytest.mark.slow  # three exports (a TensorFlow conversion each)
 
@@ -107,31 +106,13 @@ def test_no_float_weight_matrix_is_left(bundles, mode):
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_the_runner_generates_with_quantized_weights(bundles, mode):
-    def generator(bundle):
-        sys.path.insert(0, str(bundle))
-        try:
-            import generate
-        finally:
-            sys.path.remove(str(bundle))
-            sys.modules.pop("generate", None)
-        return generate.Generator(bundle)
-
+    generator = bundle_generator
     prompts = [[5, 9, 14], [7, 3, 22, 8]]
     float_tokens = generator(bundles["float"]).generate_ids(prompts, max_new_tokens=6)
     tokens = generator(bundles[mode]).generate_ids(prompts, max_new_tokens=6)
     assert [len(row) for row in tokens] == [len(row) for row in float_tokens]
     if mode == "int8":  # int8 keeps these models' first choice; int4's coarser blocks may flip it
         assert [row[0] for row in tokens] == [row[0] for row in float_tokens]
-
-
-def _load_generator(bundle):
-    sys.path.insert(0, str(bundle))
-    try:
-        import generate
-    finally:
-        sys.path.remove(str(bundle))
-        sys.modules.pop("generate", None)
-    return generate.Generator(bundle)
 
 
 def _agreement(tokens, reference):
@@ -167,8 +148,8 @@ def test_the_int8_bundle_follows_keras_int8(bundles):
     assert np.abs(keras_logits - float_logits).max() > 0  # Keras's weights did change
 
     # Greedy continuations: 6 prompts x 12 new tokens, compared position by position.
-    float_tokens = _load_generator(bundles["float"]).generate_ids(CONTINUATION_PROMPTS, max_new_tokens=12)
-    runner_tokens = _load_generator(bundles["int8"]).generate_ids(CONTINUATION_PROMPTS, max_new_tokens=12)
+    float_tokens = bundle_generator(bundles["float"]).generate_ids(CONTINUATION_PROMPTS, max_new_tokens=12)
+    runner_tokens = bundle_generator(bundles["int8"]).generate_ids(CONTINUATION_PROMPTS, max_new_tokens=12)
     keras_tokens = _keras_greedy(lm, CONTINUATION_PROMPTS, 12)
     assert _agreement(runner_tokens, float_tokens) >= FOLLOWS, (runner_tokens, float_tokens)
     assert _agreement(keras_tokens, float_tokens) >= FOLLOWS, (keras_tokens, float_tokens)

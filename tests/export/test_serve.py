@@ -389,10 +389,11 @@ def test_a_greedy_answer_is_the_same_alone_or_among_32_others(server, generator)
     for (_, answer, _), (_, expected) in zip(together[33:], others):
         texts = [generator.tokenizer.decode(row, skip_special_tokens=True) for row in expected]
         assert [choice["text"] for choice in sorted(answer["choices"], key=lambda c: c["index"])] == texts
-    # Decoded together: rows per step well above one (rows are reused as requests finish; requests arrive over
-    # HTTP at different steps, so test_33_greedy_sequences_share_one_batch_each_as_alone holds them all at once).
+    # Decoded together: more than one row per step on average. How many depends on when the requests arrive over
+    # HTTP (1.8 rows seen on a loaded machine, more when quiet); test_33_greedy_sequences_share_one_batch_each_as_alone
+    # holds 33 sequences in one batch deterministically.
     mean_batch = (server.metric("kt_decoded_rows_total") - rows) / (server.metric("kt_decode_steps_total") - steps)
-    assert mean_batch > 2, mean_batch
+    assert mean_batch > 1.2, mean_batch
     assert server.metric("kt_batch_rows") == 0 and server.metric("kt_queue_depth") == 0
 
 
