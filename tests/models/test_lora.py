@@ -88,6 +88,12 @@ def test_only_the_lora_factors_train():
     lm.backbone.enable_lora(2)
     names = sorted({v.path.rsplit("/", 2)[-2] for v in lm.trainable_weights})
     assert names == ["query", "value"]
+    fit_moves_only_the_factors(lm)
+
+
+def fit_moves_only_the_factors(lm):
+    """`lm` (tiny GPT, LoRA rank 2 on query and value) has only the factors trainable, and two epochs of `fit`
+    leave every other weight as it was while the B factors leave zero."""
     assert all(v.path.endswith(("lora_kernel_a", "lora_kernel_b")) for v in lm.trainable_weights)
     assert len(lm.trainable_weights) == 2 * 2 * 2  # layers x (query, value) x (A, B)
     frozen = {v.path: helpers.to_numpy(v) for v in lm.weights if "lora" not in v.path}

@@ -4,14 +4,13 @@ presets that keep the 8- and 4-bit forms, and LoRA trained on top of int8 weight
 
 import json
 
-import keras
 import numpy as np
 import pytest
 
 import keras_transformer as kt
 from keras_transformer.models.quantization import quantization_mode
 from tests.export import helpers
-from tests.models.test_lora import ALL_FAMILIES, FAMILIES, _inputs, _perturb_lora
+from tests.models.test_lora import ALL_FAMILIES, FAMILIES, _inputs, _perturb_lora, fit_moves_only_the_factors
 from tests.samplers.helpers import compiled_functions, is_eager_backend
 
 PROMPT = [5, 9, 14, 3]
@@ -120,18 +119,10 @@ def test_lora_on_int8_weights_trains_the_factors_alone_and_generates():
     lm = FAMILIES["gpt"]()
     lm.quantize("int8")
     lm.backbone.enable_lora(2)
-    assert all(v.path.endswith(("lora_kernel_a", "lora_kernel_b")) for v in lm.trainable_weights)
-    assert len(lm.trainable_weights) == 2 * 2 * 2  # layers x (query, value) x (A, B)
-    frozen = {v.path: helpers.to_numpy(v) for v in lm.weights if "lora" not in v.path}
-    assert any(v.dtype == "int8" for path, v in frozen.items() if path.endswith("query/kernel"))
+    assert any(v.dtype == "int8" for v in lm.weights if v.path.endswith("query/kernel"))
     x = _inputs(lm)
     before = helpers.to_numpy(lm(x))
-    lm.compile(optimizer=keras.optimizers.Adam(1e-2), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    lm.fit(x, np.roll(x["token_ids"], -1, axis=1), epochs=2, verbose=0)
-    for v in lm.weights:
-        if "lora" not in v.path:
-            np.testing.assert_array_equal(helpers.to_numpy(v), frozen[v.path], err_msg=v.path)
-    assert any(np.abs(helpers.to_numpy(v)).max() > 0 for v in lm.weights if v.path.endswith("lora_kernel_b"))
+    fit_moves_only_the_factors(lm)  # the int8 kernels included
     assert np.abs(helpers.to_numpy(lm(x)) - before).max() > 0  # the trained factors change the outputs
     _perturb_lora(lm.backbone, seed=2)  # large factors: greedy choices far from ties
     _greedy_matches_the_forward_pass(lm)
