@@ -29,6 +29,15 @@ def test_cache_widths_cover_the_buffer_in_few_chunks(length, prefill):
         assert len(widths) <= 5
 
 
+def test_two_widths_keep_the_first_and_the_buffer_length():
+    # TensorFlow's loop (chunked=False) grows the cache once: from the first width straight to L.
+    assert cache_widths(1024, 0, chunked=False) == [128, 1024]
+    assert cache_widths(192, 0, chunked=False) == cache_widths(192, 0) == [128, 192]
+    assert cache_widths(1024, 300, chunked=False) == [384, 1024]
+    assert cache_widths(256, 200, chunked=False) == [256]
+    assert cache_widths(128, 0, chunked=False) == [128]
+
+
 def _check_against_full_forward(lm, prompts, new_tokens):
     out = lm.generate(prompts, max_new_tokens=new_tokens, stop_token_ids=None, return_dict=True, output_logits=True)
     for prompt, ids, logits, full in zip(prompts, out["outputs"], out["logits"], causal_logits(lm, out["outputs"])):
@@ -45,6 +54,14 @@ def test_greedy_across_chunks_matches_full_forward(lm):
     prompts = [rng.integers(0, 8, 3).tolist(), rng.integers(0, 8, 9).tolist()]
     assert cache_widths(256, 32) == [128, 256]
     _check_against_full_forward(lm, prompts, 200)
+
+
+def test_greedy_over_the_whole_buffer_matches_full_forward(lm):
+    # A buffer of 320 positions: widths 128, 256, 320 where the loop grows through every width
+    # (JAX, PyTorch), 128 then 320 on TensorFlow; either way every step sees the full pass's keys.
+    assert cache_widths(320, 0) == [128, 256, 320] and cache_widths(320, 0, chunked=False) == [128, 320]
+    prompt = np.random.default_rng(4).integers(0, 8, 4).tolist()
+    _check_against_full_forward(lm, [prompt], MAX_LENGTH - 4)
 
 
 def test_prefill_longer_than_the_first_chunk(lm):
