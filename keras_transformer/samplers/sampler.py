@@ -424,6 +424,12 @@ def banned_ngram_tokens(tokens, i, n, vocabulary_size):
 # write at i - 1 < W), then the cache is padded to the next width. Widths grow by CHUNK up to
 # 4 * CHUNK, then double, so a 1024-position loop compiles at most five step bodies.
 CHUNK = 128
+# TensorFlow's loop grows a cache larger than this through two widths only, the first and L: there
+# the chunks' cache copies cost more memory than their narrower attention saves time (smollm2_135m,
+# batch 8 x 1024 positions, a 360 MiB cache: peak RSS 3.56 GB through five widths, 2.70 GB through
+# two; the generate benchmark's GPT at batch 1 x 576 positions, a 2.3 MiB cache: 17% slower through
+# two). See RESULTS.
+TENSORFLOW_CHUNKED_CACHE_BYTES = 128 * 2**20
 
 
 def cache_widths(length, prefill_length, chunked=True):
@@ -596,10 +602,13 @@ def decode(task, sampler, options, inputs, streamer=None):
     options.padded_step = (
         keras.config.backend() == "tensorflow" and not sampler.reorders_rows and len(inputs["token_ids"]) == 1
     )
-    # TensorFlow's XLA keeps every chunk's loop state apart: each cache width adds its own buffers
-    # and compiled body, so its loop runs two widths at most, the first and L (smollm2_135m, batch
-    # 8, 1024 positions: peak RSS 3.56 GB with five widths; see RESULTS). JAX reuses them (1.76 GB).
-    options.chunked_cache = keras.config.backend() != "tensorflow"
+    # TensorFlow's XLA keeps every chunk's loop state apart (JAX reuses it): each cache width adds a
+    # copy of the cache at that width. With a large cache those copies dominate memory, so its loop
+    # then grows the cache once, from the first width to L (see `TENSORFLOW_CHUNKED_CACHE_BYTES`).
+    rows, length = inputs["token_ids"].shape
+    bits = int("".join(c for c in str(task.compute_dtype) if c.isdigit()))  # float32 -> 32, bfloat16 -> 16
+    cache_bytes = int(np.prod(task.backbone.cache_shape(rows, length))) * bits // 8
+    options.chunked_cache = keras.config.backend() != "tensorflow" or cache_bytes <= TENSORFLOW_CHUNKED_CACHE_BYTES
     inputs = {k: ops.convert_to_tensor(v) for k, v in inputs.items()}
     kernels = None
     if keras.config.backend() == "torch":

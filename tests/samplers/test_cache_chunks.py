@@ -1,10 +1,12 @@
 """Long generations cross the loop's cache widths (`cache_widths`): the cache is padded between
 chunks, and every step must still see exactly the keys a full forward pass sees."""
 
+import keras
 import numpy as np
 import pytest
 
 from keras_transformer.samplers import BeamSampler
+from keras_transformer.samplers import sampler as sampler_module
 from keras_transformer.samplers.sampler import CHUNK, cache_widths
 from tests.samplers.helpers import causal_logits, log_softmax, tiny_gpt
 
@@ -56,12 +58,21 @@ def test_greedy_across_chunks_matches_full_forward(lm):
     _check_against_full_forward(lm, prompts, 200)
 
 
-def test_greedy_over_the_whole_buffer_matches_full_forward(lm):
-    # A buffer of 320 positions: widths 128, 256, 320 where the loop grows through every width
-    # (JAX, PyTorch), 128 then 320 on TensorFlow; either way every step sees the full pass's keys.
+@pytest.mark.parametrize("tensorflow_limit", ["default", 0])
+def test_greedy_over_the_whole_buffer_matches_full_forward(lm, tensorflow_limit, monkeypatch):
+    # A buffer of 320 positions: widths 128, 256, 320, or 128 then 320 where TensorFlow's loop grows
+    # a cache over its byte limit once (a limit of 0 makes it do so here); either way every step
+    # must see the full pass's keys. JAX and PyTorch always grow through every width.
+    if tensorflow_limit != "default":
+        monkeypatch.setattr(sampler_module, "TENSORFLOW_CHUNKED_CACHE_BYTES", tensorflow_limit)
     assert cache_widths(320, 0) == [128, 256, 320] and cache_widths(320, 0, chunked=False) == [128, 320]
+    for name in ("_generate_functions", "_generate_variables"):  # compile anew: only this test's loops below
+        lm.__dict__.pop(name, None)
     prompt = np.random.default_rng(4).integers(0, 8, 4).tolist()
     _check_against_full_forward(lm, [prompt], MAX_LENGTH - 4)
+    loops = {dict(key[2])["chunked_cache"] for key in lm.__dict__["_generate_functions"] if key[0] == "run"}
+    two_widths = keras.config.backend() == "tensorflow" and tensorflow_limit == 0
+    assert (False in loops) == two_widths
 
 
 def test_prefill_longer_than_the_first_chunk(lm):
