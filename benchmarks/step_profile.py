@@ -1,9 +1,10 @@
 """Where a JAX decoding step's time goes: XLA's matrix products vs everything else, ours and keras-hub's.
 
-    KERAS_BACKEND=jax python benchmarks/step_profile.py [--beams 1] [--batch 1]
+    KERAS_BACKEND=jax python benchmarks/step_profile.py [--model t5|llama] [--beams 1] [--batch 1]
 
-Builds the two T5 models of `generate_seq2seq.py` (same shapes, random weights), times each
-one's `generate` (best of 5, unprofiled), then profiles one more call of each with
+Builds the two models of `generate_seq2seq.py` (T5) or `generate_llama.py` (the SmolLM2-135M
+shape), same shapes, random weights; times each one's `generate` (best of 5, unprofiled), then
+profiles one more call of each with
 `jax.profiler` and sums XLA's CPU thunks by kind: matrix products (`dot`, and the dots XLA
 hands to YNNPACK/XNNPACK/oneDNN as `*_fusion` custom kernels) and the rest. Both models run the
 same products on the same shapes, so keras-hub's step time over our products' time bounds the
@@ -31,7 +32,6 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from generate_seq2seq import NEW_TOKENS, SOURCE, VOCABULARY, KerasHub, Ours  # noqa: E402
 
 PRODUCT = re.compile(r"^(dot|ynn_fusion|xnn_fusion|onednn)")
 CONTAINER = re.compile(r"^(while|conditional|call)(\.\d+)?$")
@@ -66,24 +66,41 @@ def best_seconds(fn, repeats=5):
     return best
 
 
+def calls(model, batch, beams):
+    """-> (description, steps per call, {name: a function generating once})."""
+    rng = np.random.default_rng(batch)
+    if model == "t5":
+        import generate_seq2seq as bench
+
+        sources = rng.integers(1, bench.VOCABULARY, (batch, bench.SOURCE)).astype("int32")
+        runs = {name: (lambda m=cls(): m.generate(sources, beams)) for name, cls in
+                (("ours", bench.Ours), ("keras-hub", bench.KerasHub))}
+        return "T5 (generate_seq2seq.py's shape)", bench.NEW_TOKENS, runs
+    import generate_llama as bench
+
+    prompts = rng.integers(1, bench._config()["vocabulary_size"], (batch, bench.PROMPT)).astype("int32")
+    runs = {name: (lambda m=cls(): m.generate(prompts, bench.NEW_TOKENS, beams)) for name, cls in
+            (("ours", bench.Ours), ("keras-hub", bench.KerasHub))}
+    return f"Llama ({bench.PRESET}'s shape)", bench.NEW_TOKENS, runs
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=("t5", "llama"), default="t5")
     parser.add_argument("--beams", type=int, default=1)
     parser.add_argument("--batch", type=int, default=1)
     args = parser.parse_args()
     if keras.config.backend() != "jax":
         raise SystemExit("step_profile.py profiles XLA's thunks on JAX: run it with KERAS_BACKEND=jax.")
-    sources = np.random.default_rng(args.batch).integers(1, VOCABULARY, (args.batch, SOURCE)).astype("int32")
-    models = {"ours": Ours(), "keras-hub": KerasHub()}
-    print(f"T5 generate on JAX, batch {args.batch}, {args.beams} beam(s), {NEW_TOKENS} steps; ms per step")
+    what, steps, runs = calls(args.model, args.batch, args.beams)
+    print(f"{what} generate on JAX, batch {args.batch}, {args.beams} beam(s), {steps} steps; ms per step")
     print(f"{'':<12}{'step (wall)':>12}{'products':>10}{'other':>8}")
     step = {}
-    for name, model in models.items():
-        run = lambda: model.generate(sources, args.beams)  # noqa: E731
+    for name, run in runs.items():
         run()  # compile
-        step[name] = best_seconds(run) / NEW_TOKENS
+        step[name] = best_seconds(run) / steps
         sums = thunk_seconds(run)
-        products, other = sums["products"] / NEW_TOKENS, sums["other"] / NEW_TOKENS
+        products, other = sums["products"] / steps, sums["other"] / steps
         print(f"{name:<12}{step[name] * 1e3:>12.3f}{products * 1e3:>10.3f}{other * 1e3:>8.3f}", flush=True)
         if name == "ours":
             our_products = step[name] * products / (products + other)  # scaled to the unprofiled step
