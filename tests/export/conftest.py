@@ -6,6 +6,8 @@ exported through `task.export` and the command line; the other families through
 `export_models` (both formats, one child process).
 """
 
+import json
+
 import pytest
 
 from keras_transformer import cli
@@ -41,3 +43,48 @@ def exported(tmp_path_factory):
         return cache[family]
 
     return get
+
+
+# One TensorFlow-only child process runs the SavedModel checks of test_saved_model.py and
+# test_runtime_parity.py: TensorFlow is imported, and each SavedModel loaded, once instead of twice.
+# Each check is its own script (its own namespace and sys.argv); the child never imports
+# keras_transformer, and each script still reports whether it was imported.
+RUN_SAVED_MODEL_JOBS = """
+import contextlib, io, json, sys
+import tensorflow as tf
+
+_load, _loaded = tf.saved_model.load, {}
+
+def _load_once(path, *args, **kwargs):
+    key = (str(path), args, tuple(sorted(kwargs.items())))
+    if key not in _loaded:
+        _loaded[key] = _load(path, *args, **kwargs)
+    return _loaded[key]
+
+tf.saved_model.load = _load_once
+jobs = json.load(open(sys.argv[1]))
+results = {}
+for name, job in jobs.items():
+    sys.argv = ["-c", *job["args"]]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(job["code"], "<" + name + ">", "exec"), {"__name__": "__main__"})
+    results[name] = json.loads(printed.getvalue().strip().splitlines()[-1])
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="session")
+def saved_model_runs(exported, tmp_path_factory):
+    """{"saved_model" | "runtime_parity": {"printed": the JSON its script printed last, "directory": its files}},
+    from one child process (run on first use)."""
+    from tests.export import test_runtime_parity, test_saved_model
+
+    directory = tmp_path_factory.mktemp("saved_model_jobs")
+    jobs = {}
+    for name, module in (("saved_model", test_saved_model), ("runtime_parity", test_runtime_parity)):
+        code, args = module.saved_model_job(exported, directory / name)
+        jobs[name] = {"code": code, "args": [str(arg) for arg in args]}
+    (directory / "jobs.json").write_text(json.dumps(jobs))
+    printed = helpers.run_python(RUN_SAVED_MODEL_JOBS, directory / "jobs.json", timeout=600)
+    return {name: {"printed": printed[name], "directory": directory / name} for name in jobs}

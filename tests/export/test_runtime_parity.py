@@ -22,7 +22,6 @@ from tests.export.helpers import (
     reference_beam,
     reference_greedy,
     reference_random,
-    run_python,
     seq2seq_next_logits,
 )
 
@@ -119,20 +118,28 @@ def expected(cases):
     return reference
 
 
-@pytest.fixture(scope="module")
-def saved_model_results(cases, tmp_path_factory):
-    """Every family's SavedModel run with every sampler by one TensorFlow-only process."""
+def saved_model_job(exported, directory):
+    """(script, its arguments): every family's SavedModel run with every sampler by a TensorFlow-only process
+    (conftest.py's `saved_model_runs` runs it, in the same child as test_saved_model.py's)."""
     spec = {}
-    for family, (task, prompts, _, saved_model) in cases.items():
+    for family in FAMILIES:
+        task, saved_model = exported(family)["task"], exported(family)["saved_model"]
+        prompts = _prompts(family, task)
         width = max(len(p) for p in prompts)
         spec[family] = {
             "path": str(saved_model), "decoder": family in DECODERS,
             "ids": [p + [0] * (width - len(p)) for p in prompts],
             "mask": [[True] * len(p) + [False] * (width - len(p)) for p in prompts],
         }
-    path = tmp_path_factory.mktemp("parity") / "spec.json"
-    path.write_text(json.dumps(spec))
-    return run_python(RUN_SAVED_MODELS, path)
+    directory.mkdir(parents=True)
+    (directory / "spec.json").write_text(json.dumps(spec))
+    return RUN_SAVED_MODELS, (directory / "spec.json",)
+
+
+@pytest.fixture(scope="module")
+def saved_model_results(saved_model_runs):
+    """Every family's SavedModel run with every sampler by one TensorFlow-only process."""
+    return saved_model_runs["runtime_parity"]["printed"]
 
 
 def _new_tokens(family, task, prompts, rows):

@@ -14,7 +14,6 @@ from keras_transformer.samplers import RandomSampler
 from tests.export.helpers import (
     causal_next_logits,
     reference_greedy,
-    run_python,
     seq2seq_next_logits,
     to_numpy,
 )
@@ -93,9 +92,9 @@ def _bert_inputs(classifier):
     }
 
 
-@pytest.fixture(scope="module")
-def loaded(exported, tmp_path_factory):
-    """Every family's SavedModel run by a TensorFlow-only process: {family: results}."""
+def saved_model_job(exported, directory):
+    """(script, its arguments): every family's SavedModel run by a TensorFlow-only process (conftest.py's
+    `saved_model_runs` runs it, in the same child as test_runtime_parity.py's)."""
     spec = {}
     _, ids, mask = _gpt_prompts(exported("gpt")["task"])
     spec["gpt"] = {"path": str(exported("gpt")["saved_model"]), "ids": ids.tolist(), "mask": mask.tolist(),
@@ -105,10 +104,17 @@ def loaded(exported, tmp_path_factory):
     for name in ("t5", "transformer"):
         ids, mask = exported(name)["task"].preprocessor.generate_preprocess(SOURCES)
         spec[name] = {"path": str(exported(name)["saved_model"]), "ids": ids.tolist(), "mask": mask.tolist()}
-    directory = tmp_path_factory.mktemp("saved_models")
+    directory.mkdir(parents=True)
     (directory / "spec.json").write_text(json.dumps(spec))
-    run_python(LOAD_SAVED_MODELS, directory / "spec.json", directory / "results.json")
-    return json.loads((directory / "results.json").read_text())
+    return LOAD_SAVED_MODELS, (directory / "spec.json", directory / "results.json")
+
+
+@pytest.fixture(scope="module")
+def loaded(saved_model_runs):
+    """Every family's SavedModel run by a TensorFlow-only process: {family: results}."""
+    result = saved_model_runs["saved_model"]
+    assert result["printed"] == {"ok": True}
+    return json.loads((result["directory"] / "results.json").read_text())
 
 
 def test_loaded_without_keras_transformer(loaded):
