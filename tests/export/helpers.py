@@ -199,14 +199,19 @@ def bundle_generator(bundle):
     return generate.Generator(bundle)
 
 
-def runtime_noise():
-    """The numpy noise of the Keras-free runner (export/runtime/generate.py): (seed, step, rows) -> (R,)."""
+def runtime_module():
+    """The Keras-free runner's module (export/runtime/generate.py), imported from the source tree."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("_runtime_generate", REPO / "export" / "runtime" / "generate.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module._uniform_noise
+    return module
+
+
+def runtime_noise():
+    """The numpy noise of the Keras-free runner (export/runtime/generate.py): (seed, step, rows) -> (R,)."""
+    return runtime_module()._uniform_noise
 
 
 def reference_random(next_logits, prefix, max_new_tokens, eos, seed, row, temperature=1.0, top_k=None, top_p=None):
