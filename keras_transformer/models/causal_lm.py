@@ -1,10 +1,12 @@
 """CausalLM: the task base of decoder-only language models (next-token prediction)."""
 
 import keras
+from keras import ops
 
 from keras_transformer import samplers
 from keras_transformer.metrics import Perplexity
-from keras_transformer.models.task import Task
+from keras_transformer.models.backbone import call_layer
+from keras_transformer.models.task import Task, transposed_embedding
 from keras_transformer.tokenizers.chat_template import as_conversations
 
 
@@ -17,6 +19,50 @@ class CausalLM(Task):
     """
 
     default_learning_rate = 1e-3
+
+    def __init__(self, backbone, preprocessor=None, **kwargs):
+        """`backbone`: a decoder-only backbone whose `token_embedding` is a `ReversibleEmbedding`
+        (its reverse is the head); `preprocessor`: the family's preprocessor or None (then inputs
+        are id arrays). Subclasses name their `backbone_cls` and `preprocessor_cls`."""
+        # === Layers ===
+        self.backbone = backbone
+        self.preprocessor = preprocessor
+        if preprocessor is not None and preprocessor.sequence_length > backbone.max_sequence_length:
+            raise ValueError(
+                f"The preprocessor's sequence_length={preprocessor.sequence_length} is longer than the "
+                f"backbone's max_sequence_length={backbone.max_sequence_length}."
+            )
+
+        # === Functional model ===
+        inputs = backbone.input
+        hidden = backbone(inputs)  # (B, T, D)
+        logits = backbone.token_embedding(hidden, reverse=True)  # (B, T, D) -> (B, T, V)
+        super().__init__(inputs=inputs, outputs=ops.cast(logits, "float32"), **kwargs)
+
+    # --- decoding ---------------------------------------------------------
+
+    def decode_head(self):
+        """The head as a (D, V) array in the compute dtype, made once per decoding loop (see `Task.decode_head`):
+        the transposed token embedding when the backbone ties them, else the separate reverse matrix."""
+        embedding = self.backbone.token_embedding
+        if embedding.tie_weights:
+            return transposed_embedding(self.backbone)  # (V, D) -> (D, V)
+        return ops.cast(embedding.reverse_embeddings, self.backbone.compute_dtype)  # (D, V)
+
+    def compute_logits(self, hidden, head=None, call_layer=call_layer):
+        """Hidden states (B, T, D) -> logits (B, T, V); `head`: None or `decode_head()`."""
+        if head is not None:
+            return ops.matmul(hidden, head)  # (B, T, D) x (D, V) -> (B, T, V)
+        return call_layer(self.backbone.token_embedding, hidden, reverse=True)  # (B, T, D) -> (B, T, V)
+
+    def call_with_cache(self, token_ids, cache, cache_index, padding_mask=None, head=None, call_layer=call_layer):
+        """Logits (B, T, V) float32 for T new tokens and the updated cache (see the backbone's `call_with_cache`).
+
+        `head`: None, or `decode_head()` (the same projection as a (D, V) array made once per loop).
+        `call_layer`: how the layers are called (see `backbone.call_layer`).
+        """
+        hidden, cache = self.backbone.call_with_cache(token_ids, cache, cache_index, padding_mask, call_layer)
+        return ops.cast(self.compute_logits(hidden, head, call_layer), "float32"), cache
 
     def default_weighted_metrics(self):
         return [keras.metrics.SparseCategoricalAccuracy(name="accuracy"), Perplexity()]
