@@ -44,7 +44,11 @@ def main():
     args = parser.parse_args()
     dump = args.dump or tempfile.mkdtemp()
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump} --xla_dump_hlo_as_text").strip()
+    import keras
     import numpy as np
+
+    if keras.config.backend() != "jax":
+        raise SystemExit("step_kernels.py reads XLA's HLO dumps of JAX loops: run it with KERAS_BACKEND=jax.")
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import generate
