@@ -17,7 +17,6 @@ import os
 import re
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 LAUNCH_FREE = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast"}
@@ -52,18 +51,14 @@ def main():
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import generate
+    from timing import paired
 
     prompt = np.random.default_rng(1).integers(1, generate.SHAPE["vocabulary_size"], (1, generate.PROMPT))
     for model in (generate.Ours(), generate.KerasHub()):
         for beams, prompts in ((1, np.repeat(prompt, 4, 0)), (4, prompt)):
-            model.generate(prompts, generate.NEW_TOKENS, beams)
-            times = []
-            for _ in range(5):
-                start = time.perf_counter()
-                model.generate(prompts, generate.NEW_TOKENS, beams)
-                times.append(time.perf_counter() - start)
+            _, (best,), _ = paired([lambda: model.generate(prompts, generate.NEW_TOKENS, beams)], 5)
             case = "greedy batch 4" if beams == 1 else "beam-4 batch 1"
-            print(f"{model.name:<10} {case}: {min(times) / generate.NEW_TOKENS * 1e3:.3f} ms/step", flush=True)
+            print(f"{model.name:<10} {case}: {best / generate.NEW_TOKENS * 1e3:.3f} ms/step", flush=True)
     for path in sorted(glob.glob(os.path.join(dump, "*after_optimizations.txt")), key=os.path.getsize, reverse=True):
         for body, ops in loop_kernels(Path(path).read_text()).items():
             if sum(ops.values()) > 20:  # the decoding loops, not the small helper loops
