@@ -39,14 +39,15 @@ RUNTIME = ROOT / "export" / "runtime"
 
 
 def _run(args, **kwargs):
-    result = subprocess.run(args, capture_output=True, text=True, **kwargs)
-    assert result.returncode == 0, result.stdout + result.stderr
+    kwargs.setdefault("stderr", subprocess.PIPE)
+    result = subprocess.run(args, stdout=subprocess.PIPE, text=True, **kwargs)
+    assert result.returncode == 0, result.stdout + (result.stderr or "")
     return result.stdout
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """(wheel path, folder the wheel was installed into)."""
+    """(wheel path, folder the wheel was installed into, the build's log)."""
     tmp = tmp_path_factory.mktemp("wheel")
     source = tmp / "source"  # a copy, so the build leaves nothing in the repository
     source.mkdir()
@@ -57,15 +58,23 @@ def installed(tmp_path_factory):
         shutil.copytree(ROOT / name, source / name, ignore=ignore)
     dist = tmp / "dist"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
-    _run(pip + ["wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", str(dist), str(source)])
+    log = _run(pip + ["wheel", "--no-deps", "--no-build-isolation", "-v", "-w", str(dist), str(source)],
+               stderr=subprocess.STDOUT)
     (wheel,) = dist.glob("keras_transformer-*.whl")
     site = tmp / "site"
     _run(pip + ["install", "--no-deps", "--no-index", "--quiet", "--target", str(site), str(wheel)])
-    return wheel, site
+    return wheel, site, log
+
+
+def test_build_prints_no_setuptools_warnings(installed):
+    """The preset zoo is package data: setuptools must not take its folders for packages."""
+    _, _, log = installed
+    assert "Building wheel" in log or "bdist_wheel" in log  # the verbose build log was captured
+    assert "would be ignored" not in log and "Warning" not in log, log
 
 
 def test_wheel_holds_every_package_and_the_zoo(installed):
-    wheel, _ = installed
+    wheel, _, _ = installed
     names = set(zipfile.ZipFile(wheel).namelist())
     packages = sorted(p.parent.relative_to(ROOT).as_posix() for p in (ROOT / "keras_transformer").rglob("__init__.py"))
     assert [p for p in packages if f"{p}/__init__.py" not in names] == []
@@ -76,7 +85,7 @@ def test_wheel_holds_every_package_and_the_zoo(installed):
 @pytest.fixture(scope="module")
 def probe(installed):
     """What a fresh interpreter importing the installed copy (not the repository) reports."""
-    _, site = installed
+    _, site, _ = installed
     env = dict(os.environ, PYTHONPATH=str(site))
     return json.loads(_run([sys.executable, "-c", PROBE, PRESET], env=env, cwd=site).strip().splitlines()[-1])
 
@@ -84,7 +93,7 @@ def probe(installed):
 def test_wheel_ships_the_bundle_runtime(installed, probe):
     """export/runtime/ (generate.py, batching.py, serve.py, requirements.txt) is in the wheel, and the installed
     `runtime_dir()` points at those files, so an export from an installed copy can write a whole bundle."""
-    wheel, site = installed
+    wheel, site, _ = installed
     names = set(zipfile.ZipFile(wheel).namelist())
     files = sorted(p.name for p in RUNTIME.iterdir() if p.is_file())
     assert set(probe["runtime_files"]) <= set(files)
@@ -96,7 +105,7 @@ def test_wheel_ships_the_bundle_runtime(installed, probe):
 
 
 def test_installed_wheel_loads_a_preset_with_its_weights(installed, probe):
-    _, site = installed
+    _, site, _ = installed
     assert Path(probe["package"]).is_relative_to(site) and Path(probe["zoo"]) == site / "keras_transformer" / "zoo"
     assert probe["presets"] == sorted(p.parent.name for p in (ROOT / "models").glob("*/config.json"))
 
