@@ -8,6 +8,7 @@ from keras_transformer.models import lora, quantization
 from keras_transformer.models.input_checks import check_inputs
 
 
+@presets.register_base_class("backbone")
 class Backbone(keras.Model):
     """A functional Keras model from token ids (and masks) to hidden states.
 
@@ -47,7 +48,7 @@ class Backbone(keras.Model):
 
     def save_to_preset(self, preset_dir, overwrite=True):
         """Write `config.json`, `model.weights.h5` and `metadata.json` to `preset_dir` (atomically)."""
-        presets.save_backbone(self, preset_dir, overwrite=overwrite)
+        presets.save_backbone(self, preset_dir, overwrite=overwrite, quantization=quantization.quantization_mode(self))
 
     # --- LoRA and quantized weights ------------------------------------------
 
