@@ -19,6 +19,8 @@ import re
 from pathlib import Path
 from urllib.parse import unquote
 
+from keras_transformer.version import __version__
+
 SUPPORTED_SCHEMES = {"hf": "hf://org/name[@revision] (Hugging Face Hub)"}
 
 # What a preset reads: a Hugging Face checkpoint's files (safetensors weights, single or sharded under
@@ -88,8 +90,6 @@ def _parse_hf_handle(handle):
 def _download(handle, repo_id, revision):
     import huggingface_hub
     from huggingface_hub import constants, errors
-
-    from keras_transformer import __version__
 
     try:
         # No `token` argument: huggingface_hub then reads HF_TOKEN, or the token `hf auth login` stored.

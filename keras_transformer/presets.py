@@ -13,6 +13,11 @@ A preset is a directory:
     weights load, so quantized weights keep their 8 / 4-bit form)
     README.md           the model card
 Only classes registered by this library can be named in a config (safe loading).
+
+This module is data plus a loader, and imports no model and no converter: the base classes
+(`Backbone`, `Task` in models/) register themselves with `register_base_class`, preprocessors with
+`register_preprocessor`, and a checkpoint reader (the Hugging Face converter in convert/) with
+`register_checkpoint_reader`; the loader looks classes up by name and asks them to build themselves.
 """
 
 import datetime
@@ -27,6 +32,8 @@ import h5py
 import keras
 
 from keras_transformer import hub
+from keras_transformer.tokenizers import Tokenizer
+from keras_transformer.version import __version__
 
 CONFIG_FILE = "config.json"
 BACKBONE_WEIGHTS_FILE = "model.weights.h5"
@@ -102,6 +109,40 @@ def closest_presets(name, registered, n=3):
     return [by_normal[candidate] for candidate in close]
 
 
+_BASE_CLASSES = {}  # "backbone", "task" -> the base class that registered itself (models/)
+_PREPROCESSORS = {}  # class name -> a preprocessor class that registered itself
+_CHECKPOINT_READERS = {}  # config.json key that marks a foreign checkpoint -> reader(path, config, allow_pickle)
+
+
+def register_base_class(kind):
+    """Class decorator: `cls` is the base every class a config names as `kind` must derive from."""
+
+    def register(cls):
+        _BASE_CLASSES[kind] = cls
+        return cls
+
+    return register
+
+
+def register_preprocessor(cls):
+    """Class decorator: make a preprocessor loadable by name from configs."""
+    _PREPROCESSORS[cls.__name__] = cls
+    return cls
+
+
+def register_checkpoint_reader(marker, reader):
+    """`reader(path, config, allow_pickle=...)` turns a checkpoint whose config.json holds the key
+    `marker` (and no "backbone") into a preset config (with its weights loader under "weights")."""
+    _CHECKPOINT_READERS[marker] = reader
+
+
+def base_class(kind):
+    """The base class registered as `kind` ("backbone" or "task")."""
+    if kind not in _BASE_CLASSES:
+        raise ValueError(f"No {kind} base class is registered: import keras_transformer.models first.")
+    return _BASE_CLASSES[kind]
+
+
 def get_class(class_name, base=None):
     """A class registered by this library (never an arbitrary import path)."""
     cls = keras.saving.get_registered_object(f"{PACKAGE}>{class_name}")
@@ -118,18 +159,24 @@ def load_config(preset, allow_pickle=False):
     """
     path = resolve(preset)
     config = _read_json(path / CONFIG_FILE)
+    if "backbone" not in config:
+        for marker, reader in _CHECKPOINT_READERS.items():
+            if marker in config:
+                return path, reader(path, config, allow_pickle=allow_pickle)
     if "model_type" in config and "backbone" not in config:
-        from keras_transformer.convert import hugging_face  # converting needs the optional converter
-
-        return path, hugging_face.convert_config(path, config, allow_pickle=allow_pickle)
+        raise ValueError(
+            f"{path} holds a Hugging Face checkpoint, read by keras_transformer.convert, which is not "
+            "loaded: `import keras_transformer.convert` (importing keras_transformer's API loads it)."
+        )
     if "backbone" not in config:
         raise ValueError(f"{path / CONFIG_FILE} has no 'backbone' entry: not a keras_transformer preset.")
     return path, config
 
 
 def load_backbone(cls, preset, load_weights=True, **overrides):
-    from keras_transformer.models.backbone import Backbone
-
+    """Build the backbone `preset` names (a `cls`) from its config, quantized if it was saved so, and
+    load its weights."""
+    Backbone = base_class("backbone")
     path, config = load_config(preset, allow_pickle=overrides.pop("allow_pickle", False))
     spec = config["backbone"]
     backbone_cls = get_class(spec["class_name"], Backbone)
@@ -159,8 +206,6 @@ def _presets_of(cls):
 
 
 def load_tokenizer(preset):
-    from keras_transformer.tokenizers import Tokenizer
-
     path, config = load_config(preset)
     if "tokenizer" in config:
         return config["tokenizer"]  # already built by a converter
@@ -170,9 +215,9 @@ def load_tokenizer(preset):
 
 
 def load_task(cls, preset, load_weights=True, preprocessor="auto", **kwargs):
-    from keras_transformer.models.preprocessor import Preprocessor
-    from keras_transformer.models.task import Task
-
+    """Build the task `cls` on the backbone of `preset`, with the preset's preprocessor when
+    `preprocessor` is "auto" (else the one given, or None), and load its weights."""
+    Task = base_class("task")
     path, config = load_config(preset, allow_pickle=kwargs.pop("allow_pickle", False))
     backbone_cls = cls.backbone_cls
     backbone = load_backbone(backbone_cls, preset, load_weights=False)
@@ -190,8 +235,6 @@ def load_task(cls, preset, load_weights=True, preprocessor="auto", **kwargs):
             spec = config.get("preprocessor") or {}
             pre_config = spec.get("config", {}) if spec.get("class_name") == cls.preprocessor_cls.__name__ else {}
             preprocessor = cls.preprocessor_cls.from_config(pre_config, tokenizer=load_tokenizer(preset))
-    elif preprocessor is not None and not isinstance(preprocessor, Preprocessor):
-        raise ValueError(f"`preprocessor` must be a Preprocessor, None or 'auto'. Received: {preprocessor!r}")
     task = cls(backbone=backbone, preprocessor=preprocessor, **{**task_kwargs, **kwargs})
     if config.get("quantization") is not None:
         task.quantize(config["quantization"])  # the head's projections (the backbone's already are)
@@ -279,8 +322,6 @@ def atomic_file(target, write):
 
 
 def _metadata(model):
-    from keras_transformer import __version__
-
     return {
         "keras_transformer_version": __version__,
         "keras_version": keras.__version__,
@@ -309,21 +350,20 @@ def _save_weights_without_optimizer(model, path):
     saving_lib.save_weights_only(model, str(path), objects_to_skip=[optimizer] if optimizer is not None else None)
 
 
-def _quantization_entry(model):
+def _quantization_entry(mode):
     """{"quantization": mode} for a model with quantized weights ("int8", "int4"), else {}."""
-    from keras_transformer.models.quantization import quantization_mode
-
-    mode = quantization_mode(model)
     return {} if mode is None else {"quantization": mode}
 
 
-def save_backbone(backbone, preset_dir, overwrite=True, extra=None):
+def save_backbone(backbone, preset_dir, overwrite=True, extra=None, quantization=None):
+    """Write `backbone` as a preset; `quantization`: the mode its weights are quantized in, or None."""
+
     def write(tmp):
         config = {
             "family": getattr(backbone, "family", None),
             "parameter_count": int(backbone.count_params()),
             "backbone": _backbone_spec(backbone),
-            **_quantization_entry(backbone),
+            **_quantization_entry(quantization),
             **(extra or {}),
         }
         _write_json(tmp / CONFIG_FILE, config)
@@ -333,7 +373,10 @@ def save_backbone(backbone, preset_dir, overwrite=True, extra=None):
     _atomic_dir(preset_dir, overwrite, write)
 
 
-def save_task(task, preset_dir, overwrite=True):
+def save_task(task, preset_dir, overwrite=True, quantization=None):
+    """Write `task` (backbone, head, preprocessor and tokenizer) as a preset; `quantization` as in
+    `save_backbone`."""
+
     def write(tmp):
         task_config = task.get_config()
         for key in ("backbone", "preprocessor", "name", "trainable"):
@@ -343,7 +386,7 @@ def save_task(task, preset_dir, overwrite=True):
             "parameter_count": int(task.backbone.count_params()),
             "backbone": _backbone_spec(task.backbone),
             "task": {"class_name": type(task).__name__, "config": task_config},
-            **_quantization_entry(task),
+            **_quantization_entry(quantization),
         }
         if task.preprocessor is not None:
             config["preprocessor"] = {
@@ -375,29 +418,17 @@ def serialize_preprocessor(preprocessor):
 def deserialize_preprocessor(spec):
     if spec is None or not isinstance(spec, dict):
         return spec
-    from keras_transformer.models.preprocessor import Preprocessor
-    from keras_transformer.tokenizers import Tokenizer
-
-    cls = _PREPROCESSORS.get(spec["class_name"])
-    if cls is None or not issubclass(cls, Preprocessor):
+    cls = _PREPROCESSORS.get(spec["class_name"])  # only registered preprocessors
+    if cls is None:
         raise ValueError(f"{spec['class_name']!r} is not a keras_transformer preprocessor.")
     return cls.from_config(spec["config"], tokenizer=Tokenizer.from_config(spec["tokenizer"]))
 
 
 def deserialize_backbone(spec):
-    from keras_transformer.models.backbone import Backbone
-
+    Backbone = base_class("backbone")
     if isinstance(spec, Backbone):
         return spec
     cls = get_class(spec["class_name"], Backbone)
     config = spec["config"]
     return cls.from_config(config)
 
-
-_PREPROCESSORS = {}
-
-
-def register_preprocessor(cls):
-    """Class decorator: make a preprocessor loadable by name from configs."""
-    _PREPROCESSORS[cls.__name__] = cls
-    return cls

@@ -19,8 +19,11 @@ Example:
 
 from pathlib import Path
 
+from keras_transformer import presets
 from keras_transformer.convert import hf_bert, hf_gpt2, hf_llama, hf_t5
 from keras_transformer.convert.checkpoint import CheckpointWeights
+from keras_transformer.models.backbone import Backbone
+from keras_transformer.models.task import Task
 
 # model_type -> its converter module; a module converting several types lists them in MODEL_TYPES.
 FAMILIES = {
@@ -93,10 +96,6 @@ def convert(hf_dir, preset_dir, allow_pickle=False, overwrite=False):
     Returns:
         The converted model (a Task or a Backbone).
     """
-    from keras_transformer import presets
-    from keras_transformer.models.backbone import Backbone
-    from keras_transformer.models.task import Task
-
     _, config = presets.load_config(hf_dir, allow_pickle=allow_pickle)
     if "weights" not in config:  # only a converted config carries its weights loader
         raise ValueError(f"{hf_dir} is not a Hugging Face checkpoint (its config.json has no model_type).")
@@ -121,3 +120,7 @@ def convert(hf_dir, preset_dir, allow_pickle=False, overwrite=False):
     if "tokenizer" in config:
         config["tokenizer"].save(preset_dir)
     return model
+
+
+# `from_preset(hf_dir)`: the preset loader reads a config.json with a `model_type` through this reader.
+presets.register_checkpoint_reader("model_type", convert_config)

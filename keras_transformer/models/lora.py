@@ -16,6 +16,8 @@ import os
 import keras
 import numpy as np
 
+from keras_transformer import presets
+
 DEFAULT_TARGET_NAMES = ("query", "value")  # the attention query and value projections
 FORMAT = "keras_transformer.lora/1"
 _LORA_TYPES = (keras.layers.Dense, keras.layers.EinsumDense)
@@ -79,8 +81,6 @@ def lora_target_names(model):
 def save_lora_weights(model, path):
     """Write the LoRA factors of `model` (and nothing else) to the safetensors file `path`."""
     from safetensors.numpy import save_file
-
-    from keras_transformer import presets
 
     layers = lora_layers(model)
     if not layers:

@@ -8,10 +8,12 @@ from keras import ops
 
 from keras_transformer import presets
 from keras_transformer.models import quantization
-from keras_transformer.models.backbone import functional_setattr
+from keras_transformer.models.backbone import Backbone, functional_setattr
 from keras_transformer.models.input_checks import check_finite, check_inputs
+from keras_transformer.models.preprocessor import Preprocessor
 
 
+@presets.register_base_class("task")
 class Task(keras.Model):
     """Base of the task models (causal LM, masked LM, classifier, seq2seq LM).
 
@@ -122,13 +124,17 @@ class Task(keras.Model):
         Example:
         >>> kt.models.CausalLM.from_preset("path/to/hf/qwen2")  # a LlamaCausalLM
         """
+        preprocessor = kwargs.get("preprocessor", "auto")
+        if not (preprocessor is None or isinstance(preprocessor, Preprocessor) or (
+                isinstance(preprocessor, str) and preprocessor == "auto")):
+            raise ValueError(f"`preprocessor` must be a Preprocessor, None or 'auto'. Received: {preprocessor!r}")
         if cls.backbone_cls is None:
             cls = _task_class_of(cls, preset, kwargs.get("allow_pickle", False))
         return presets.load_task(cls, preset, load_weights=load_weights, **kwargs)
 
     def save_to_preset(self, preset_dir, overwrite=True):
         """Write the backbone, the task head, the tokenizer and metadata to `preset_dir` (atomically)."""
-        presets.save_task(self, preset_dir, overwrite=overwrite)
+        presets.save_task(self, preset_dir, overwrite=overwrite, quantization=quantization.quantization_mode(self))
 
     # --- checkpoints --------------------------------------------------------
 
@@ -186,7 +192,9 @@ class Task(keras.Model):
 
         Args:
             filepath: the directory to write.
-            format: "onnx" (graphs, tokenizer and a Keras-free runner) or "tf_saved_model".
+            format: "onnx" (graphs, tokenizer and a Keras-free runner), "tf_saved_model", or
+                "huggingface" (what `transformers`' `save_pretrained` writes, for vLLM / SGLang / TGI;
+                `dtype=` and `max_shard_size=` apply).
             overwrite: bool, replace an existing directory.
             quantize: None, "int8" or "int4" (ONNX only): the bundle's graphs with 8- or 4-bit weights.
                 A model with LoRA enabled is exported merged.
@@ -195,9 +203,9 @@ class Task(keras.Model):
         """
         from keras_transformer.export import export_model
 
-        if kwargs:
+        if kwargs and format != "huggingface":
             raise ValueError(f"Unexpected arguments for export: {sorted(kwargs)}")
-        return export_model(self, filepath, format=format, overwrite=overwrite, quantize=quantize)
+        return export_model(self, filepath, format=format, overwrite=overwrite, quantize=quantize, **kwargs)
 
     # --- decoding ---------------------------------------------------------
 
@@ -295,8 +303,6 @@ def _drop_none(batch):
 
 def _task_class_of(base, preset, allow_pickle=False):
     """The subclass of the task base `base` that `preset` holds (see `Task.from_preset`)."""
-    from keras_transformer.models.backbone import Backbone
-
     _, config = presets.load_config(preset, allow_pickle=allow_pickle)
     name = (config.get("task") or {}).get("class_name")
     if name is not None:
