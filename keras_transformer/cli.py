@@ -1,7 +1,7 @@
 """The `keras-transformer` command line.
 
     keras-transformer presets
-    keras-transformer export PRESET_OR_DIR OUT_DIR --format onnx|tf_saved_model [--overwrite] [--quantize int8|int4]
+    keras-transformer export PRESET_OR_DIR OUT_DIR --format onnx|tf_saved_model|huggingface [--overwrite] [--quantize int8|int4]
     keras-transformer generate BUNDLE_OR_PRESET --prompt "..." [--sampler greedy|random|beam]
     keras-transformer convert HF_DIR OUT_PRESET_DIR [--allow-pickle] [--overwrite]
     keras-transformer serve BUNDLE [--host 127.0.0.1] [--port 8000] [serve.py's options]
@@ -77,22 +77,31 @@ def _presets(parser):
 # --- export -----------------------------------------------------------------
 
 
-@command("export", help="Export a preset to an ONNX bundle or a TensorFlow SavedModel.")
+@command("export", help="Export a preset to an ONNX bundle, a TensorFlow SavedModel or a Hugging Face folder.")
 def _export(parser):
     parser.add_argument("preset", metavar="PRESET_OR_DIR",
                         help="a registered preset name, a preset directory or hf://org/name[@revision]")
     parser.add_argument("out_dir", metavar="OUT_DIR")
-    parser.add_argument("--format", default="onnx", choices=("onnx", "tf_saved_model"))
+    parser.add_argument("--format", default="onnx", choices=("onnx", "tf_saved_model", "huggingface"))
     parser.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
     parser.add_argument("--quantize", choices=("int8", "int4"), default=None,
                         help="ONNX only: the graphs' weights in 8 or 4 bits")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                        help="huggingface only: the weights' dtype (default: the model's)")
+    parser.add_argument("--max-shard-size", default=None,
+                        help="huggingface only: split the weights into shards of at most this size, e.g. 5GB")
 
     def run(args):
         from keras_transformer import export
 
+        options = {}
+        if args.format == "huggingface":
+            options = {"dtype": args.dtype, "max_shard_size": args.max_shard_size or "5GB"}
+        elif args.dtype or args.max_shard_size:
+            raise ValueError(f"--dtype and --max-shard-size apply to --format huggingface. Received: --format {args.format}")
         task = export.load_preset_task(args.preset)
         path = export.export_model(task, args.out_dir, format=args.format, overwrite=args.overwrite,
-                                   quantize=args.quantize)
+                                   quantize=args.quantize, **options)
         quantized = f", {args.quantize} weights" if args.quantize else ""
         print(f"Exported {type(task).__name__} to {path} ({args.format}{quantized}).")
 

@@ -9,7 +9,7 @@ mlm_output_bias; its decoder weight is the tied word embedding.
 """
 
 from keras_transformer.convert.checkpoint import load_tokenizer
-from keras_transformer.models.bert import BertMaskedLM
+from keras_transformer.models.bert import BertClassifier, BertMaskedLM
 from keras_transformer.convert.options import activation, check_options, single_dropout
 
 MODEL_TYPE = "bert"
@@ -23,7 +23,7 @@ SPECIAL_TOKENS = {
 # Tensors this converter knows but never assigns: the position-id buffer of old checkpoints.
 KNOWN_UNUSED = (r"(^|\.)embeddings\.position_ids$",)
 # Task class -> the tensors of its head.
-HEAD_TENSORS = {"BertMaskedLM": r"^cls\.predictions\."}
+HEAD_TENSORS = {"BertMaskedLM": r"^cls\.predictions\.", "BertClassifier": r"^classifier\."}
 MAX_PRESET_SEQUENCE_LENGTH = 512
 _MASKED_LM_ARCHITECTURES = ("BertForMaskedLM", "BertForPreTraining")
 
@@ -52,7 +52,14 @@ def convert_config(hf_config, path=None):
     }
     config = {"family": "bert", "backbone": {"class_name": "BertBackbone", "config": backbone}}
     length = min(max_length, MAX_PRESET_SEQUENCE_LENGTH)
-    if any(name in _MASKED_LM_ARCHITECTURES for name in hf_config.get("architectures") or ()):
+    architectures = hf_config.get("architectures") or ()
+    if "BertForSequenceClassification" in architectures:
+        num_classes = hf_config.get("num_labels") or len(hf_config.get("id2label") or {}) or 2
+        dropout = hf_config.get("classifier_dropout")
+        dropout = backbone["dropout"] if dropout is None else float(dropout)
+        config["task"] = {"class_name": "BertClassifier", "config": {"num_classes": num_classes, "dropout": dropout}}
+        config["preprocessor"] = {"class_name": "BertTextClassifierPreprocessor", "config": {"sequence_length": length}}
+    elif any(name in _MASKED_LM_ARCHITECTURES for name in architectures):
         config["task"] = {"class_name": "BertMaskedLM", "config": {}}
         config["preprocessor"] = {"class_name": "BertMaskedLMPreprocessor", "config": {"sequence_length": length}}
     else:  # a bare encoder is mostly fine-tuned as a classifier (its head is new)
@@ -122,3 +129,7 @@ def load_weights(model, weights, hf_config):
         put(model.mlm_output_bias.bias, head + "bias")
         weights.check_same(head + "decoder.weight", e + "word_embeddings.weight")
         weights.check_same(head + "decoder.bias", head + "bias")
+    elif isinstance(model, BertClassifier) and weights.has("classifier.weight"):
+        # BertForSequenceClassification's head: dropout, then classifier (C, D) on the pooled output.
+        if weights.get("classifier.weight").shape[0] == model.num_classes:
+            linear(model.output_dense, "classifier")

@@ -13,6 +13,9 @@ Formats:
         numpy, onnxruntime and tokenizers (see export/README.md).
     "tf_saved_model": a SavedModel with serving signatures for the forward pass and,
         for language models, a `generate` signature with the decoding loop in the graph.
+    "huggingface": the folder `transformers`' `save_pretrained` writes (config.json,
+        safetensors weights, generation_config.json, tokenizer), for vLLM, SGLang and TGI;
+        written in this process from any backend (see `keras_transformer/convert/hf_export.py`).
 
 `quantize="int8"` or `"int4"` (ONNX only) rewrites the bundle's graphs with 8- or 4-bit weights
 after they are written (see `export/quantize.py`). A model with LoRA enabled is exported with
@@ -36,11 +39,12 @@ from pathlib import Path
 import keras
 
 from keras_transformer import presets
+from keras_transformer.convert import hf_export
 from keras_transformer.export.quantize import check_mode, quantize_bundle
 from keras_transformer.models.lora import lora_layers
 from keras_transformer.models.quantization import quantization_mode
 
-FORMATS = ("onnx", "tf_saved_model")
+FORMATS = ("onnx", "tf_saved_model", hf_export.FORMAT)
 INSTALL_HINT = "pip install 'keras-transformer[export]'"
 # What each format needs at export time (onnxruntime is what a bundle needs to run).
 _REQUIREMENTS = {
@@ -49,16 +53,18 @@ _REQUIREMENTS = {
 }
 
 
-def export_model(task, path, format="onnx", overwrite=False, quantize=None):
-    """Export `task` to `path` as an ONNX bundle or a TensorFlow SavedModel.
+def export_model(task, path, format="onnx", overwrite=False, quantize=None, **options):
+    """Export `task` to `path` as an ONNX bundle, a TensorFlow SavedModel or a Hugging Face folder.
 
     Args:
         task: a `keras_transformer` task: a causal LM (GPT), an encoder task (BERT
             masked LM or classifier) or a seq2seq LM (T5, Transformer).
         path: the directory to write; it must not exist unless `overwrite=True`.
-        format: "onnx" or "tf_saved_model".
+        format: "onnx", "tf_saved_model" or "huggingface".
         overwrite: bool, replace an existing directory (atomically, at the end).
         quantize: None, "int8" or "int4" (format "onnx" only): the bundle's weights in 8 or 4 bits.
+        **options: format "huggingface" only: `dtype` and `max_shard_size` (see
+            `keras_transformer.convert.hf_export.export_hugging_face`).
 
     Returns:
         The `Path` of the written directory.
@@ -67,6 +73,12 @@ def export_model(task, path, format="onnx", overwrite=False, quantize=None):
     >>> lm.export("out/gpt_onnx", format="onnx")
     >>> # python out/gpt_onnx/generate.py --prompt "def add(" --sampler greedy
     """
+    if format == hf_export.FORMAT:
+        if quantize is not None:
+            raise ValueError(f"format='huggingface' writes float weights: pass quantize=None. Received: quantize={quantize!r}")
+        return hf_export.export_hugging_face(task, path, overwrite=overwrite, **options)
+    if options:
+        raise ValueError(f"Unexpected arguments for format={format!r}: {sorted(options)}")
     return export_models(task, {path: format}, overwrite=overwrite, quantize=quantize)[0]
 
 
@@ -90,6 +102,8 @@ def export_models(task, targets, overwrite=False, quantize=None):
     for path, format in targets:
         if format not in FORMATS:
             raise ValueError(f"`format` must be one of {FORMATS}. Received: format={format!r}")
+        if format == hf_export.FORMAT:
+            raise ValueError("format='huggingface' is written by export_model (one directory per call).")
         if path.exists() and not overwrite:
             raise ValueError(f"{path} already exists: pass overwrite=True to replace it.")
     check_mode(quantize)
