@@ -3,6 +3,7 @@
 import keras
 
 from keras_transformer import presets
+from keras_transformer.distribution import megatron_layout_map
 from keras_transformer.layers.kv_cache import as_cache
 from keras_transformer.models import lora, quantization
 from keras_transformer.models.input_checks import check_inputs
@@ -49,6 +50,15 @@ class Backbone(keras.Model):
     def save_to_preset(self, preset_dir, overwrite=True):
         """Write `config.json`, `model.weights.h5` and `metadata.json` to `preset_dir` (atomically)."""
         presets.save_backbone(self, preset_dir, overwrite=overwrite, quantization=quantization.quantization_mode(self))
+
+    def get_layout_map(self, device_mesh, model_axis="model", batch_axis="batch"):
+        """A `keras.distribution.LayoutMap` splitting heads, feed-forward and token embedding along `model_axis`.
+
+        Megatron-style tensor parallelism for `keras.distribution.ModelParallel` (JAX only in Keras 3.15);
+        see `keras_transformer.distribution.megatron_layout_map`, which reads the layers by type, so
+        every family gets it from here.
+        """
+        return megatron_layout_map(self, device_mesh, model_axis=model_axis, batch_axis=batch_axis)
 
     # --- LoRA and quantized weights ------------------------------------------
 

@@ -179,11 +179,3 @@ class LlamaBackbone(Backbone):
             )
             layer_caches.append(layer_cache)
         return call_layer(self.layer_norm, x), like_cache(layer_caches, cache)
-
-    # --- distribution -----------------------------------------------------
-
-    def get_layout_map(self, device_mesh, model_axis="model", batch_axis="batch"):
-        """A `keras.distribution.LayoutMap` for tensor parallelism (see `keras_transformer.distribution`)."""
-        from keras_transformer.distribution import megatron_layout_map
-
-        return megatron_layout_map(self, device_mesh, model_axis=model_axis, batch_axis=batch_axis)

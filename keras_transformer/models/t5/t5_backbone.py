@@ -278,15 +278,3 @@ class T5Backbone(Backbone):
             layer_caches.append(layer_cache)
         self_cache = like_cache(layer_caches, self_cache)
         return call_layer(self.decoder_layer_norm, x), self_cache
-
-    # --- distribution -----------------------------------------------------
-
-    def get_layout_map(self, device_mesh, model_axis="model", batch_axis="batch"):
-        """A `keras.distribution.LayoutMap` splitting heads, feed-forward and token embedding along `model_axis`.
-
-        Megatron-style tensor parallelism for `keras.distribution.ModelParallel` (JAX only in Keras 3.15);
-        see `keras_transformer.distribution.megatron_layout_map`.
-        """
-        from keras_transformer.distribution import megatron_layout_map
-
-        return megatron_layout_map(self, device_mesh, model_axis=model_axis, batch_axis=batch_axis)
