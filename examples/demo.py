@@ -12,17 +12,17 @@ repetition -> ONNX bundle export -> generation from the bundle in a process with
 """
 
 import argparse
-import os
 import random
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import numpy as np
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
+from keras_transformer.startup import import_keras_quietly
+
+keras = import_keras_quietly()  # without TensorFlow's C++ startup lines (KERAS_TRANSFORMER_VERBOSE=1 shows them)
 
 import keras_transformer as kt  # noqa: E402
 from keras_transformer.corpus import stdlib_texts  # noqa: E402

@@ -8,6 +8,9 @@
 
 Wherever a preset is taken, so is a Hugging Face Hub handle: hf://org/name[@revision] (see hub.py).
 
+Keras (and the backend) loads only for the commands that need it, without TensorFlow's and XLA's
+startup log lines; KERAS_TRANSFORMER_VERBOSE=1 shows them (see startup.py).
+
 Each subcommand is one function decorated with `@command(name, help)`: it receives the
 subparser to add its arguments to and returns the function that runs it. Adding a
 subcommand (e.g. `convert`) is one more such function.
@@ -18,6 +21,8 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
+
+from keras_transformer.startup import import_keras_quietly
 
 SAMPLERS = ("greedy", "random", "beam")
 _COMMANDS = {}  # name -> (help, setup(parser) -> run(args))
@@ -58,6 +63,7 @@ def main(argv=None):
 @command("presets", help="List the registered presets.")
 def _presets(parser):
     def run(args):
+        import_keras_quietly()
         from keras_transformer.presets import list_presets
 
         rows = list_presets()
@@ -92,6 +98,7 @@ def _export(parser):
                         help="huggingface only: split the weights into shards of at most this size, e.g. 5GB")
 
     def run(args):
+        import_keras_quietly()
         from keras_transformer import export
 
         options = {}
@@ -169,6 +176,7 @@ def load_bundle_runtime(bundle_dir):
 
 
 def _generate_with_keras(preset, prompts, options):
+    import_keras_quietly()
     from keras_transformer.export import load_preset_task
 
     task = load_preset_task(preset)
@@ -201,6 +209,7 @@ def _convert(parser):
     parser.add_argument("--overwrite", action="store_true", help="replace OUT_PRESET_DIR if it exists")
 
     def run(args):
+        import_keras_quietly()
         from keras_transformer.convert import convert
 
         model = convert(args.hf_dir, args.out_dir, allow_pickle=args.allow_pickle, overwrite=args.overwrite)
