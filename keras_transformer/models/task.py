@@ -239,9 +239,9 @@ class Task(keras.Model):
 def transposed_embedding(backbone):
     """The tied head's (V, D) token embedding as a (D, V) array in the compute dtype.
 
-    XLA on CPU multiplies a few rows by the transposed (V, D) embedding at a third of the speed
-    of the same product with a (D, V) array (4 rows, D 256, V 8000: 131 vs 47 us in a jitted
-    loop), so a decoding loop makes this copy once instead of reading the transpose at every step.
+    XLA on CPU multiplies a few rows by the transposed (V, D) embedding much more slowly than by a
+    (D, V) array (measured in benchmarks/RESULTS.md, "the tied output projection"), so a decoding
+    loop makes this copy once instead of reading the transpose at every step.
     """
     embeddings = backbone.token_embedding.embeddings  # (V, D)
     return ops.cast(ops.transpose(embeddings), backbone.compute_dtype)  # -> (D, V)
