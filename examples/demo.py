@@ -20,9 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
-from keras_transformer.startup import import_keras_quietly
+from keras_transformer import startup
 
-keras = import_keras_quietly()  # without TensorFlow's C++ startup lines (KERAS_TRANSFORMER_VERBOSE=1 shows them)
+keras = startup.import_keras_quietly()  # without TensorFlow's C++ startup lines (KERAS_TRANSFORMER_VERBOSE=1 shows them)
+if keras.config.backend() == "tensorflow" and not startup.verbose():
+    import tensorflow as tf
+
+    # Each sampler below compiles its own decoding loop, traced once; TensorFlow counts those
+    # loops as one function retraced and warns between the samples. Its other messages stay.
+    tf.get_logger().addFilter(lambda record: "triggered tf.function retracing" not in record.getMessage())
 
 import keras_transformer as kt  # noqa: E402
 from keras_transformer.corpus import stdlib_texts  # noqa: E402
