@@ -201,10 +201,10 @@ def test_keras_transformer_preset_repo_loads_directly(hub, checkpoints):
 
 
 def test_base_class_picks_the_family_from_a_handle(hub, checkpoints):
-    try:
-        expected = kt.models.CausalLM.from_preset(checkpoints["main"])
-    except (TypeError, ValueError) as error:
-        pytest.skip(f"CausalLM.from_preset does not pick a family from a local directory yet ({error})")
+    """`CausalLM.from_preset` picks the family (GPT-2's config: GPTCausalLM) from a directory and from a handle:
+    an error here is a failure, not a reason to skip."""
+    expected = kt.models.CausalLM.from_preset(checkpoints["main"])
+    assert type(expected) is GPTCausalLM
     hub.publish(REPO, checkpoints["main"])
     lm = kt.models.CausalLM.from_preset(f"hf://{REPO}")
     assert type(lm) is type(expected)

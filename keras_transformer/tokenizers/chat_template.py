@@ -13,8 +13,10 @@ the helpers templates call: `raise_exception(message)`, the `tojson` filter (no 
 The rendered string already holds every special token the template writes (e.g. a leading
 `bos_token`): it is tokenized with no special token added (`Tokenizer.tokenize`).
 
-The ONNX bundle's runner (`export/runtime/generate.py`) carries its own copy of this rendering,
-as it runs without keras_transformer; both are tested against `transformers`.
+This file is the one implementation of chat templates and of chat-message checks: the Keras
+tokenizer imports it, an ONNX export copies it into the bundle (`keras_transformer/export/bundle.py`),
+where the Keras-free runner and server import it. It therefore imports nothing from Keras or
+keras_transformer (the standard library, and jinja2 when a template renders).
 """
 
 import datetime
@@ -56,6 +58,25 @@ def read_chat_template(directory, tokenizer_config):
     )
 
 
+def apply(template, messages, add_generation_prompt=False, variables=None):
+    """Chat messages -> the prompt string(s) `template` renders: a string for one conversation, a list for a list.
+
+    Args:
+        template: the jinja2 chat template (a string).
+        messages: a conversation (a list of `{"role", "content"}` dicts) or a list of them.
+        add_generation_prompt, variables: as `render`.
+    """
+    parsed = as_conversations(messages)
+    if parsed is None:
+        raise ValueError(
+            "`messages` must be a conversation (a list of dicts with 'role' and 'content') or a list "
+            f"of conversations. Received: messages of type {type(messages).__name__}"
+        )
+    single, conversations = parsed
+    rendered = render(template, conversations, add_generation_prompt, variables)
+    return rendered[0] if single else rendered
+
+
 def as_conversations(inputs):
     """Chat inputs -> (single, conversations), or None when `inputs` are not messages.
 
@@ -88,11 +109,13 @@ def as_conversations(inputs):
                 f"Received: {where} = {_short(conversation)}"
             )
         for position, message in enumerate(conversation):
-            _check_message(message, f"message {position} of {where}")
+            check_message(message, f"message {position} of {where}")
     return single, [list(conversation) for conversation in conversations]
 
 
-def _check_message(message, where):
+def check_message(message, where):
+    """A `ValueError` naming `where` (e.g. "message 2 of the conversation") unless `message` is a chat message:
+    a dict with a string `"role"` and a `"content"` (a string, a list of content parts, or None)."""
     if not isinstance(message, dict):
         raise ValueError(
             'Each chat message must be a dict {"role": ..., "content": ...}. Received: '

@@ -255,17 +255,8 @@ class Tokenizer:
                 f"{chat.CHAT_TEMPLATE_FILE}. Pass prompt strings instead, or set `tokenizer.chat_template` "
                 "to a jinja2 template."
             )
-        parsed = chat.as_conversations(messages)
-        if parsed is None:
-            raise ValueError(
-                "`messages` must be a conversation (a list of dicts with 'role' and 'content') or a list "
-                f"of conversations. Received: messages of type {type(messages).__name__}"
-            )
-        single, conversations = parsed
         variables = {name: token for name, token in self.special_tokens.items() if token is not None}
-        rendered = chat.render(self.chat_template, conversations, add_generation_prompt,
-                               {**variables, **template_variables})
-        return rendered[0] if single else rendered
+        return chat.apply(self.chat_template, messages, add_generation_prompt, {**variables, **template_variables})
 
     # === Vocabulary ===
 

@@ -30,9 +30,17 @@ from keras_transformer.models import (
     TransformerSeq2SeqLM,
     TransformerSeq2SeqLMPreprocessor,
 )
+from keras_transformer.export.onnx import RUNTIME_FILES, SHARED_FILES
 from keras_transformer.tokenizers import BytePairTokenizer, UnigramTokenizer, WordPieceTokenizer
 
 REPO = Path(__file__).resolve().parents[2]
+# The runtime every ONNX bundle carries (export/runtime/'s files and the package's chat_template.py), written
+# out here rather than read from the exporter, so that a bundle missing one fails the layout tests.
+BUNDLE_RUNTIME_FILES = [
+    "batching.py", "bundle_files.py", "cache_rows.py", "chat_template.py", "decode_loop.py", "encoder.py", "generate.py",
+    "generator.py", "requirements.txt", "sampling.py", "serve.py", "serve_endpoints.py", "serve_streaming.py",
+    "serve_validation.py",
+]
 CORPUS = [
     "def add(a, b):\n    return a + b\n",
     "for i in range(10):\n    print(i)\n",
@@ -190,28 +198,38 @@ def reference_greedy(next_logits, prefix, max_new_tokens, eos):
 def bundle_generator(bundle):
     """The bundle's own Keras-free runner: its generate.py imported from the bundle, as when the bundle runs
     (then forgotten, so that the next bundle's copy is imported afresh) -> its `Generator(bundle)`."""
+    names = [Path(name).stem for name in (*RUNTIME_FILES, *SHARED_FILES) if name.endswith(".py")]
+    before = {name: sys.modules.pop(name) for name in names if name in sys.modules}  # this bundle's copies, not those
     sys.path.insert(0, str(bundle))
     try:
         import generate
     finally:
         sys.path.remove(str(bundle))
-        sys.modules.pop("generate", None)
+        for name in names:
+            sys.modules.pop(name, None)
+        sys.modules.update(before)
     return generate.Generator(bundle)
 
 
-def runtime_module():
-    """The Keras-free runner's module (export/runtime/generate.py), imported from the source tree."""
+def runtime_module(name="decode_loop"):
+    """A module of the Keras-free runner (export/runtime/NAME.py: by default the decoding loop), imported from
+    the source tree with its directory on sys.path, as the runner's modules import one another."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("_runtime_generate", REPO / "export" / "runtime" / "generate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    directory = str(REPO / "export" / "runtime")
+    sys.path.insert(0, directory)
+    try:
+        spec = importlib.util.spec_from_file_location(f"_runtime_{name}", REPO / "export" / "runtime" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(directory)
     return module
 
 
 def runtime_noise():
-    """The numpy noise of the Keras-free runner (export/runtime/generate.py): (seed, step, rows) -> (R,)."""
-    return runtime_module()._uniform_noise
+    """The numpy noise of the Keras-free runner (export/runtime/sampling.py): (seed, step, rows) -> (R,)."""
+    return runtime_module("sampling").uniform_noise
 
 
 def reference_random(next_logits, prefix, max_new_tokens, eos, seed, row, temperature=1.0, top_k=None, top_p=None):

@@ -4,15 +4,18 @@
 import json
 import shutil
 
+import jinja2
 import pytest
 import transformers
 
 from keras_transformer.cli import load_bundle_runtime
 from keras_transformer.models import GPTCausalLM
 from keras_transformer.samplers import BeamSampler
+from keras_transformer.tokenizers import chat_template
 from tests.export.helpers import FRAMEWORKS, run_python
 from tests.tokenizers import chat_models
 from tests.tokenizers.chat_models import CONVERSATIONS
+from tests.tokenizers.test_chat_template import BAD_TEMPLATES, MALFORMED_MESSAGES
 
 pytestmark = pytest.mark.slow
 
@@ -100,3 +103,33 @@ def test_bundle_chat_errors(chat, tmp_path):
         plain_generator.generate(CONVERSATIONS[0], max_new_tokens=2)
     assert str(plain) in str(error.value)
     assert isinstance(plain_generator.generate("def add(", max_new_tokens=2), str)
+
+
+def test_bundle_ships_the_package_chat_template(chat):
+    """One implementation of chat templates: the bundle carries keras_transformer/tokenizers/chat_template.py
+    byte for byte (copied at export, not retyped)."""
+    package_file = chat_template.__file__
+    assert (chat["bundle"] / "chat_template.py").read_bytes() == open(package_file, "rb").read()
+
+
+@pytest.mark.parametrize("messages, match", MALFORMED_MESSAGES)
+def test_bundle_malformed_messages_name_the_entry(chat, messages, match):
+    """The message checks of tests/tokenizers/test_chat_template.py, through the bundle's runner."""
+    with pytest.raises(ValueError, match=match):
+        chat["generator"].generate(messages, max_new_tokens=2)
+    with pytest.raises(ValueError, match=match):
+        chat["generator"].apply_chat_template(messages)
+
+
+def test_bundle_template_sandbox_and_jinja2_version(chat, monkeypatch):
+    """The sandbox and template errors of tests/tokenizers/test_chat_template.py, through the bundle's runner;
+    and an old jinja2 is refused there too."""
+    generator = chat["generator"]
+    for template, match in BAD_TEMPLATES:
+        monkeypatch.setattr(generator, "chat_template", template)
+        with pytest.raises(ValueError, match=match):
+            generator.apply_chat_template(CONVERSATIONS[0])
+    monkeypatch.setattr(generator, "chat_template", "{{ 'old jinja2, in a bundle' }}")
+    monkeypatch.setattr(jinja2, "__version__", "3.1.5")
+    with pytest.raises(ValueError, match=r"jinja2 >= 3\.1\.6.*Received: jinja2 3\.1\.5"):
+        generator.apply_chat_template(CONVERSATIONS[0])

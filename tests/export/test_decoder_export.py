@@ -15,6 +15,7 @@ import pytest
 from keras_transformer import cli
 from keras_transformer.samplers import BeamSampler, RandomSampler
 from tests.export.helpers import (
+    BUNDLE_RUNTIME_FILES,
     FRAMEWORKS,
     bundle_generator,
     causal_next_logits,
@@ -54,10 +55,10 @@ def _prompts(lm):
 
 
 def test_bundle_layout(bundle, lm):
-    assert sorted(os.listdir(bundle)) == [
-        "batching.py", "bundle.json", "decode.onnx", "generate.py", "generation_config.json", "prefill.onnx",
-        "requirements.txt", "serve.py", "tokenizer.json", "tokenizer_config.json",
-    ]
+    assert sorted(os.listdir(bundle)) == sorted([
+        "bundle.json", "decode.onnx", "generation_config.json", "prefill.onnx", "tokenizer.json",
+        "tokenizer_config.json", *BUNDLE_RUNTIME_FILES,
+    ])
     spec = json.loads((bundle / "bundle.json").read_text())
     assert spec["kind"] == "decoder" and spec["family"] == "gpt" and spec["opset"] <= 18
     decode = spec["graphs"]["decode"]

@@ -240,7 +240,9 @@ def test_a_running_beam_search_stops_at_its_deadline(chat_bundle):
     "timeout" before its first step past the deadline, announces no token and frees the beam thread: the
     beam search queued after it runs to its end, equal to the runtime's own."""
     batching = _runtime(chat_bundle, "batching")
-    generator = batching.runtime.Generator(chat_bundle)  # the module batching catches `Interrupted` from
+    # A fresh Generator of its own (its `_step` is slowed below); its loop raises decode_loop's `Interrupted`,
+    # the class batching catches (both import the bundle's decode_loop module).
+    generator = _runtime(chat_bundle).Generator(chat_bundle)
     step = generator._step
 
     def slow_step(*args):

@@ -7,13 +7,14 @@ greedy continuations must be the same.
 
 import json
 
+import jinja2
 import numpy as np
 import pytest
 import torch
 import transformers
 
 from keras_transformer.models import GPTCausalLM
-from keras_transformer.tokenizers import BytePairTokenizer, Tokenizer
+from keras_transformer.tokenizers import BytePairTokenizer, Tokenizer, chat_template
 from tests.tokenizers import chat_models
 from tests.tokenizers.chat_models import CONVERSATIONS
 
@@ -182,7 +183,10 @@ def test_no_template_names_the_preset(plain_checkpoint):
     assert isinstance(lm.generate(CONVERSATIONS[0], max_new_tokens=2), str)
 
 
-@pytest.mark.parametrize("messages, match", [
+# The checks and the sandbox of keras_transformer/tokenizers/chat_template.py, the one implementation: these
+# tables run here through the Keras tokenizer and LM, and in tests/export/test_chat_bundle.py through an
+# exported bundle's runner (which ships that very file).
+MALFORMED_MESSAGES = [
     ({"role": "user", "content": "hi"}, "a single message"),
     ([{"role": "user", "content": "hi"}, "hello"], "message 1 of the conversation"),
     ([{"content": "hi"}], 'string "role"'),
@@ -191,7 +195,17 @@ def test_no_template_names_the_preset(plain_checkpoint):
     ([[{"role": "user", "content": "hi"}], []], "conversation 1"),
     ([[{"role": "user", "content": "hi"}], [{"role": "user", "content": "a"}, {"role": 1, "content": "b"}]],
      "message 1 of conversation 1"),
-])  # fmt: skip
+]  # fmt: skip
+# (template, the ValueError's message): a template that does not compile, and the sandbox: no underscore
+# attributes on namespaces, no mutation of the messages.
+BAD_TEMPLATES = [
+    ("{% for m in messages %}{{ m.content }", "not valid jinja2"),
+    ("{% set ns = namespace(_hidden=1) %}", "underscore"),
+    ("{{ messages.append(1) }}", "could not render"),
+]
+
+
+@pytest.mark.parametrize("messages, match", MALFORMED_MESSAGES)
 def test_malformed_messages_name_the_entry(checkpoint, messages, match):
     *_, lm = checkpoint
     with pytest.raises(ValueError, match=match):
@@ -210,16 +224,10 @@ def test_template_errors_are_value_errors(checkpoint):
             tokenizer.apply_chat_template([{"role": "tool", "content": "a"}])
     backup = tokenizer.chat_template
     try:
-        tokenizer.chat_template = "{% for m in messages %}{{ m.content }"
-        with pytest.raises(ValueError, match="not valid jinja2"):
-            tokenizer.apply_chat_template(CONVERSATIONS[0])
-        # The sandbox: no underscore attributes on namespaces, no mutation of the messages.
-        tokenizer.chat_template = "{% set ns = namespace(_hidden=1) %}"
-        with pytest.raises(ValueError, match="underscore"):
-            tokenizer.apply_chat_template(CONVERSATIONS[0])
-        tokenizer.chat_template = "{{ messages.append(1) }}"
-        with pytest.raises(ValueError, match="could not render"):
-            tokenizer.apply_chat_template(CONVERSATIONS[0])
+        for template, match in BAD_TEMPLATES:
+            tokenizer.chat_template = template
+            with pytest.raises(ValueError, match=match):
+                tokenizer.apply_chat_template(CONVERSATIONS[0])
         with pytest.raises(ValueError, match="chat_template of type dict"):
             tokenizer.chat_template = {"default": "x"}
     finally:
@@ -234,3 +242,10 @@ def test_in_memory_tokenizer_variables_and_placeholders():
     tokenizer.chat_template = "{{ bos_token }}{% for m in messages %}{{ m.content }}|{% endfor %}{{ messages | tojson }}"
     out = tokenizer.apply_chat_template([{"role": "user", "content": "é", "n": np.int64(3), "x": object()}])
     assert out == '<|endoftext|>é|[{"role": "user", "content": "é", "n": 3, "x": "<object>"}]'
+
+
+def test_old_jinja2_is_refused(monkeypatch):
+    """jinja2 releases before 3.1.6 have known sandbox escapes: rendering refuses them, naming the version."""
+    monkeypatch.setattr(jinja2, "__version__", "3.1.5")
+    with pytest.raises(ValueError, match=r"jinja2 >= 3\.1\.6.*Received: jinja2 3\.1\.5"):
+        chat_template.apply("{{ 'old jinja2' }}", [{"role": "user", "content": "hi"}])

@@ -1,0 +1,229 @@
+"""Streaming a completion: the decoding threads' tokens relayed to the event loop, text cut at stop strings.
+
+The scheduler's threads post each request's events (index, kind, value) into its `Inbox`; the
+`Relay` wakes the event loop once per decode step (not once per token), and each request sends what
+arrived since its last event as one server-sent event (or, not streamed, one JSON answer).
+"""
+
+import asyncio
+import collections
+import json
+import time
+
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from serve_validation import ApiError
+
+
+class Inbox:
+    """A request's scheduler events (index, kind, value), and the event-loop Event that says some are waiting."""
+
+    def __init__(self):
+        self.events, self.wake, self.disconnected = collections.deque(), asyncio.Event(), False
+
+
+class Relay:
+    """Hands the decoding threads' events to the requests on the event loop: an event waits in its
+    request's inbox, and the loop is woken once per decode step (`flush`), not once per token.
+
+    A large batch wakes it once per `1 + rows // ROWS_PER_STREAM_STEP` steps: each streamed
+    answer then gets a few tokens per server-sent event (a socket write, a wake-up of the client)
+    rather than one, which is what a busy server spends its time on; a lone request still gets
+    every token as it comes.
+    """
+
+    ROWS_PER_STREAM_STEP = 16
+
+    def __init__(self):
+        self.loop, self.ready, self.scheduled = None, collections.deque(), False  # deques: safe across threads
+        self.steps = 0  # since the last wake-up
+
+    def post(self, inbox, event):
+        """From a decoding thread: queue an event for its request."""
+        inbox.events.append(event)
+        self.ready.append(inbox)
+
+    def flush(self, rows):
+        """From a decoding thread, after a step of `rows` rows: wake the loop, unless a wake-up is pending
+        already, or the batch is large and its interval has not passed."""
+        self.steps += 1
+        if self.steps < 1 + rows // self.ROWS_PER_STREAM_STEP:
+            return
+        self.steps = 0
+        if self.ready and not self.scheduled and self.loop is not None:
+            self.scheduled = True
+            try:
+                self.loop.call_soon_threadsafe(self._wake)
+            except RuntimeError:  # the loop has closed: nobody is waiting any more
+                pass
+
+    def _wake(self):
+        self.scheduled = False  # before draining: whatever arrives from now on schedules another wake-up
+        while self.ready:
+            self.ready.popleft().wake.set()
+
+
+class _Choice:
+    """One choice's text as its tokens arrive: stop strings cut it, and what might begin one is held back."""
+
+    def __init__(self, tokenizer, stop):
+        self.tokenizer, self.stop = tokenizer, stop
+        self.ids, self.sent, self.finish, self.first_token_at = [], "", None, None
+
+    def add(self, tokens):
+        """New tokens -> the new text to send (possibly empty); sets `finish` = "stop" when a stop string appears.
+
+        Without stop strings the text is decoded once for all the tokens; with them, token by token
+        (the first stop string completed is the one that cuts)."""
+        if not self.stop:
+            self.ids.extend(tokens)
+            return self._text(self.tokenizer.decode(self.ids, skip_special_tokens=True))
+        new = ""
+        for token in tokens:
+            self.ids.append(token)
+            new += self._text(self.tokenizer.decode(self.ids, skip_special_tokens=True))
+            if self.finish is not None:
+                break
+        return new
+
+    def _text(self, text):
+        cut = min((text.find(s) for s in self.stop if s in text), default=-1)
+        if cut >= 0:
+            self.finish = "stop"
+            return self._send(text[:cut])
+        if text.endswith("\ufffd"):  # a character split across tokens: wait for its end
+            return ""
+        held = max((k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+        return self._send(text[: len(text) - held])
+
+    def close(self):
+        """-> the text held back (the sequence ended without completing a stop string)."""
+        return self._send(self.tokenizer.decode(self.ids, skip_special_tokens=True))
+
+    def _send(self, text):
+        new = text[len(self.sent):] if text.startswith(self.sent) else ""
+        self.sent = text if text.startswith(self.sent) else self.sent
+        return new
+
+
+async def _watch_disconnect(request, inbox):
+    """Wakes the request's reader when its client goes away (a streamed answer learns it from Starlette)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    inbox.disconnected = True
+    inbox.wake.set()
+
+
+async def completion_response(service, request, endpoint, prompt_ids, options, n, stop, stream, include_usage,
+                              chat):
+    started, inbox = time.perf_counter(), Inbox()
+    options = dict(options)
+    requested = options.pop("timeout")
+    timeout = service.timeout if requested is None else min(requested, service.timeout)
+    sequences = service.submit(prompt_ids, options, n, inbox, timeout)
+    prompt_tokens = sum(len(ids) for ids in prompt_ids) * n
+    service.metrics.prompt_tokens.inc(prompt_tokens)
+    choices = [_Choice(service.generator.tokenizer, stop) for _ in sequences]
+    prefix = "chatcmpl" if chat else "cmpl"
+    head = {"id": f"{prefix}-{service.next_id()}", "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()), "model": service.name}
+    usage = lambda: {"prompt_tokens": prompt_tokens, "completion_tokens": sum(len(c.ids) for c in choices),  # noqa: E731
+                     "total_tokens": prompt_tokens + sum(len(c.ids) for c in choices)}
+
+    def choice_text(index, tokens, finish):
+        """Choice `index`'s new tokens and its finish (None: not yet) -> the text they add (raises on a timeout)."""
+        choice, text = choices[index], ""
+        if tokens and choice.finish is None:  # (after a stop string, tokens come until the scheduler drops the row)
+            if choice.first_token_at is None:
+                choice.first_token_at = time.perf_counter()
+                if sum(c.first_token_at is not None for c in choices) == 1:  # the request's first token
+                    service.metrics.ttft.labels(endpoint).observe(choice.first_token_at - started)
+            before = len(choice.ids)
+            text = choice.add(tokens)
+            service.metrics.generated_tokens.inc(len(choice.ids) - before)
+            if choice.finish is not None:
+                sequences[index].cancel()
+        if finish is not None:
+            if finish == "timeout":
+                raise ApiError(f"The request ran past its timeout of {timeout:g} s.", None, 504)
+            if choice.finish is None:
+                text += choice.close()
+                choice.finish = "stop" if finish == "stop" else "length"
+        return text
+
+    async def deltas():
+        """(index, text, finish or None) as tokens arrive: every token of a choice that waits when the request
+        wakes (once per decode step at most) goes out as one piece; ends when every sequence has finished."""
+        remaining = len(sequences)
+        watcher = None if stream else asyncio.ensure_future(_watch_disconnect(request, inbox))
+        try:
+            while remaining:
+                await inbox.wake.wait()
+                inbox.wake.clear()
+                if inbox.disconnected:
+                    return
+                tokens, finishes = collections.defaultdict(list), {}
+                while inbox.events:
+                    index, kind, value = inbox.events.popleft()
+                    if kind == "token":
+                        tokens[index].append(value)
+                    elif kind == "finish":
+                        finishes[index] = value
+                    else:
+                        raise ApiError(f"Generation failed: {value}", None, 500)
+                for index in sorted(tokens.keys() | finishes.keys()):
+                    text = choice_text(index, tokens.get(index), finishes.get(index))
+                    finish = choices[index].finish if index in finishes else None
+                    remaining -= index in finishes
+                    if text or finish:
+                        yield index, text, finish
+        finally:  # the client went away, or an error: free every row
+            for sequence in sequences:
+                sequence.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            service.metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
+
+    if not stream:
+        texts = ["" for _ in choices]
+        async for index, text, _ in deltas():
+            texts[index] += text
+        if inbox.disconnected:
+            return Response(status_code=499)
+        body = [{"index": i, "finish_reason": c.finish, "logprobs": None,
+                 **({"message": {"role": "assistant", "content": texts[i]}} if chat else {"text": texts[i]})}
+                for i, c in enumerate(choices)]
+        return JSONResponse({**head, "choices": body, "usage": usage()})
+
+    async def events_stream():
+        chunk = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
+        if chat:
+            for i in range(len(choices)):
+                yield _sse({**chunk, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                  "finish_reason": None, "logprobs": None}]})
+        # An event per delta: the chunk's fixed fields are encoded once, each delta's own by hand.
+        before = f'data: {_json(chunk)[:-1]}, "choices": [{{"index": '
+        try:
+            async for index, text, finish in deltas():
+                if chat:
+                    delta = f'{{"content": {_json(text)}}}' if text or not finish else "{}"
+                    part = f'"delta": {delta}'
+                else:
+                    part = f'"text": {_json(text)}'
+                yield f'{before}{index}, {part}, "finish_reason": {_json(finish)}, "logprobs": null}}]}}\n\n'
+        except ApiError as error:
+            yield _sse({"error": {"message": error.message, "type": "server_error", "param": None, "code": None}})
+            return
+        if include_usage:
+            yield _sse({**chunk, "choices": [], "usage": usage()})
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events_stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+_json = json.JSONEncoder(ensure_ascii=False).encode
+
+
+def _sse(payload):
+    return f"data: {_json(payload)}\n\n"

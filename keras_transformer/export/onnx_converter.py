@@ -1,0 +1,231 @@
+"""The ONNX converter: one `graphs.Graph` (a traced TensorFlow function) -> a checked ONNX model.
+
+tf2onnx converts the graph (with handlers for the two TensorFlow ops it lacks); the result is put
+in a canonical form (node order and names derived from the graph's structure), so that exports of
+the same weights are the same bytes whatever backend or process made them. Graphs built in ONNX
+directly (`decode_graph.py`) pass through as they are. Writing the bundle around the converted
+graphs is `onnx.py`'s job.
+
+Runs under the TensorFlow backend (see `keras_transformer.export`).
+"""
+
+import logging
+
+OPSET = 17  # tf2onnx 1.17 supports opsets up to 18; 17 is what ONNX Runtime >= 1.14 runs everywhere.
+
+
+def convert(graph):
+    """One `graphs.Graph` -> a checked ONNX ModelProto with named dynamic axes (a graph built in ONNX as it is)."""
+    if graph.model is not None:
+        return graph.model
+    import tensorflow as tf
+
+    logging.getLogger("tf2onnx").setLevel(logging.ERROR)
+    tf_logger = tf.get_logger()
+    level = tf_logger.level
+    tf_logger.setLevel(logging.ERROR)  # the TF1 freezing functions tf2onnx calls warn they are deprecated
+    try:
+        return _convert(graph)
+    finally:
+        tf_logger.setLevel(level)
+
+
+def _convert(graph):
+    import onnx
+    import tensorflow as tf
+    import tf2onnx
+
+    function = graph.function.get_concrete_function(*graph.inputs)
+    # The graph inputs are the signature's; constants the layers captured (e.g. a sinusoid
+    # table) are further function inputs that freezing turns into initializers.
+    input_names = [tensor.name for tensor in function.inputs[: len(graph.inputs)]]
+    output_names = [tensor.name for tensor in function.outputs]
+    renames = tf2onnx.convert.tensor_names_from_structed(function, input_names, output_names)
+    with tf.device("/cpu:0"):
+        graph_def = tf2onnx.tf_loader.from_function(function, input_names, output_names)
+    model, _ = tf2onnx.convert.from_graph_def(
+        graph_def,
+        name=graph.name,
+        input_names=input_names,
+        output_names=output_names,
+        opset=OPSET,
+        custom_op_handlers=_CUSTOM_OP_HANDLERS,
+        tensors_to_rename=renames,
+    )
+    expected = [spec.name for spec in graph.inputs]
+    got = [value.name for value in model.graph.input]
+    if got != expected:
+        raise RuntimeError(f"The {graph.name} graph's inputs are {got}, expected {expected}.")
+    for value in list(model.graph.input) + list(model.graph.output):
+        for dim, axis in zip(value.type.tensor_type.shape.dim, graph.axes.get(value.name, ())):
+            if axis is not None:
+                dim.dim_param = axis
+    # Sizes TensorFlow knows statically that tf2onnx's own inference lost (e.g. through Pad + Where).
+    for value, tensor in zip(model.graph.output, function.outputs):
+        axes = graph.axes.get(value.name, ())
+        for i, (dim, size) in enumerate(zip(value.type.tensor_type.shape.dim, tensor.shape.as_list())):
+            if size is not None and (i >= len(axes) or axes[i] is None):
+                dim.dim_value = size  # replaces a generated dim_param (one of the two)
+    _mean_over_features(model)
+    _canonicalize(model)
+    onnx.checker.check_model(model)
+    return model
+
+
+def _canonicalize(model):
+    """Deterministic node order and names, so that the same graph gives the same bytes.
+
+    tf2onnx's node names and the order of independent nodes vary between processes
+    (counters, hash seeds). Nodes are ordered topologically with ties broken by a hash of
+    their structure (op, attributes, and recursively their inputs), equal initializers are
+    merged, and every name but the graph's inputs and outputs is derived from positions:
+    exports of the same weights are then identical files, whatever backend or process made them.
+    """
+    import hashlib
+    import heapq
+
+    import onnx
+    from onnx import numpy_helper
+
+    graph = model.graph
+    subgraphs = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+    if any(attribute.type in subgraphs for node in graph.node for attribute in node.attribute):
+        return  # control flow: left as converted
+
+    def digest(*parts):
+        h = hashlib.sha256()
+        for part in parts:
+            h.update(part if isinstance(part, bytes) else repr(part).encode())
+            h.update(b"\0")
+        return h.hexdigest()
+
+    initializers = {t.name: t for t in graph.initializer}
+    init_keys = {name: digest("const", t.data_type, tuple(t.dims), numpy_helper.to_array(t).tobytes())
+                 for name, t in initializers.items()}
+    keep = {value.name for value in list(graph.input) + list(graph.output)}
+    tensor_keys = {name: "input:" + name for name in keep}
+    tensor_keys.update(init_keys)
+    node_keys = []
+    for node in graph.node:  # ONNX nodes are in topological order: inputs are keyed first
+        attributes = sorted((a.name, a.SerializeToString()) for a in node.attribute)
+        key = digest(node.domain, node.op_type, attributes, [tensor_keys.get(name, "") for name in node.input])
+        node_keys.append(key)
+        for j, name in enumerate(node.output):
+            tensor_keys[name] = digest(key, j)
+
+    producer = {name: i for i, node in enumerate(graph.node) for name in node.output}
+    consumers = [[] for _ in graph.node]
+    waiting = []
+    for i, node in enumerate(graph.node):
+        dependencies = {producer[name] for name in node.input if name in producer}
+        waiting.append(len(dependencies))
+        for d in dependencies:
+            consumers[d].append(i)
+    ready = [(node_keys[i], i) for i, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    nodes = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        nodes.append(onnx.NodeProto.FromString(graph.node[i].SerializeToString()))
+        for c in consumers[i]:
+            waiting[c] -= 1
+            if waiting[c] == 0:
+                heapq.heappush(ready, (node_keys[c], c))
+
+    renames, first_by_key, new_initializers = {}, {}, []
+    for position, node in enumerate(nodes):
+        for name in node.input:
+            if name in initializers and name not in renames:
+                key = init_keys[name]
+                if key not in first_by_key:
+                    first_by_key[key] = f"const_{len(new_initializers)}"
+                    tensor = onnx.TensorProto.FromString(initializers[name].SerializeToString())
+                    tensor.name = first_by_key[key]
+                    new_initializers.append(tensor)
+                renames[name] = first_by_key[key]
+        for j, name in enumerate(node.output):
+            if name and name not in keep:
+                renames[name] = f"{node.op_type.lower()}_{position}" + (f"_{j}" if j else "")
+        node.name = f"{node.op_type}_{position}"
+        node.doc_string = ""
+    for node in nodes:
+        node.input[:] = [renames.get(name, name) for name in node.input]
+        node.output[:] = [renames.get(name, name) for name in node.output]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.initializer[:]
+    graph.initializer.extend(new_initializers)
+    del graph.value_info[:]
+
+
+def _mean_over_features(model):
+    """Give back tf2onnx's GlobalAveragePool over (B, T, D) its ReduceMean(axis -1) form.
+
+    tf2onnx turns a mean over the last axis of a rank-3 tensor into GlobalAveragePool (the
+    same numbers); as ReduceMean, layer norms match ONNX Runtime's LayerNormalization fusion.
+    """
+    import onnx
+    from onnx import helper
+
+    inferred = onnx.shape_inference.infer_shapes(model).graph
+    ranks = {
+        value.name: len(value.type.tensor_type.shape.dim)
+        for value in list(inferred.value_info) + list(inferred.input) + list(inferred.output)
+        if value.type.tensor_type.HasField("shape")
+    }
+    for node in model.graph.node:
+        rank = ranks.get(node.input[0]) if node.op_type == "GlobalAveragePool" else None
+        if rank is not None and rank >= 3:  # GlobalAveragePool == ReduceMean over axes 2..rank-1, kept
+            node.op_type = "ReduceMean"
+            del node.attribute[:]
+            node.attribute.extend([helper.make_attribute("axes", list(range(2, rank))),
+                                   helper.make_attribute("keepdims", 1)])
+
+
+def _dynamic_update_slice(ctx, node, name, args):
+    """tf2onnx handler for XlaDynamicUpdateSlice (a multi-token cache write): Pad + Where.
+
+    ONNX has no dynamic-update-slice; writing `update` into `operand` at `starts` is
+    where(pad(ones_like(update)), pad(update), operand), padding by `starts` before and
+    the rest after. Starts are clamped as XLA does, so the update always fits.
+    """
+    import numpy as np
+    from onnx import TensorProto, helper
+    from tf2onnx import utils
+
+    operand, update, starts = node.input
+    operand_shape = ctx.make_node("Shape", [operand]).output[0]
+    update_shape = ctx.make_node("Shape", [update]).output[0]
+    starts = ctx.make_node("Cast", [starts], attr={"to": TensorProto.INT64}).output[0]
+    last_start = ctx.make_node("Sub", [operand_shape, update_shape]).output[0]
+    zero = ctx.make_const(utils.make_name("zero"), np.zeros([1], np.int64)).output[0]
+    starts = ctx.make_node("Min", [starts, last_start]).output[0]
+    starts = ctx.make_node("Max", [starts, zero]).output[0]
+    after = ctx.make_node("Sub", [last_start, starts]).output[0]
+    pads = ctx.make_node("Concat", [starts, after], attr={"axis": 0}).output[0]
+    padded = ctx.make_node("Pad", [update, pads]).output[0]
+    one = helper.make_tensor("value", TensorProto.UINT8, [1], [1])
+    inside = ctx.make_node("ConstantOfShape", [update_shape], attr={"value": one}).output[0]
+    inside = ctx.make_node("Pad", [inside, pads]).output[0]
+    inside = ctx.make_node("Cast", [inside], attr={"to": TensorProto.BOOL}).output[0]
+    node.type = "Where"
+    ctx.replace_inputs(node, [inside, padded, operand])
+
+
+def _erfc(ctx, node, name, args):
+    """tf2onnx handler for Erfc (TensorFlow's exact gelu): erfc(x) = 1 - erf(x)."""
+    import numpy as np
+    from tf2onnx import utils
+
+    dtype = utils.map_onnx_to_numpy_type(ctx.get_dtype(node.input[0]))
+    one = ctx.make_const(utils.make_name("one"), np.ones([], dtype)).output[0]
+    erf = ctx.make_node("Erf", [node.input[0]]).output[0]
+    node.type = "Sub"
+    ctx.replace_inputs(node, [one, erf])
+
+
+# TensorFlow ops tf2onnx 1.17 does not convert, and their ONNX equivalents.
+_CUSTOM_OP_HANDLERS = {
+    "XlaDynamicUpdateSlice": (_dynamic_update_slice, []),
+    "Erfc": (_erfc, []),
+}
