@@ -131,7 +131,7 @@ def _decoder_start_token_id(task):
 
 
 def _keras_length_bucket():
-    from keras_transformer.samplers.generate import LENGTH_BUCKET
+    from keras_transformer.samplers import LENGTH_BUCKET
 
     return int(LENGTH_BUCKET)
 

@@ -48,11 +48,10 @@ import keras
 
 from keras_transformer.export import graphs as graph_lib
 from keras_transformer.export.onnx import GENERATION_CONFIG_FILE, _write_json, generation_config
-from keras_transformer.samplers.beam_sampler import BeamSampler
-from keras_transformer.samplers.generate import PREFILL_BUCKET
-from keras_transformer.samplers.greedy_sampler import GreedySampler
-from keras_transformer.samplers.random_sampler import RandomSampler, keep_nucleus, keep_top_k, sample_categorical
-from keras_transformer.samplers.sampler import DecodeOptions, cache_widths, trace_prepare, trace_run
+from keras_transformer.samplers import (
+    PREFILL_BUCKET, BeamSampler, DecodeOptions, GreedySampler, RandomSampler, cache_widths, keep_nucleus, keep_top_k,
+    sample_categorical, trace_prepare, trace_run,
+)
 
 # Beams of the `generate_beam` signature when the task's own sampler is not a beam search.
 NUM_BEAMS = 4

@@ -248,3 +248,8 @@ def _check_step_call(kind, attention_mask, return_scores, use_causal_mask):
             f"Received: attention_mask={attention_mask is not None}, return_attention_scores={return_scores}, "
             f"use_causal_mask={use_causal_mask}"
         )
+
+
+def split_cache(cache):
+    """(B, L, 2, Hkv, S, Dh) -> list of L (keys, values) pairs of (B, Hkv, S, Dh): the form `generate` carries."""
+    return [(cache[:, i, 0], cache[:, i, 1]) for i in range(cache.shape[1])]

@@ -158,8 +158,3 @@ def like_cache(layer_caches, cache):
     if isinstance(cache, (list, tuple)):
         return list(layer_caches)
     return keras.ops.stack(layer_caches, axis=1)
-
-
-def split_cache(cache):
-    """(B, L, 2, Hkv, S, Dh) -> list of L (keys, values) pairs of (B, Hkv, S, Dh): the form `generate` carries."""
-    return [(cache[:, i, 0], cache[:, i, 1]) for i in range(cache.shape[1])]

@@ -1,44 +1,24 @@
-"""Samplers for `generate`: greedy, random (temperature / top-k / top-p) and beam search."""
+"""Samplers for `generate`: greedy, random (temperature / top-k / top-p) and beam search.
 
-import keras
+The decoding core behind them, one job per module: `sampler.py` (the base: token choice only),
+`decode_options.py` (the frozen static settings), `processors.py` (logits processors),
+`cache_schedule.py` (cache widths and layout), `decode_loop.py` (prefill and step, written once),
+`compile.py` (the one backend switch), `decode.py` (runs it), `generate.py` (inputs and outputs).
+`trace_prepare` / `trace_run` are the loop for callers that trace it themselves (the SavedModel export).
+"""
 
 from keras_transformer.samplers.beam_sampler import BeamSampler
+from keras_transformer.samplers.cache_schedule import cache_widths
+from keras_transformer.samplers.decode_loop import trace_prepare, trace_run
+from keras_transformer.samplers.decode_options import DecodeOptions
+from keras_transformer.samplers.generate import LENGTH_BUCKET, PREFILL_BUCKET, generate
 from keras_transformer.samplers.greedy_sampler import GreedySampler
-from keras_transformer.samplers.random_sampler import RandomSampler
-from keras_transformer.samplers.generate import generate
+from keras_transformer.samplers.random_sampler import RandomSampler, keep_nucleus, keep_top_k, sample_categorical
+from keras_transformer.samplers.registry import deserialize, get, serialize
 from keras_transformer.samplers.sampler import Sampler
 
-# String names accepted by `get`, `generate(sampler=...)` and `compile(sampler=...)`.
-_NAMED = {
-    "greedy": GreedySampler,
-    "random": RandomSampler,
-    "top_k": lambda: RandomSampler(top_k=50),
-    "top_p": lambda: RandomSampler(top_p=0.9),
-    "beam": BeamSampler,
-}
-
-
-def get(name_or_sampler):
-    """A `Sampler` from a name ("greedy", "random", "top_k", "top_p", "beam"), a config dict or a sampler."""
-    if isinstance(name_or_sampler, Sampler):
-        return name_or_sampler
-    if isinstance(name_or_sampler, str) and name_or_sampler in _NAMED:
-        return _NAMED[name_or_sampler]()
-    if isinstance(name_or_sampler, dict):
-        sampler = keras.saving.deserialize_keras_object(name_or_sampler)
-        if isinstance(sampler, Sampler):
-            return sampler
-    raise ValueError(
-        f"`sampler` must be one of {sorted(_NAMED)} or a Sampler. Received: sampler={name_or_sampler!r}"
-    )
-
-
-def serialize(sampler):
-    return keras.saving.serialize_keras_object(sampler)
-
-
-def deserialize(config):
-    return get(config)
-
-
-__all__ = ["BeamSampler", "GreedySampler", "RandomSampler", "Sampler", "deserialize", "generate", "get", "serialize"]
+__all__ = [
+    "BeamSampler", "DecodeOptions", "GreedySampler", "LENGTH_BUCKET", "PREFILL_BUCKET", "RandomSampler", "Sampler",
+    "cache_widths", "deserialize", "generate", "get", "keep_nucleus", "keep_top_k", "sample_categorical",
+    "serialize", "trace_prepare", "trace_run",
+]

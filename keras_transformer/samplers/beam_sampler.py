@@ -8,7 +8,10 @@ import numbers
 import keras
 from keras import ops
 
-from keras_transformer.samplers.sampler import NEG, Sampler, column, is_stop_token, reorder_rows, write_column
+from keras_transformer.samplers.decode_loop import reorder_rows
+from keras_transformer.samplers.processors import NEG, is_stop_token
+from keras_transformer.samplers.rows import column, write_column
+from keras_transformer.samplers.sampler import Sampler
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -139,7 +142,7 @@ class BeamSampler(Sampler):
             best_length = ops.cast(ops.maximum(generated, 1), "float32")
         best_possible = beam_scores[:, 0] / best_length**self.length_penalty
         all_valid = ops.all(finished_valid, axis=1)
-        worst = ops.where(all_valid, ops.min(finished_scores, axis=1), NEG)
+        worst = ops.where(all_valid, ops.amin(finished_scores, axis=1), NEG)
         done = ops.logical_or(at_limit, best_possible <= worst)
         if self.early_stopping is True:
             done = ops.logical_or(done, all_valid)
@@ -149,8 +152,9 @@ class BeamSampler(Sampler):
         keep_beam = ops.broadcast_to(ops.arange(K, dtype="int32")[None, :], (B, K))
         next_beam = ops.where(active[:, None], ops.cast(next_beam, "int32"), keep_beam)
         flat = ops.reshape(ops.arange(B, dtype="int32")[:, None] * K + next_beam, (B * K,))  # (R,)
-        rows = reorder_rows(rows, flat, filled=i)  # the model has written positions [0, i)
-        prompt_token = ops.reshape(column(rows["tokens"], i), (B, K))
+        options = ctx.options  # the model has written positions [0, i): op by op, only those are reordered
+        rows = reorder_rows(rows, flat, filled=i if options.eager_rows else None, flat=options.flat_cache)
+        prompt_token = ops.reshape(column(rows["tokens"], i, options.gather_columns), (B, K))
         token = ops.where(in_prompt[:, None], prompt_token, ops.where(active[:, None], next_token, ctx.pad_id))
         rows["tokens"] = write_column(rows["tokens"], i, ops.reshape(token, (B * K,)))
         return {

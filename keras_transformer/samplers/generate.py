@@ -1,7 +1,7 @@
 """`generate` for causal and encoder-decoder LMs: read and check the inputs, run the loop, shape the outputs.
 
 Axes: B inputs, K beams, R = B * K rows, L token buffer length (a bucket), P prefill length.
-Everything here is host-side numpy; the compiled loop lives in `sampler.py`.
+Everything here is host-side numpy; the compiled loop lives in `decode_loop.py`, run by `decode.py`.
 """
 
 import numbers
@@ -9,7 +9,9 @@ import numbers
 import keras
 import numpy as np
 
-from keras_transformer.samplers.sampler import DecodeOptions, decode
+from keras_transformer.samplers.decode import decode
+from keras_transformer.samplers.decode_options import DecodeOptions
+from keras_transformer.samplers.registry import get
 
 # Buffer and prefill lengths are rounded up to these multiples, so one compiled loop serves
 # every call whose prompts and max_new_tokens fall in the same bucket.
@@ -34,8 +36,6 @@ def generate(
 
     See `CausalLM.generate` for the arguments and return values.
     """
-    from keras_transformer.samplers import get
-
     sampler = get(sampler if sampler is not None else getattr(task, "sampler", None) or "greedy")
     _check_int("max_new_tokens", max_new_tokens, 1)
     _check_int("min_new_tokens", min_new_tokens, 0)

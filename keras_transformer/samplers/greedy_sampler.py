@@ -2,7 +2,8 @@
 
 import keras
 
-from keras_transformer.samplers.sampler import Sampler, first_argmax
+from keras_transformer.samplers.rows import first_argmax
+from keras_transformer.samplers.sampler import Sampler
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

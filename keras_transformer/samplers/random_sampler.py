@@ -7,7 +7,9 @@ import numpy as np
 from keras import ops
 
 from keras_transformer.samplers.noise import seed_to_int32
-from keras_transformer.samplers.sampler import NEG, Sampler, first_argmax
+from keras_transformer.samplers.processors import NEG
+from keras_transformer.samplers.rows import first_argmax
+from keras_transformer.samplers.sampler import Sampler
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -88,7 +90,7 @@ def nucleus(probabilities, top_p, iterations=40):
     max_probability * 2**-iterations.
     """
     low = ops.zeros_like(probabilities[:, :1])  # (R, 1): mass(p >= low) >= top_p
-    high = ops.max(probabilities, axis=-1, keepdims=True) * 1.0001 + 1e-30  # mass(p >= high) = 0 < top_p
+    high = ops.amax(probabilities, axis=-1, keepdims=True) * 1.0001 + 1e-30  # mass(p >= high) = 0 < top_p
     for _ in range(iterations):
         middle = (low + high) / 2
         enough = ops.sum(ops.where(probabilities >= middle, probabilities, 0.0), axis=-1, keepdims=True) >= top_p
@@ -104,5 +106,5 @@ def sample_categorical(logits, uniform):
     """
     probabilities = ops.softmax(logits, axis=-1)  # (R, V)
     cdf = ops.where(probabilities > 0, ops.cumsum(probabilities, axis=-1), -1.0)
-    target = ops.cast(uniform, "float32")[:, None] * ops.max(cdf, axis=-1, keepdims=True)  # (R, 1)
+    target = ops.cast(uniform, "float32")[:, None] * ops.amax(cdf, axis=-1, keepdims=True)  # (R, 1)
     return first_argmax(ops.cast(cdf >= target, "float32"))  # the first True

@@ -29,14 +29,21 @@ from keras_transformer.layers.relative_position_bias import RelativePositionBias
 from keras_transformer.layers.transformer_decoder_block import TransformerDecoderBlock
 
 
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 def supports(task):
-    """Whether the kernels may run `task`: PyTorch, a step that takes `call_layer`, and float32 everywhere
-    (mixed precision keeps Keras's casts)."""
+    """Whether the kernels may run `task`: PyTorch, a step that takes `call_layer`, a float compute dtype
+    in every layer (float32, bfloat16, float16, or a mixed policy) and float weights (Keras's int8 / int4
+    layers quantize their inputs too: they keep Keras's calls)."""
     if keras.config.backend() != "torch" or not isinstance(task, keras.Model):
         return False
     if "call_layer" not in inspect.signature(task.call_with_cache).parameters:
         return False
-    return all(layer.dtype_policy.name == "float32" for layer in task._flatten_layers())
+    return all(
+        layer.compute_dtype in _DTYPES and getattr(layer.dtype_policy, "quantization_mode", None) is None
+        for layer in task._flatten_layers()
+    )
 
 
 class TorchKernels:
@@ -47,7 +54,12 @@ class TorchKernels:
     weights. Callable as `kernels(layer, *args, **kwargs)`.
     """
 
-    def __init__(self):
+    def __init__(self, length=None):
+        # length: None, the eager loop (the cache index is read as an int at every step, attention reads only
+        # the written positions); or the buffer length L of a compiled loop, whose steps keep the index a
+        # tensor (no host synchronisation, one graph for every position): cache writes by `index_copy_`,
+        # attention over the whole width under a mask, position tables made for L positions up front.
+        self.length = length
         self._weights = {}  # id(layer) -> the layer's weights arranged for its kernel
         self._masks = {}  # (start, T, S) -> causal mask (T, S), for the step in progress
         self._index = (None, 0)  # the step's cache index tensor and its int
@@ -57,6 +69,10 @@ class TorchKernels:
     def __call__(self, layer, *args, **kwargs):
         kernel = _KERNELS.get(type(layer))
         if kernel is not None:
+            if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+                # As a Keras layer call casts its float inputs to the layer's compute dtype (e.g. a float32
+                # head over a bfloat16 backbone).
+                args = (args[0].to(_compute_dtype(layer)),) + args[1:]
             result = kernel(self, layer, *args, **kwargs)
             if result is not NotImplemented:
                 return result
@@ -71,8 +87,18 @@ class TorchKernels:
             self._weights[key] = arrange(layer)
         return self._weights[key]
 
+    @property
+    def static(self):
+        return self.length is not None
+
+    def positions(self, index, length, device):
+        """(T,) long positions [index, index + T) of a static step's queries."""
+        return torch.as_tensor(index, device=device).long() + torch.arange(length, device=device)
+
     def start(self, index):
         """The cache index as an int, read from the device once per step (every layer gets the same tensor)."""
+        if self.static:
+            return index
         if self._index[0] is not index:
             self._index = (index, int(index))
         return self._index[1]
@@ -82,6 +108,8 @@ class TorchKernels:
         per mask tensor (the encoder's mask is the same at every step)."""
         if padding_mask is None:
             return None
+        if self.static:
+            return ~padding_mask.bool()[:, None, None, :]
         if self._padding[0] is not padding_mask:
             blocked = ~padding_mask.bool()[:, None, None, :]
             self._padding = (padding_mask, blocked if bool(blocked.any()) else None)
@@ -107,30 +135,37 @@ class TorchKernels:
 
 
 def _reversible_embedding(kernels, layer, inputs, reverse=False):
-    w = kernels.weights(layer, lambda layer: {"table": _value(layer.embeddings)})
+    w = kernels.weights(layer, lambda layer: {"table": _weight(layer, layer.embeddings)})
     if not reverse:
         return F.embedding(inputs.long(), w["table"])  # (R, T) -> (R, T, D)
     if "head" not in w:  # made on the first reverse call only (a family with a separate head never pays it)
         w["head"] = _reverse_kernel(layer)
     if w["head"] is None:
         return NotImplemented
-    logits = inputs @ w["head"]  # (R, T, D) x (D, V) -> (R, T, V)
+    logits = inputs.to(w["head"].dtype) @ w["head"]  # (R, T, D) x (D, V) -> (R, T, V)
     cap = layer.logit_soft_cap
     return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
 def _reverse_kernel(layer):
     """The (D, V) output projection, contiguous: at a few rows a transposed (V, D) reads at half speed."""
-    if layer.reverse_dtype is not None and layer.reverse_dtype != "float32":
+    dtype = _DTYPES.get(layer.reverse_dtype or layer.compute_dtype)
+    if dtype is None:
         return None
-    head = _value(layer.embeddings).t() if layer.tie_weights else _value(layer.reverse_embeddings)
-    return head.detach().contiguous()
+    head = _weight(layer, layer.embeddings, dtype).t() if layer.tie_weights else _weight(
+        layer, layer.reverse_embeddings, dtype)
+    return head.contiguous()
 
 
 def _positional_embedding(kernels, layer, inputs, start_index=0):
     start, length = kernels.start(start_index), inputs.shape[1]
+    if kernels.static:
+        table = kernels.weights(layer, lambda layer: _weight(
+            layer, layer.embeddings if layer.position_type == "learned" else layer._table))  # (P, D)
+        rows = table.index_select(0, kernels.positions(start, length, table.device))  # (T, D)
+        return rows[None].expand(inputs.shape)  # -> (R, T, D)
     table = kernels.weights(
-        layer, lambda layer: _value(layer.embeddings) if layer.position_type == "learned" else layer._table
+        layer, lambda layer: _weight(layer, layer.embeddings if layer.position_type == "learned" else layer._table)
     )  # (P, D)
     return table[start : start + length][None].expand(inputs.shape)  # (T, D) -> (R, T, D)
 
@@ -139,24 +174,25 @@ def _layer_norm(kernels, layer, x):
     w = kernels.weights(layer, _arrange_layer_norm)
     if w is None or w[0] != (x.shape[-1],):
         return NotImplemented
-    return F.layer_norm(x, *w)
+    return F.layer_norm(x.float(), *w).to(x.dtype)  # in float32 whatever the compute dtype, as Keras's norm
 
 
 def _arrange_layer_norm(layer):
     """(normalized shape, gamma, beta, epsilon) of a norm over the last axis, else None."""
     if layer.rms_scaling or layer.axis not in (-1, [-1], 2, [2]):
         return None
-    gamma = _value(layer.gamma) if layer.scale else None
-    beta = _value(layer.beta) if layer.center else None
+    gamma = _weight(layer, layer.gamma, torch.float32) if layer.scale else None
+    beta = _weight(layer, layer.beta, torch.float32) if layer.center else None
     width = (gamma if gamma is not None else beta)
     return (None if width is None else (width.shape[0],)), gamma, beta, layer.epsilon
 
 
 def _rms_norm(kernels, layer, x):
-    scale, epsilon, axis = kernels.weights(layer, lambda layer: (_value(layer.scale), layer.epsilon, layer.axis))
+    scale, epsilon, axis = kernels.weights(
+        layer, lambda layer: (_weight(layer, layer.scale, torch.float32), layer.epsilon, layer.axis))
     if axis not in (-1, [-1], len(x.shape) - 1, [len(x.shape) - 1]):
         return NotImplemented
-    return F.rms_norm(x, (x.shape[-1],), scale, epsilon)
+    return F.rms_norm(x.float(), (x.shape[-1],), scale, epsilon).to(x.dtype)  # in float32, as Keras's norm
 
 
 def _dense(kernels, layer, x):
@@ -167,7 +203,7 @@ def _dense(kernels, layer, x):
 def _arrange_dense(layer):
     if layer.activation not in (None, keras.activations.linear) or len(layer.kernel.shape) != 2:
         return None
-    return _value(layer.kernel), None if layer.bias is None else _value(layer.bias)
+    return _weight(layer, layer.kernel), None if layer.bias is None else _weight(layer, layer.bias)
 
 
 def _dropout(kernels, layer, x, training=None):
@@ -177,6 +213,14 @@ def _dropout(kernels, layer, x, training=None):
 def _relative_position_bias(kernels, layer, query, key, query_start=0):
     """(1, H, T, S): the layer's bucket of each distance s - (query_start + t), looked up in a table of buckets."""
     start, length, width = kernels.start(query_start), query.shape[1], key.shape[1]
+    if kernels.static:  # every distance between two of the L positions, bucketed once per call
+        L = kernels.length
+        buckets = kernels.weights(layer, lambda layer: layer._bucket(
+            torch.arange(-L, L + 1, dtype=torch.int32, device=query.device)).long())  # (2L + 1,)
+        keys = torch.arange(width, device=query.device)
+        queries = kernels.positions(start, length, query.device)
+        bias = F.embedding(buckets[keys[None, :] - queries[:, None] + L], _weight(layer, layer.embeddings))  # (T, S, H)
+        return bias.permute(2, 0, 1)[None]  # -> (1, H, T, S)
     low, high = -(start + length - 1), width - 1 - start  # the distances s - (start + t), t < T, s < S
     table = kernels.weights(layer, lambda layer: {"low": 0, "high": -1, "buckets": None})
     if low < table["low"] or high > table["high"]:  # (re)made for every distance this call may meet
@@ -186,7 +230,7 @@ def _relative_position_bias(kernels, layer, query, key, query_start=0):
     keys = torch.arange(width, device=query.device)
     queries = start + torch.arange(length, device=query.device)
     buckets = table["buckets"][keys[None, :] - queries[:, None] - table["low"]]  # (T, S)
-    bias = F.embedding(buckets, _value(layer.embeddings))  # (T, S) -> (T, S, H)
+    bias = F.embedding(buckets, _weight(layer, layer.embeddings))  # (T, S) -> (T, S, H)
     return bias.permute(2, 0, 1)[None]  # -> (1, H, T, S)
 
 
@@ -196,6 +240,16 @@ def _relative_position_bias(kernels, layer, query, key, query_start=0):
 def _value(weight):
     """A variable's tensor (a layer's weight may also be a plain tensor, e.g. derived from others)."""
     return weight.value if isinstance(weight, keras.Variable) else weight
+
+
+def _compute_dtype(layer):
+    return _DTYPES[layer.compute_dtype]
+
+
+def _weight(layer, weight, dtype=None):
+    """A layer's weight as a plain tensor in its compute dtype (`dtype` overrides): a mixed-precision
+    layer's float32 variable is cast once per call, as Keras casts it at every layer call."""
+    return _value(weight).detach().to(dtype or _compute_dtype(layer))
 
 
 def _linear(x, kernel, bias):
@@ -213,17 +267,18 @@ def _attention_weights(attention, fused):
     # embeddings are linear, so rotating scaled queries is the same).
     scales = [attention._scale] + [1.0] * (len(projections) - 1)
     kernel = torch.cat(
-        [_value(p.kernel).reshape(width, -1) * scale for p, scale in zip(projections, scales)], dim=1
-    ).detach().contiguous()
+        [_weight(p, p.kernel).reshape(width, -1) * scale for p, scale in zip(projections, scales)], dim=1
+    ).contiguous()
     bias = None
     if attention.query_dense.bias is not None:
-        bias = torch.cat([_value(p.bias).reshape(-1) * scale for p, scale in zip(projections, scales)]).detach()
+        bias = torch.cat([_weight(p, p.bias).reshape(-1) * scale for p, scale in zip(projections, scales)])
     output = attention.output_dense
     H, Dh = attention.num_heads, attention._head_dim
     return {
         "heads": (H, attention._kv_heads, Dh),
         "projection": (kernel, bias),
-        "output": (_value(output.kernel).reshape(H * Dh, -1), None if output.bias is None else _value(output.bias)),
+        "output": (_weight(output, output.kernel).reshape(H * Dh, -1),
+                   None if output.bias is None else _weight(output, output.bias)),
     }
 
 
@@ -245,11 +300,12 @@ def _attend(heads, q, keys, values, blocked, bias):
     logits = q @ keys.transpose(2, 3)  # (R, Hkv, G * T, Dh) x (R, Hkv, Dh, S)
     if G > 1:
         logits = logits.view(rows, H, length, width)  # -> (R, H, T, S)
+    logits = logits.float()  # bias, mask and softmax in float32 whatever the compute dtype, as the layer's
     if bias is not None:
         logits = logits + bias
     if blocked is not None:
         logits = logits.masked_fill(blocked, -1.0e9)  # MultiHeadAttention's mask bias
-    probs = logits.softmax(dim=-1)
+    probs = logits.softmax(dim=-1).to(values.dtype)
     if G > 1:
         probs = probs.view(rows, Hkv, G * length, width)
     out = probs @ values  # (R, Hkv, G * T, S) x (R, Hkv, S, Dh) -> (R, Hkv, G * T, Dh)
@@ -268,6 +324,8 @@ def _self_attention(kernels, attention, h, cache, start, padding_mask, bias):
     if attention.rotary_embedding is not None:
         q, k = _rotate(kernels, attention.rotary_embedding, q, start), _rotate(kernels, attention.rotary_embedding, k, start)
     keys, values = (c if c.is_contiguous() else c.contiguous() for c in cache)  # rows may be broadcast views
+    if kernels.static:
+        return _static_self_attention(kernels, attention, weights, q, k, v, keys, values, start, padding_mask, bias)
     end = start + length
     keys[:, :, start:end] = k.transpose(1, 2)  # (R, T, Hkv, Dh) -> (R, Hkv, T, Dh)
     values[:, :, start:end] = v.view(rows, length, Hkv, Dh).transpose(1, 2)
@@ -287,25 +345,60 @@ def _self_attention(kernels, attention, h, cache, start, padding_mask, bias):
     return _linear(out, *weights["output"]), (keys, values)  # (R, T, H * Dh) -> (R, T, D)
 
 
+def _static_self_attention(kernels, attention, weights, q, k, v, keys, values, start, padding_mask, bias):
+    """`_self_attention` of a compiled step: `start` a tensor; every position of the cache (R, Hkv, S, Dh)
+    is read, the ones not written yet masked out."""
+    _, Hkv, width, Dh = keys.shape
+    rows, length = q.shape[0], q.shape[1]
+    positions = kernels.positions(start, length, q.device)  # (T,)
+    keys.index_copy_(2, positions, k.transpose(1, 2).to(keys.dtype))  # (R, T, Hkv, Dh) -> (R, Hkv, T, Dh)
+    values.index_copy_(2, positions, v.view(rows, length, Hkv, Dh).transpose(1, 2).to(values.dtype))
+    key_positions = torch.arange(width, device=q.device)
+    allowed = key_positions[None, :] <= positions[:, None]  # (T, S)
+    if attention.sliding_window is not None:
+        allowed = allowed & (positions[:, None] - key_positions[None, :] < attention.sliding_window)
+    blocked = ~allowed[None, None]  # (1, 1, T, S)
+    if padding_mask is not None:
+        blocked = blocked | ~padding_mask.bool()[:, None, None, :]  # (R, S) -> (R, 1, T, S)
+    out = _attend(weights["heads"], q, keys, values, blocked, bias)
+    return _linear(out, *weights["output"]), (keys, values)  # (R, T, H * Dh) -> (R, T, D)
+
+
 def _rotate(kernels, rotary, x, start):
     """`RotaryEmbedding` of x (R, T, H, Dh) at positions [start, start + T), cos/sin read from a table
     made once per call and grown (doubling) when a step reaches past it."""
     length, head_dim = x.shape[1], x.shape[3]
     table = kernels.weights(rotary, lambda layer: {"cos": None, "sin": None})
+    if kernels.static:
+        if table["cos"] is None:  # made on the first (eager) step for every position of the buffer
+            _rotary_table(table, rotary, kernels.length, head_dim, x.device)
+        positions = kernels.positions(start, length, x.device)
+        cos = table["cos"].index_select(0, positions)[None, :, None, :]  # (1, T, 1, R)
+        sin = table["sin"].index_select(0, positions)[None, :, None, :]
+        return _apply_rotation(x, cos, sin)
     if table["cos"] is None or start + length > table["cos"].shape[0]:
-        size = max(2 * (start + length), 256)
-        positions = torch.arange(size, device=x.device, dtype=torch.float32)
-        frequencies = torch.as_tensor(rotary.inverse_frequencies(head_dim), device=x.device)
-        angles = positions[:, None] * frequencies[None, :]  # (P, 1) x (1, R/2) -> (P, R/2)
-        angles = torch.cat([angles, angles], dim=-1)  # -> (P, R)
-        table.update(cos=angles.cos(), sin=angles.sin())
+        _rotary_table(table, rotary, max(2 * (start + length), 256), head_dim, x.device)
     cos = table["cos"][start : start + length][None, :, None, :]  # (1, T, 1, R)
     sin = table["sin"][start : start + length][None, :, None, :]
-    rotary_dim = cos.shape[-1]
+    return _apply_rotation(x, cos, sin)
+
+
+def _rotary_table(table, rotary, size, head_dim, device):
+    """cos / sin (P, R) float32 of the first `size` positions, into `table`."""
+    positions = torch.arange(size, device=device, dtype=torch.float32)
+    frequencies = torch.as_tensor(rotary.inverse_frequencies(head_dim), device=device)
+    angles = positions[:, None] * frequencies[None, :]  # (P, 1) x (1, R/2) -> (P, R/2)
+    angles = torch.cat([angles, angles], dim=-1)  # -> (P, R)
+    table.update(cos=angles.cos(), sin=angles.sin())
+
+
+def _apply_rotation(x, cos, sin):
+    """x (R, T, H, Dh) rotated by cos / sin (1, T, 1, R), R <= Dh rotary dimensions (the rest pass)."""
+    head_dim, rotary_dim = x.shape[3], cos.shape[-1]
     rotated, passed = x[..., :rotary_dim], x[..., rotary_dim:]
     half = rotary_dim // 2
     turned = torch.cat([-rotated[..., half:], rotated[..., :half]], dim=-1)  # rotate_half: (x1, x2) -> (-x2, x1)
-    rotated = rotated * cos + turned * sin
+    rotated = (rotated * cos + turned * sin).to(x.dtype)  # float32 tables: a 16-bit x rotates in float32
     return rotated if rotary_dim == head_dim else torch.cat([rotated, passed], dim=-1)
 
 
@@ -330,7 +423,7 @@ def _feed_forward(kernels, layer, x, training=None):
 
 def _arrange_feed_forward(layer):
     def dense(d):
-        return _value(d.kernel), None if d.bias is None else _value(d.bias)
+        return _weight(d, d.kernel), None if d.bias is None else _weight(d, d.bias)
 
     # The layer's activation as one PyTorch call ("gated-gelu" is the tanh approximation, as in FeedForward).
     base = "gelu_approximate" if layer.activation == "gated-gelu" else layer.activation.removeprefix("gated-")

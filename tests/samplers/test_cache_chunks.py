@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from keras_transformer.samplers import BeamSampler
-from keras_transformer.samplers import sampler as sampler_module
-from keras_transformer.samplers.sampler import CHUNK, cache_widths
+from keras_transformer.samplers import cache_schedule
+from keras_transformer.samplers.cache_schedule import CHUNK, cache_widths
 from tests.samplers.helpers import causal_logits, log_softmax, tiny_gpt
 
 MAX_LENGTH = 320
@@ -18,11 +18,11 @@ def lm():
     return tiny_gpt(vocabulary_size=8, max_sequence_length=MAX_LENGTH, seed=3)
 
 
-@pytest.mark.parametrize("length", [1, 64, 128, 129, 192, 576, 1024, 4096])
-@pytest.mark.parametrize("prefill", [0, 1, 100, 128, 129])
+@pytest.mark.parametrize("length, prefill", [  # every prefill that fits the buffer (a prefill is at most L)
+    (length, prefill) for length in [1, 64, 128, 129, 192, 576, 1024, 4096] for prefill in [0, 1, 100, 128, 129]
+    if prefill <= length
+])
 def test_cache_widths_cover_the_buffer_in_few_chunks(length, prefill):
-    if prefill > length:
-        return
     widths = cache_widths(length, prefill)
     assert widths[-1] == length and widths[0] >= max(prefill, 1)
     assert widths == sorted(set(widths))
@@ -64,13 +64,13 @@ def test_greedy_over_the_whole_buffer_matches_full_forward(lm, tensorflow_limit,
     # a cache over its byte limit once (a limit of 0 makes it do so here); either way every step
     # must see the full pass's keys. JAX and PyTorch always grow through every width.
     if tensorflow_limit != "default":
-        monkeypatch.setattr(sampler_module, "TENSORFLOW_CHUNKED_CACHE_BYTES", tensorflow_limit)
+        monkeypatch.setattr(cache_schedule, "TENSORFLOW_CHUNKED_CACHE_BYTES", tensorflow_limit)
     assert cache_widths(320, 0) == [128, 256, 320] and cache_widths(320, 0, chunked=False) == [128, 320]
     for name in ("_generate_functions", "_generate_variables"):  # compile anew: only this test's loops below
         lm.__dict__.pop(name, None)
     prompt = np.random.default_rng(4).integers(0, 8, 4).tolist()
     _check_against_full_forward(lm, [prompt], MAX_LENGTH - 4)
-    loops = {dict(key[2])["chunked_cache"] for key in lm.__dict__["_generate_functions"] if key[0] == "run"}
+    loops = {key[2].chunked_cache for key in lm.__dict__["_generate_functions"] if key[0] == "run"}
     two_widths = keras.config.backend() == "tensorflow" and tensorflow_limit == 0
     assert (False in loops) == two_widths
 

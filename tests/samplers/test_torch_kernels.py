@@ -18,7 +18,6 @@ from keras_transformer.models import (
 from keras_transformer.samplers import torch_kernels
 from tests.conftest import to_numpy
 
-ATOL = 2e-5
 VOCABULARY = 37
 
 
@@ -65,22 +64,36 @@ MODELS = {
 }
 
 
-def test_chosen_only_for_float32_on_pytorch():
-    keras.utils.set_random_seed(3)
-    on_torch = keras.config.backend() == "torch"
-    assert torch_kernels.supports(_gpt()) is on_torch
-    assert torch_kernels.supports(_t5()) is on_torch
-    assert not torch_kernels.supports(_gpt(dtype="mixed_float16"))
-    assert not torch_kernels.supports(_t5(dtype="bfloat16"))
+ON_TORCH = keras.config.backend() == "torch"
+torch_only = pytest.mark.skipif(not ON_TORCH, reason="the kernels are PyTorch's; elsewhere Keras runs the layers")
+# Per compute dtype: how far the kernels' logits may be from Keras's (16-bit products round differently).
+TOLERANCES = {"float32": 2e-5, "bfloat16": 0.1, "mixed_bfloat16": 0.1}
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_logits_and_caches_match_keras(name):
+def test_chosen_for_float_models_on_pytorch_only():
     keras.utils.set_random_seed(3)
-    task = MODELS[name]()
-    if keras.config.backend() != "torch":
-        assert not torch_kernels.supports(task)  # elsewhere the Keras layers are the only path
-        return
+    for task in (_gpt(), _t5(), _gpt(dtype="mixed_float16"), _t5(dtype="bfloat16"), _llama(dtype="mixed_bfloat16")):
+        assert torch_kernels.supports(task) is ON_TORCH
+    quantized = _gpt()
+    quantized.quantize("int8")
+    assert not torch_kernels.supports(quantized)  # Keras's int8 layers quantize their inputs: Keras runs them
+
+
+def _cases():
+    cases = [(name, "float32", static) for name in sorted(MODELS) for static in (False, True)]
+    # 16-bit models: the kernels compute in the layers' dtype, norms and softmax in float32, as Keras does
+    cases += [(name, dtype, static) for name in ("gpt", "t5_untied_gated", "llama_untied_window_partial")
+              for dtype in ("bfloat16", "mixed_bfloat16") for static in (False, True)]
+    return cases
+
+
+@torch_only
+@pytest.mark.parametrize("name, dtype, static", _cases())
+def test_logits_and_caches_match_keras(name, dtype, static):
+    """Eager kernels (the index an int) and static ones (a compiled step's: the index a tensor, the whole
+    cache read under a mask) against the Keras layers, prefill then one token per step."""
+    keras.utils.set_random_seed(3)
+    task = MODELS[name]() if dtype == "float32" else _with_dtype(name, dtype)
     import torch
 
     rng = np.random.default_rng(0)
@@ -95,11 +108,14 @@ def test_logits_and_caches_match_keras(name):
         cross_pairs = [(cross[:, i, 0], cross[:, i, 1]) for i in range(cross.shape[1])]
         step_args = (cross, source_mask)
     shape = task.backbone.cache_shape(batch, length)
-    keras_cache = np.zeros(shape, "float32")
+    cache_dtype = "float32" if dtype == "float32" else "bfloat16"
+    keras_cache = keras.ops.zeros(shape, cache_dtype)
     _, layers, _, kv, _, head_dim = shape
-    cache = [(torch.zeros((batch, kv, length, head_dim)), torch.zeros((batch, kv, length, head_dim)))
-             for _ in range(layers)]
-    kernels = torch_kernels.TorchKernels()
+    torch_dtype = getattr(torch, cache_dtype)
+    cache = [(torch.zeros((batch, kv, length, head_dim), dtype=torch_dtype),
+              torch.zeros((batch, kv, length, head_dim), dtype=torch_dtype)) for _ in range(layers)]
+    kernels = torch_kernels.TorchKernels(length=length if static else None)
+    atol = TOLERANCES[dtype]
     start = 0
     with torch.no_grad():
         for width in [prefill] + [1] * (length - prefill):
@@ -109,19 +125,35 @@ def test_logits_and_caches_match_keras(name):
             logits, cache = task.call_with_cache(
                 torch.as_tensor(chunk), cache, torch.tensor(start, dtype=torch.int32), *args, call_layer=kernels
             )
-            np.testing.assert_allclose(to_numpy(logits), to_numpy(expected), atol=ATOL, rtol=0,
+            np.testing.assert_allclose(to_numpy(logits), to_numpy(expected), atol=atol, rtol=0,
                                        err_msg=f"{name}: positions {start}..{start + width - 1}")
             start += width
     # L x 2 x (B, Hkv, S, Dh) -> (B, L, 2, Hkv, S, Dh)
-    stacked = np.stack([np.stack([to_numpy(k), to_numpy(v)], axis=1) for k, v in cache], axis=1)
-    np.testing.assert_allclose(stacked, to_numpy(keras_cache), atol=ATOL, rtol=0)
+    stacked = np.stack([np.stack([to_numpy(k.float()), to_numpy(v.float())], axis=1) for k, v in cache], axis=1)
+    expected_cache = to_numpy(keras.ops.cast(keras_cache, "float32"))
+    np.testing.assert_allclose(stacked, expected_cache, atol=atol, rtol=0)
+    if kernels.through_keras:
+        raise AssertionError(f"{name}: layers ran through Keras: {kernels.through_keras}")
 
 
+def _with_dtype(name, dtype):
+    """The MODELS entry `name` built in `dtype`, with the float32 model's weights (seed 3)."""
+    reference = MODELS[name]()
+    builders = {"gpt": _gpt, "t5_untied_gated": lambda **kw: _t5(activation="gated-gelu", tie_embedding_weights=False, **kw),
+                "llama_untied_window_partial": lambda **kw: _llama(
+                    tie_word_embeddings=False, attention_bias=True, attention_output_bias=False, sliding_window=3,
+                    rotary_dim=2, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                "high_freq_factor": 4.0, "original_max_position_embeddings": 8},
+                    **kw)}
+    task = builders[name](dtype=dtype)
+    task.backbone.set_weights(reference.backbone.get_weights())
+    return task
+
+
+@torch_only
 def test_every_layer_of_a_step_has_a_kernel():
     """A layer (or a call) without a kernel still works, through Keras, but slowly: the families' steps need none."""
     keras.utils.set_random_seed(3)
-    if keras.config.backend() != "torch":
-        return
     import torch
 
     for name, build in MODELS.items():

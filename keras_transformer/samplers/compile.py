@@ -1,0 +1,198 @@
+"""The decoding core's one backend switch: how a step or a loop is compiled for this backend and device.
+
+This is the only module of the decoding core that asks which backend runs. It decides:
+- how the loop runs (`plan`, which completes a `DecodeOptions`): XLA's compiled loop on JAX
+  (`jax.jit`, model variables passed as state through a `keras.StatelessScope`) and TensorFlow
+  (`tf.function(jit_compile=True)`); on PyTorch, steps through the layer-type kernels of
+  `torch_kernels.py`, run eagerly or compiled with `torch.compile` (`torch_step_mode`);
+- how one function of tensors is compiled (`compiled`), cached per task and key.
+
+PyTorch's compiled step is one graph (`fullgraph=True`) per (batch, cache width), static shapes, the
+cache written in place and no host synchronisation inside a step; on CUDA it is captured as a CUDA
+graph and replayed (`mode="reduce-overhead"`). Compiling pays on a GPU, where an eager step is one
+launch per operation; on a CPU it costs seconds per bucket for a fraction of a millisecond per step
+(RESULTS, "PyTorch compiled decoding step"), so the default there stays eager.
+`KERAS_TRANSFORMER_TORCH_COMPILE=1` (or `0`) forces the choice, and
+`KERAS_TRANSFORMER_TORCH_COMPILE_BACKEND` names another `torch.compile` backend (default "inductor"; the
+tests use "eager", which captures the one graph and runs it op by op, generating no code).
+"""
+
+import logging
+import os
+import types
+
+import keras
+
+from keras_transformer.samplers import cache_schedule
+
+TORCH_COMPILE_ENV = "KERAS_TRANSFORMER_TORCH_COMPILE"
+TORCH_COMPILE_BACKEND_ENV = "KERAS_TRANSFORMER_TORCH_COMPILE_BACKEND"
+_log = logging.getLogger("keras_transformer")
+
+
+def _backend():
+    return keras.config.backend()
+
+
+def native_argmax():
+    """Whether `argmax` is the fast first-maximum here (PyTorch's one kernel; XLA on CPU runs it as a
+    scalar reduction, see `rows.first_argmax`)."""
+    return _backend() == "torch"
+
+
+def torch_step_mode(task):
+    """"compiled" (`torch.compile` of every step) or "eager", for a PyTorch task on its device.
+
+    Default: compiled on CUDA, eager elsewhere; the environment variable `KERAS_TRANSFORMER_TORCH_COMPILE`
+    set to 1 / 0 forces compiled / eager.
+    """
+    forced = os.environ.get(TORCH_COMPILE_ENV, "auto").strip().lower()
+    if forced not in ("auto", "1", "0", "true", "false"):
+        raise ValueError(f"`{TORCH_COMPILE_ENV}` must be auto, 1 or 0. Received: {TORCH_COMPILE_ENV}={forced!r}")
+    if forced != "auto":
+        return "compiled" if forced in ("1", "true") else "eager"
+    import torch
+
+    variables = getattr(task, "variables", ())
+    on_cuda = bool(variables) and variables[0].value.device.type == "cuda" and torch.cuda.is_available()
+    return "compiled" if on_cuda else "eager"
+
+
+class Plan:
+    """How one `decode` call runs: the complete options, the layer kernels (PyTorch) and whether the
+    steps are compiled one by one (PyTorch) instead of as one loop (XLA)."""
+
+    def __init__(self, options, kernels=None, stepwise=False):
+        self.options = options
+        self.kernels = kernels
+        self.stepwise = stepwise
+
+
+def plan(task, sampler, options, inputs, cache_bytes):
+    """Complete `options` for this backend and these inputs; returns a `Plan`.
+
+    inputs: the numpy inputs of `decode` (token_ids (R, L) among them). cache_bytes: the size of the
+    full (R, L) cache.
+    """
+    backend = _backend()
+    rows = len(inputs["token_ids"])
+    if backend == "torch":
+        from keras_transformer.samplers import torch_kernels
+
+        compiled = torch_kernels.supports(task) and torch_step_mode(task) == "compiled"
+        kernels = None
+        if torch_kernels.supports(task):
+            # Made per call: the kernels read the weights now, so a call after training sees the new ones.
+            kernels = torch_kernels.TorchKernels(length=inputs["token_ids"].shape[1] if compiled else None)
+        # PyTorch's steps read (R, Hkv, S, Dh) caches: beams reorder their rows (in place, eagerly).
+        options = options.replace(beam_cache=False, padded_step=False, chunked_cache=True, flat_cache=False,
+                                  eager_rows=not compiled, gather_columns=True)
+        return Plan(options, kernels, stepwise=compiled)
+    # XLA on CPU rewrites every product of a one-token, one-row step into a vector x matrix dot at half
+    # the speed of a two-row product on TensorFlow: a one-row loop there pads each step's token to two.
+    padded_step = backend == "tensorflow" and not sampler.reorders_rows and rows == 1
+    # TensorFlow's XLA keeps a copy of the cache per width: a large cache grows through two widths only.
+    chunked = backend != "tensorflow" or cache_bytes <= cache_schedule.TENSORFLOW_CHUNKED_CACHE_BYTES
+    options = options.replace(beam_cache=sampler.num_beams > 1, padded_step=padded_step, chunked_cache=chunked,
+                              flat_cache=True, eager_rows=False, gather_columns=False)
+    return Plan(options)
+
+
+class _Compiled:
+    """A function of tensors compiled for the current backend; counts its traces."""
+
+    def __init__(self, task, fn, step=False):
+        self.traces = 0
+
+        def traced(*args):
+            self.traces += 1
+            return fn(*args)
+
+        backend = _backend()
+        if backend == "jax":
+            import jax
+
+            variables = list(task.trainable_variables) + list(task.non_trainable_variables)
+
+            @jax.jit
+            def stateless(values, *args):
+                with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+                    return traced(*args)
+
+            self._call = lambda *args: stateless([v.value for v in variables], *args)
+        elif backend == "tensorflow":
+            import tensorflow as tf
+
+            self._call = tf.function(traced, jit_compile=True, autograph=False, reduce_retracing=False)
+        elif backend == "torch" and step:
+            self._call = _torch_compiled_step(traced, fn)
+        elif backend == "torch":
+            import torch
+
+            def eager(*args):
+                with torch.no_grad():
+                    return traced(*args)
+
+            self._call = eager
+        else:
+            self._call = traced
+
+    def __call__(self, *args):
+        return self._call(*args)
+
+
+def _torch_compiled_step(traced, fn):
+    """`fn` under `torch.compile`: one graph, static shapes; a CUDA graph replayed on CUDA. The first call
+    runs eagerly (through `traced`, which counts it): it arranges the kernels' weights and tables, which
+    every compiled call then reads."""
+    import torch
+
+    # Dynamo keeps compiled graphs, and its recompilation limit, per code object: every compiled step
+    # gets a code object of its own, so that buckets and models never evict one another.
+    fn = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+    calls = {"n": 0}
+    compiled = None
+
+    def call(*args):
+        nonlocal compiled
+        calls["n"] += 1
+        with torch.no_grad():
+            if calls["n"] == 1:
+                return traced(*args)
+            if compiled is None:
+                on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in torch.utils._pytree.tree_leaves(args))
+                backend = os.environ.get(TORCH_COMPILE_BACKEND_ENV, "inductor")
+                mode = "reduce-overhead" if on_cuda and backend == "inductor" else None
+                _log.info("keras_transformer: compiling the decoding step with torch.compile (backend=%s, mode=%s)",
+                          backend, mode)
+                compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend, mode=mode)
+            return compiled(*args)
+
+    return call
+
+
+def compiled(task, key, build, step=False):
+    """The compiled function `build()` for `task` under `key`, made once.
+
+    A compiled function holds the task's variables: when they change (LoRA enabled or merged, weights
+    quantized), every function is made anew, once. step=True: a PyTorch decoding step, compiled by
+    `torch.compile` (see `plan`).
+    """
+    variables = tuple(map(id, getattr(task, "variables", ())))
+    if task.__dict__.get("_generate_variables") != variables:
+        object.__setattr__(task, "_generate_functions", {})
+        object.__setattr__(task, "_generate_variables", variables)
+    functions = task.__dict__["_generate_functions"]
+    if key not in functions:
+        functions[key] = _Compiled(task, build(), step=step)
+    return functions[key]
+
+
+def to_numpy(outputs):
+    return {k: keras.ops.convert_to_numpy(v) for k, v in outputs.items()}
+
+
+__all__ = [
+    "Plan", "TORCH_COMPILE_BACKEND_ENV", "TORCH_COMPILE_ENV", "compiled", "native_argmax", "plan", "torch_step_mode",
+]

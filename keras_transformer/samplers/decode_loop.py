@@ -1,0 +1,261 @@
+"""The decoding loop, written once for every backend: prefill, start, one step, the whole loop.
+
+Axes: B inputs, K beams (1 unless beam search), R = B * K decoded rows, L token buffer
+(and self-attention cache) length, P prefill length, V vocabulary.
+
+The loop, one compiled function per (sampler settings, options) and input shapes (`decode.py`
+compiles it through `compile.py`):
+- prefill: the first P prompt positions run through the model at once, filling the cache;
+- step i (from the shortest prompt's length): feed token i - 1 at cache index i - 1, get
+  the logits of position i, let the sampler pick token i. Rows whose prompt is longer than
+  i keep their own prompt token, so ragged (right-padded) prompts need no attention mask:
+  position i is written before any query at >= i reads it, so a pad key is never attended.
+
+The loop state is a dict: "rows" (per-row tensors: "tokens" (R, L), "cache", and "seen", "logits",
+"ancestry" where the options ask for them), "context" (the encoder's cross-attention cache and mask
+for seq2seq) and the sampler's own entries ("done", "emitted", ...; see `Sampler._initial_state`).
+"""
+
+import keras
+from keras import ops
+
+from keras_transformer.layers.kv_cache import BeamCache, PaddedQueryCache, split_cache
+from keras_transformer.layers.multi_head_attention import MultiHeadAttention
+from keras_transformer.samplers.cache_schedule import cache_width, cache_widths, loop_cache, model_cache, widen
+from keras_transformer.samplers.processors import process
+from keras_transformer.samplers.rows import column, write_column
+
+
+class Context:
+    """Per-call tensors and static settings the loop body reads (never changed by the loop)."""
+
+    def __init__(self, inputs, options, sampler, vocabulary_size):
+        # R a tensor where the batch is dynamic (the SavedModel's trace), else an int; L is static.
+        self.num_rows, self.length = ops.shape(inputs["token_ids"])[0], inputs["token_ids"].shape[1]
+        self.num_beams = sampler.num_beams
+        self.batch_size = self.num_rows // self.num_beams
+        self.vocabulary_size = vocabulary_size
+        self.prompt_lengths = inputs["prompt_lengths"]  # (R,)
+        self.max_new_tokens = inputs["max_new_tokens"]  # scalar
+        self.limits = self.prompt_lengths + self.max_new_tokens  # (R,) position after each row's last token
+        self.min_new_tokens = inputs["min_new_tokens"]
+        self.repetition_penalty = inputs["repetition_penalty"]
+        self.seed = inputs.get("seed")  # int32 scalar, or None: no noise (see `step_noise`)
+        self.stop_token_ids = options.stop_token_ids
+        self.pad_id = options.pad_id
+        self.options = options
+
+
+def is_seq2seq(task):
+    return hasattr(task, "compute_cross_cache")
+
+
+def model_step(task, token_ids, cache, index, context, head=None, kernels=None):
+    """(R, T) ids at positions [index, index + T) -> logits (R, T, V) float32, updated cache.
+
+    head: None, or the task's `decode_head()` made once outside the loop.
+    kernels: None (the layers run through Keras), or `TorchKernels` on PyTorch, passed to the
+    task's step as its `call_layer`.
+    """
+    kwargs = {} if head is None else {"head": head}  # a task without `decode_head` need not take `head`
+    if kernels is not None:
+        kwargs["call_layer"] = kernels
+    if is_seq2seq(task):
+        return task.call_with_cache(
+            token_ids, cache, index, context["cross_cache"], context["encoder_padding_mask"], **kwargs
+        )
+    return task.call_with_cache(token_ids, cache, index, **kwargs)
+
+
+def prepare(task, inputs, kernels=None):
+    """Encode (seq2seq) and prefill the cache, once per input (not per beam): shared by every sampler.
+
+    inputs: prompt_token_ids (B, L), prefill_token_ids (B, P), and for seq2seq
+    encoder_token_ids / encoder_padding_mask (B, S_enc). Returns {"cache", "context"}.
+    """
+    batch_size, length = ops.shape(inputs["prompt_token_ids"])[0], inputs["prompt_token_ids"].shape[1]
+    context = {}
+    if is_seq2seq(task):
+        encoder_outputs = task.encode(inputs["encoder_token_ids"], inputs["encoder_padding_mask"])  # (B, S_enc, D)
+        context = {
+            "cross_cache": split_cache(task.compute_cross_cache(encoder_outputs)),  # L x 2 x (B, Hkv, S_enc, Dh)
+            "encoder_padding_mask": inputs["encoder_padding_mask"],
+        }
+    # Per-layer (keys, values) buffers (B, Hkv, W, Dh), W the first chunk's width (see `cache_widths`):
+    # each is written in place at every step.
+    prefill = inputs["prefill_token_ids"]  # (B, P)
+    width = cache_widths(length, prefill.shape[1])[0]  # the first width is the same either way
+    _, layers, _, heads, _, head_dim = task.backbone.cache_shape(batch_size, width)
+    cache = [
+        tuple(ops.zeros((batch_size, heads, width, head_dim), cache_dtype(task)) for _ in range(2))
+        for _ in range(layers)
+    ]
+    if prefill.shape[1]:
+        _, cache = model_step(task, prefill, cache, 0, context, kernels=kernels)
+    return {"cache": cache, "context": context}
+
+
+def cache_dtype(task):
+    """The dtype of the key/value cache: what the model's attention layers compute in (a bfloat16 or
+    mixed-precision model keeps a 16-bit cache; its functional task and backbone may say float32)."""
+    layers = task.backbone._flatten_layers() if isinstance(task.backbone, keras.layers.Layer) else ()
+    for layer in layers:
+        if isinstance(layer, MultiHeadAttention):
+            return layer.compute_dtype
+    return getattr(task, "compute_dtype", "float32")
+
+
+def start(task, sampler, options, inputs, prepared):
+    """Loop state from the prepared cache: rows repeated per beam. Returns (i, state)."""
+    ctx = Context(inputs, options, sampler, task.backbone.vocabulary_size)
+    tokens = inputs["token_ids"]  # (R, L)
+    num_rows, length = ops.shape(tokens)[0], tokens.shape[1]
+
+    def per_row(x):  # (B, ...) -> (R, ...): every beam of an input starts from the same cache and encoder
+        if sampler.num_beams == 1:
+            return x
+        return keras.tree.map_structure(lambda t: ops.repeat(t, sampler.num_beams, axis=0), x)
+
+    if options.beam_cache:
+        # Every beam gets its own slot of the prefilled cache and reads only its own slot so far.
+        K = sampler.num_beams
+        # keys transposed (B, Hkv, Dh, W * K), values (B, Hkv, W * K, Dh): position s of slot j at s * K + j
+        # (see `kv_cache.BeamCache`); every slot starts as a copy of the prefill.
+        slots = [
+            (ops.repeat(ops.swapaxes(keys, 2, 3), K, axis=3), ops.repeat(values, K, axis=2))
+            for keys, values in prepared["cache"]
+        ]
+        ancestry = ops.arange(num_rows, dtype="int32") % K  # (R,): row b * K + k is beam k
+        width = prepared["cache"][0][0].shape[2]
+        rows = {"tokens": tokens, "cache": loop_cache(slots, options.flat_cache), "ancestry": ops.repeat(ancestry[:, None], width, axis=1)}
+    else:
+        rows = {"tokens": tokens, "cache": loop_cache(per_row(prepared["cache"]), options.flat_cache)}
+    if options.repetition:
+        rows["seen"] = inputs["seen"]  # (R, V) bool: tokens before the first step
+    if options.return_logits:
+        rows["logits"] = ops.zeros((num_rows, length, ctx.vocabulary_size), "float32")
+    context = {name: per_row(value) for name, value in prepared["context"].items()}
+    state = {"rows": rows, "context": context, **sampler._initial_state(ctx)}
+    return ops.cast(inputs["start"], "int32"), state
+
+
+def body(task, sampler, options, inputs, i, state, head=None, kernels=None):
+    """One step: feed token i - 1, process the logits of position i, let the sampler write token i."""
+    ctx = Context(inputs, options, sampler, task.backbone.vocabulary_size)
+    rows = dict(state["rows"])
+    token = column(rows["tokens"], i - 1, options.gather_columns)[:, None]  # (R, 1)
+    if options.beam_cache:
+        # Each beam writes position i - 1 in its own slot; the sampler's reorder then moves ancestry rows only.
+        own_slot = ops.arange(ctx.num_rows, dtype="int32") % ctx.num_beams  # (R,)
+        rows["ancestry"] = write_column(rows["ancestry"], i - 1, own_slot)  # (R, W)
+        ancestry = ops.reshape(rows["ancestry"], (ctx.batch_size, ctx.num_beams, -1))  # (B, K, W)
+        cache = [BeamCache(keys_t, values, ancestry)
+                 for keys_t, values in model_cache(rows["cache"], ctx.batch_size, options.flat_cache)]
+        logits, cache = model_step(task, token, cache, i - 1, state["context"], head, kernels)
+        rows["cache"] = loop_cache([(c.keys_t, c.values) for c in cache], options.flat_cache)
+    elif options.padded_step:
+        # The token and a copy of it: only the first is real (see `kv_cache.PaddedQueryCache`);
+        # the copy makes every product a two-row matrix product.
+        pair = ops.repeat(token, 2, axis=1)  # (R, 1) -> (R, 2)
+        cache = [PaddedQueryCache(keys, values)
+                 for keys, values in model_cache(rows["cache"], ctx.num_rows, options.flat_cache)]
+        logits, cache = model_step(task, pair, cache, i - 1, state["context"], head, kernels)  # (R, 2, V)
+        rows["cache"] = loop_cache([(c.keys, c.values) for c in cache], options.flat_cache)
+    else:
+        cache = model_cache(rows["cache"], ctx.num_rows, options.flat_cache)
+        logits, cache = model_step(task, token, cache, i - 1, state["context"], head, kernels)
+        rows["cache"] = loop_cache(cache, options.flat_cache)
+    logits = logits[:, 0, :]  # (R, 1, V) -> (R, V)
+    if options.return_logits:
+        rows["logits"] = ops.slice_update(rows["logits"], (0, i, 0), logits[:, None, :])
+    scores = process(sampler._prepare_scores(logits), rows, i, ctx)
+    state = sampler._step(i, scores, {**state, "rows": rows}, ctx)
+    if options.repetition:
+        rows = dict(state["rows"])
+        written = ops.one_hot(column(rows["tokens"], i, options.gather_columns), ctx.vocabulary_size, dtype="int32") > 0  # (R, V)
+        rows["seen"] = ops.logical_or(rows["seen"], written)
+        state = {**state, "rows": rows}
+    return i + 1, state
+
+
+def reorder_rows(rows, index, filled=None, flat=True):
+    """The loop's per-row state (token buffer, cache, ...) with its rows taken in the order `index` (R,).
+
+    filled: None, or the number of cache positions written so far (the rest is written before it is
+    read), for steps that run op by op (`DecodeOptions.eager_rows`, PyTorch tensors): then only
+    those are reordered, in place. flat: the loop's cache layout (`DecodeOptions.flat_cache`).
+    """
+    num_rows = ops.shape(index)[0]
+
+    def take(value):
+        return ops.take(value, index, axis=0)
+
+    reordered = {name: keras.tree.map_structure(take, value) for name, value in rows.items() if name != "cache"}
+    if "ancestry" in rows:  # a beam cache stays in place: the reordered ancestry rows say where each beam reads
+        reordered["cache"] = rows["cache"]
+        return reordered
+    if filled is not None:
+        # A copy of the written positions only, into the same buffers: no new (R, Hkv, S, Dh) buffer per
+        # layer and step, and on average half the positions of the chunk's width.
+        n, rows_index = int(filled), ops.convert_to_tensor(index).long()
+        cache = []
+        for pair in rows["cache"]:
+            pair = tuple(t if t.is_contiguous() else t.contiguous() for t in pair)  # rows may be broadcast views
+            for t in pair:  # (R, Hkv, S, Dh)
+                t[:, :, :n] = t[:, :, :n].index_select(0, rows_index)
+            cache.append(pair)
+        reordered["cache"] = cache
+        return reordered
+    cache = model_cache(rows["cache"], num_rows, flat)
+    reordered["cache"] = loop_cache([tuple(take(t) for t in pair) for pair in cache], flat)
+    return reordered
+
+
+def one_step(task, sampler, options, inputs, i, state, kernels=None):
+    """One step as a one-iteration loop: `i` is then a loop variable, not an argument that
+    TensorFlow's XLA bridge takes as a compile-time constant (it compiled a step per position)."""
+    first = i
+
+    def cond(i, state):
+        return i < first + 1
+
+    def loop_body(i, state):  # no `decode_head()` here: a (D, V) copy per step would cost more than it saves
+        return body(task, sampler, options, inputs, i, state, kernels=kernels)
+
+    return ops.while_loop(cond, loop_body, (i, state))
+
+
+def run(task, sampler, options, inputs, prepared, kernels=None):
+    """The whole decoding loop in one traced function: one while loop per cache width."""
+    i, state = start(task, sampler, options, inputs, prepared)
+    length = inputs["token_ids"].shape[1]
+    head = None  # the task's (D, V) output projection, made once for every step (optional interface)
+    if kernels is None and hasattr(task, "decode_head"):  # the kernels arrange their own head
+        head = task.decode_head()
+
+    def loop_body(i, state):
+        return body(task, sampler, options, inputs, i, state, head, kernels)
+
+    for width in cache_widths(length, cache_width(state), options.chunked_cache):
+        state = widen(state, width)
+        bound = min(width + 1, length)  # the steps i <= width write at i - 1 < width
+
+        def cond(i, state, bound=bound):
+            return ops.logical_and(i < bound, sampler._is_running(state))
+
+        i, state = ops.while_loop(cond, loop_body, (i, state))
+    return sampler._outputs(state)
+
+
+def trace_prepare(task, inputs):
+    """`decode`'s encoder and prefill as a traceable function (no compilation, no backend branch).
+
+    For callers that trace the loop themselves: the SavedModel's `generate` signatures run
+    `trace_prepare` then `trace_run` inside a `tf.function`, with the batch dynamic.
+    """
+    return prepare(task, inputs)
+
+
+def trace_run(task, sampler, options, inputs, prepared):
+    """`decode`'s loop as a traceable function: the sampler's outputs (see `trace_prepare`)."""
+    return run(task, sampler, options, inputs, prepared)
