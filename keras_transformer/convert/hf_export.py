@@ -236,7 +236,9 @@ def _token_ids(task):
 
 
 def _weights_dtype(task):
-    dtype = keras.backend.standardize_dtype(task.backbone.dtype_policy.variable_dtype)
+    """The dtype the model keeps its weights in (the token embedding's: every family has one; the
+    functional backbone's own policy stays float32 whatever its layers use)."""
+    dtype = keras.backend.standardize_dtype(task.backbone.token_embedding.embeddings.dtype)
     return dtype if dtype in DTYPES else "float32"
 
 

@@ -311,6 +311,19 @@ def test_dtype_is_chosen(build, tmp_path, dtype):
         assert torch.equal(tensor, full[key].to(getattr(torch, dtype))), key  # rounded once, from float32
 
 
+def test_dtype_is_kept(build, tmp_path):
+    """A bfloat16 model exports bfloat16 weights unless told otherwise."""
+    c = build("gpt2")
+    backbone = type(c.ours.backbone).from_config({**c.ours.backbone.get_config(), "dtype": "bfloat16"})
+    lm = GPTCausalLM(backbone)
+    lm.set_weights(c.ours.get_weights())  # rounded to bfloat16 once
+    out = lm.export(tmp_path / "bf16", format="huggingface")
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    full = _tensors(c.out)
+    for key, tensor in _tensors(out).items():
+        assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, full[key].to(torch.bfloat16)), key
+
+
 def test_lora_is_merged(build, tmp_path):
     c = build("gpt2")
     lm = GPTCausalLM.from_preset(c.source)
