@@ -45,9 +45,7 @@ INSTALL_HINT = "pip install transformers 'torch==2.13.0'"
 
 _log = logging.getLogger(__name__)
 # Our activation -> the Hugging Face name the converters read back as it (the first listed wins).
-_HF_ACTIVATIONS = {}
-for _hf_name, _ours in ACTIVATIONS.items():
-    _HF_ACTIVATIONS.setdefault(_ours, _hf_name)
+_HF_ACTIVATIONS = {ours: hf_name for hf_name, ours in reversed(list(ACTIVATIONS.items()))}
 
 
 def export_hugging_face(task, path, overwrite=False, dtype=None, max_shard_size=DEFAULT_MAX_SHARD_SIZE):
@@ -225,8 +223,8 @@ def _hf_activation(task, ours):
 
 def _token_ids(task):
     """The special-token ids config.json names (they also fill generation_config.json)."""
-    if task.preprocessor is None:
-        return {}
+    if task.preprocessor is None:  # no tokenizer: no ids (not the config class's defaults), but T5's own 0 and 1
+        return {} if type(task).__name__ == "T5Seq2SeqLM" else dict.fromkeys(("pad_token_id", "bos_token_id", "eos_token_id"))
     tokenizer = task.preprocessor.tokenizer
     ids = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
            "eos_token_id": tokenizer.eos_token_id}

@@ -324,6 +324,17 @@ def test_dtype_is_kept(build, tmp_path):
         assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, full[key].to(torch.bfloat16)), key
 
 
+def test_task_without_preprocessor(build, tmp_path):
+    """No tokenizer files, no special-token ids (not GPT-2's defaults, outside this vocabulary)."""
+    c = build("gpt2")
+    out = GPTCausalLM(c.ours.backbone).export(tmp_path / "bare", format="huggingface")
+    assert not (out / "tokenizer.json").exists() and not (out / "tokenizer_config.json").exists()
+    config = json.loads((out / "config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (None, None, None)
+    for key, tensor in _tensors(out).items():
+        assert torch.equal(tensor, _tensors(c.out)[key]), key
+
+
 def test_lora_is_merged(build, tmp_path):
     c = build("gpt2")
     lm = GPTCausalLM.from_preset(c.source)
