@@ -53,7 +53,8 @@ def export_hugging_face(task, path, overwrite=False, dtype=None, max_shard_size=
 
     Args:
         task: a GPTCausalLM, LlamaCausalLM, BertMaskedLM, BertClassifier or T5Seq2SeqLM. LoRA
-            factors are merged into the exported kernels (the model keeps its LoRA).
+            factors are merged into the exported kernels (the model keeps its LoRA); int8 kernels
+            are dequantized (said in a log line); int4 ones are refused.
         path: the directory to write; it must not exist unless `overwrite=True`.
         overwrite: bool, replace an existing directory (atomically, at the end).
         dtype: None (the dtype of the model's weights), "float32", "bfloat16" or "float16".
@@ -70,15 +71,12 @@ def export_hugging_face(task, path, overwrite=False, dtype=None, max_shard_size=
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"`dtype` must be None or one of {DTYPES}. Received: dtype={dtype!r}")
     _check_shard_size(max_shard_size)
-    mode = quantization_mode(task)
-    if mode is not None:
-        raise ValueError(
-            f"The task's weights are quantized ({mode}) in Keras; the Hugging Face format holds float weights. "
-            "Export the float model (before `quantize`, i.e. quantize=None) and let the serving engine "
-            "quantize (e.g. `vllm serve OUT --quantization fp8`)."
-        )
+    dequantized = _dequantized_kernels(task)
     torch, transformers = _import_requirements()
     dtype = dtype or _weights_dtype(task)
+    if dequantized:
+        _log.warning("Exporting %s with its int8 kernels dequantized to %s (the Hugging Face checkpoint holds float "
+                     "weights; a serving engine can quantize them again).", type(task).__name__, dtype)
     if lora_layers(task):
         _log.info("Exporting %s with its LoRA factors merged into the kernels.", type(task).__name__)
 
@@ -88,7 +86,7 @@ def export_hugging_face(task, path, overwrite=False, dtype=None, max_shard_size=
     with torch.device("meta"):
         hf_model = getattr(transformers, model_cls)(config)
     shapes = {name: tuple(tensor.shape) for name, tensor in hf_model.state_dict().items()}
-    arrays, tied = _export_weights(task, config.to_dict(), shapes)
+    arrays, tied = _export_weights(task, config.to_dict(), shapes, dequantized)
     torch_dtype = getattr(torch, dtype)
     state = {name: torch.from_numpy(array).to(torch_dtype) for name, array in arrays.items()}
     # A tied copy is the same tensor, as in a model transformers built: save_pretrained stores it once.
@@ -240,6 +238,35 @@ def _weights_dtype(task):
     return dtype if dtype in DTYPES else "float32"
 
 
+def _dequantized_kernels(task):
+    """{id(int8 kernel variable): its float32 value} for a model quantized to int8 (Keras's abs-max int8 keeps
+    one scale per output: kernel = q / scale); {} for a float model. int4 (packed, possibly grouped) is refused."""
+    mode = quantization_mode(task)
+    if mode is None:
+        return {}
+    if mode != "int8":
+        raise ValueError(
+            f"The task's weights are quantized ({mode}) in Keras, which this export does not dequantize. Export the "
+            "float model (before `quantize`, i.e. quantize=None), or an int8 one, and let the serving engine quantize "
+            "(e.g. `vllm serve OUT --quantization fp8`). Nothing was written."
+        )
+    values = {}
+    for layer in task._flatten_layers():
+        if not isinstance(layer, (keras.layers.Dense, keras.layers.EinsumDense)) or layer.quantization_mode is None:
+            continue
+        if layer.lora_enabled:
+            raise ValueError(
+                f"Layer {layer.path!r} has LoRA on int8 weights: merge the factors into a float model first "
+                "(or export with quantize=None from the float model). Nothing was written."
+            )
+        scale = layer.kernel_scale
+        if isinstance(layer, keras.layers.EinsumDense):
+            scale = layer._adjust_scale_for_dequant(scale)  # Keras's own layout of the scale against the kernel
+        kernel = keras.ops.divide(keras.ops.cast(layer._kernel, "float32"), keras.ops.cast(scale, "float32"))
+        values[id(layer._kernel)] = keras.ops.convert_to_numpy(kernel)
+    return values
+
+
 def _check_shard_size(max_shard_size):
     valid = isinstance(max_shard_size, str) or (
         isinstance(max_shard_size, int) and not isinstance(max_shard_size, bool) and max_shard_size > 0
@@ -276,8 +303,9 @@ class _Recorder:
     ends up holding every tensor in the checkpoint's layout.
     """
 
-    def __init__(self, shapes):
+    def __init__(self, shapes, values=None):
         self.shapes = shapes
+        self.values = values or {}  # id(variable) -> the float value to write instead of the variable's own
         self.offsets, total = {}, 0
         for name, shape in shapes.items():
             self.offsets[name] = total
@@ -304,8 +332,10 @@ class _Recorder:
                 f"Shape mismatch exporting {source}: the Hugging Face layout gives {index.shape}, "
                 f"our weight has {tuple(variable.shape)}."
             )
-        # A variable, or a tensor (a LoRA layer's `kernel` reads kernel + (alpha / r) A @ B).
-        values = keras.ops.convert_to_numpy(keras.ops.cast(variable, "float32"))
+        if id(variable) in self.values:  # a dequantized int8 kernel
+            values = self.values[id(variable)]
+        else:  # a variable, or a tensor (a LoRA layer's `kernel` reads kernel + (alpha / r) A @ B)
+            values = keras.ops.convert_to_numpy(keras.ops.cast(variable, "float32"))
         self.buffer[index.ravel()] = values.ravel()
         self.written[index.ravel()] += 1  # the numbers within one tensor are distinct
 
@@ -338,10 +368,10 @@ class _Recorder:
         return out
 
 
-def _export_weights(task, hf_config, shapes):
+def _export_weights(task, hf_config, shapes, values=None):
     """Our weights as ({Hugging Face name: float32 array}, {tied copy: its reference}), through the family's
-    converter run backwards."""
-    recorder = _Recorder(shapes)
+    converter run backwards; `values`: {id(variable): float value} to write instead (dequantized kernels)."""
+    recorder = _Recorder(shapes, values)
     converter = _FAMILIES[type(task).__name__][1]
     converter.load_weights(task, recorder, hf_config)
     return recorder.arrays(), recorder.tied

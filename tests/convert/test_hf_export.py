@@ -7,9 +7,8 @@ bit for bit. Axes: B batch, T length, V vocabulary.
 """
 
 import json
-import shutil
+import logging
 
-import keras
 import numpy as np
 import pytest
 import torch
@@ -362,11 +361,36 @@ def _assert_refused(task, target, match, **options):
     assert list(target.parent.iterdir()) == []  # no temporary folder either
 
 
-def test_quantized_model_is_refused(build, tmp_path):
+def test_int8_model_exports_dequantized(build, tmp_path, caplog):
+    """Each quantized kernel comes out within half an int8 step of the float model's (Keras's abs-max int8:
+    one step is max|column| / 127 per output column); every other tensor is exact."""
     c = build("gpt2")
     lm = GPTCausalLM.from_preset(c.source)
     lm.quantize("int8")
-    _assert_refused(lm, tmp_path / "q", r"quantize=None")
+    with caplog.at_level(logging.WARNING, logger=hf_export.__name__):
+        out = lm.export(tmp_path / "int8", format="huggingface")
+    assert "dequantized to float32" in caplog.text
+    full, quantized = _tensors(c.out), 0
+    for key, tensor in _tensors(out).items():
+        reference = full[key]
+        if key.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):  # GPT-2's (in, out) projections
+            half_step = reference.abs().amax(dim=0, keepdim=True) / 254
+            assert torch.all((tensor - reference).abs() <= half_step * 1.001 + 1e-7), key
+            assert not torch.equal(tensor, reference), key  # the int8 rounding is there
+            quantized += 1
+        else:
+            assert torch.equal(tensor, reference), key
+    assert quantized == 4 * c.ours.backbone.num_layers  # attention c_attn, c_proj; mlp c_fc, c_proj
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    mine, peer = _logits_pair("gpt2", c.ours, theirs)  # the float model's logits, near
+    assert np.abs(mine - peer).max() < 0.1 * np.abs(mine).max()
+
+
+def test_int4_model_is_refused(build, tmp_path):
+    c = build("gpt2")
+    lm = GPTCausalLM.from_preset(c.source)
+    lm.quantize("int4")
+    _assert_refused(lm, tmp_path / "q", r"int4.*quantize=None")
 
 
 def test_unsupported_family_is_refused(tmp_path):
