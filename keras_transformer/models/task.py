@@ -7,7 +7,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformer import presets
-from keras_transformer.models import quantization
+from keras_transformer.models import compiled_step, quantization
 from keras_transformer.models.backbone import Backbone, functional_setattr
 from keras_transformer.models.input_checks import check_finite, check_inputs
 from keras_transformer.models.preprocessor import Preprocessor
@@ -35,8 +35,18 @@ class Task(keras.Model):
 
     # --- compile defaults -------------------------------------------------
 
-    def compile(self, optimizer="auto", loss="auto", metrics="auto", weighted_metrics="auto", **kwargs):
-        """Compile with this task's defaults; any argument can be overridden as in Keras."""
+    def compile(self, optimizer="auto", loss="auto", metrics="auto", weighted_metrics="auto", jit_compile="auto",
+                **kwargs):
+        """Compile with this task's defaults; any argument can be overridden as in Keras.
+
+        `jit_compile="auto"` (the default) takes the fastest compiled training step on every backend:
+        `jax.jit` on JAX, XLA on TensorFlow (also on a CPU, where Keras's own "auto" leaves it off), and
+        on PyTorch one `torch.compile`d graph for forward, loss, backward and optimizer update
+        (`keras_transformer.models.compiled_step`), once the model has trained eagerly for
+        `compiled_step.COMPILE_AFTER_SECONDS` (a short run never pays the compile).
+        `jit_compile=True` compiles from the first step; `jit_compile=False` (or `run_eagerly=True`)
+        trains eagerly.
+        """
         if optimizer == "auto":
             optimizer = keras.optimizers.AdamW(learning_rate=self.default_learning_rate, weight_decay=0.01)
         if loss == "auto":
@@ -45,7 +55,27 @@ class Task(keras.Model):
             metrics = self.default_metrics()
         if weighted_metrics == "auto":
             weighted_metrics = self.default_weighted_metrics()
-        super().compile(optimizer=optimizer, loss=loss, metrics=metrics, weighted_metrics=weighted_metrics, **kwargs)
+        if jit_compile not in ("auto", True, False):
+            raise ValueError(f"`jit_compile` must be 'auto', True or False. Received: jit_compile={jit_compile!r}")
+        torch_step = keras.config.backend() == "torch" and jit_compile is not False
+        if keras.config.backend() == "tensorflow" and jit_compile == "auto":
+            jit_compile = all(layer.supports_jit for layer in self._flatten_layers())  # XLA, also without a GPU
+        super().compile(optimizer=optimizer, loss=loss, metrics=metrics, weighted_metrics=weighted_metrics,
+                        jit_compile=False if torch_step else jit_compile, **kwargs)
+        if torch_step:  # a `.keras` file keeps the user's choice, not the False handed to Keras above
+            self._compile_config.config["jit_compile"] = jit_compile
+        # Keras's own torch.compile of `train_step` breaks it into many graphs (compiled_step.py says why).
+        self._compiled_train_step = torch_step and not self.run_eagerly
+        self._compile_after_seconds = 0.0 if jit_compile is True else compiled_step.COMPILE_AFTER_SECONDS
+
+    def make_train_function(self, force=False):
+        """On PyTorch, the task's compiled step (one graph) unless compiled with `jit_compile=False`."""
+        if not getattr(self, "_compiled_train_step", False) or (self.train_function is not None and not force):
+            return super().make_train_function(force=force)
+        if self.steps_per_execution > 1:
+            return super().make_train_function(force=force)  # Keras raises its own error on PyTorch
+        self.train_function = compiled_step.CompiledTrainStep(self, warmup_seconds=self._compile_after_seconds)
+        return self.train_function
 
     def compile_from_config(self, config):
         """Recompile from a `.keras` file, so `keras.saving.load_model` restores the optimizer state too.
