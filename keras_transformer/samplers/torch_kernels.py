@@ -69,10 +69,11 @@ class TorchKernels:
     def __call__(self, layer, *args, **kwargs):
         kernel = _KERNELS.get(type(layer))
         if kernel is not None:
-            if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+            dtype = self.weights(layer.dtype_policy, lambda policy: _DTYPES[policy.compute_dtype])
+            if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point() and args[0].dtype != dtype:
                 # As a Keras layer call casts its float inputs to the layer's compute dtype (e.g. a float32
                 # head over a bfloat16 backbone).
-                args = (args[0].to(_compute_dtype(layer)),) + args[1:]
+                args = (args[0].to(dtype),) + args[1:]
             result = kernel(self, layer, *args, **kwargs)
             if result is not NotImplemented:
                 return result
