@@ -31,6 +31,8 @@ from pathlib import Path
 
 import keras
 import numpy as np
+import tokenizers
+from tokenizers.processors import TemplateProcessing
 
 from keras_transformer import presets
 from keras_transformer.convert import hf_bert, hf_gpt2, hf_llama, hf_t5
@@ -105,7 +107,7 @@ def export_hugging_face(task, path, overwrite=False, dtype=None, max_shard_size=
 
 # --- families ---------------------------------------------------------------
 # Each builds (config class name, model class name, config arguments) from a task; the weights follow
-# from the family's converter (`_CONVERTERS`). Options our model has and the Hugging Face class has not
+# from the family's converter (`_FAMILIES`). Options our model has and the Hugging Face class has not
 # are refused here, before anything is written.
 
 
@@ -387,8 +389,6 @@ def _hf_tokenizer(task, transformers):
     the tokenizer, so its post-processor adds them instead: the start token of a causal LM (when the
     preprocessor adds one), T5's end token after an input, BERT's [CLS] ... [SEP].
     """
-    import tokenizers
-
     tokenizer = task.preprocessor.tokenizer
     backend = tokenizers.Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
     template = _post_processor(task, tokenizer)
@@ -404,8 +404,6 @@ def _hf_tokenizer(task, transformers):
 
 
 def _post_processor(task, tokenizer):
-    from tokenizers.processors import TemplateProcessing
-
     name = type(task).__name__
 
     def template(single, pair, tokens):
