@@ -8,6 +8,7 @@ bit for bit. Axes: B batch, T length, V vocabulary.
 
 import json
 import logging
+import sys
 
 import numpy as np
 import pytest
@@ -412,6 +413,14 @@ def test_bad_options_are_refused(build, tmp_path):
     with pytest.raises(ValueError, match=r"quantize=None"):
         c.ours.export(tmp_path / "q", format="huggingface", quantize="int8")
     assert not (tmp_path / "q").exists()
+
+
+def test_missing_transformers_names_the_install(build, tmp_path, monkeypatch):
+    c = build("gpt2")
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
+    with pytest.raises(ImportError, match=r"needs `transformers` and `torch`.*pip install transformers"):
+        c.ours.export(tmp_path / "out", format="huggingface")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_existing_folder_needs_overwrite(build, tmp_path):
