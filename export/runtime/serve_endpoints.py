@@ -57,7 +57,8 @@ async def completions(request, service):
     options["max_tokens"] = service.limits(prompt_ids, max_tokens, "max_tokens" in body and body["max_tokens"] is not None)
     if field(body, "echo", bool, default=False):
         raise ApiError("echo is not supported by this server.", "echo")
-    return await completion_response(service, request, "completions", prompt_ids, options, n, stop, stream, usage, chat=False)
+    return await completion_response(service, request, "completions", prompt_ids, options, n, stop, stream, usage,
+                                     chat=False)
 
 
 @_endpoint("chat_completions")
@@ -83,7 +84,8 @@ async def chat_completions(request, service):
     except ApiError as error:
         error.param = "messages" if error.param == "prompt" else name
         raise
-    return await completion_response(service, request, "chat_completions", prompt_ids, options, n, stop, stream, usage, chat=True)
+    return await completion_response(service, request, "chat_completions", prompt_ids, options, n, stop, stream, usage,
+                                     chat=True)
 
 
 @_endpoint("embeddings")

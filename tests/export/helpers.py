@@ -37,9 +37,9 @@ REPO = Path(__file__).resolve().parents[2]
 # The runtime every ONNX bundle carries (export/runtime/'s files and the package's chat_template.py), written
 # out here rather than read from the exporter, so that a bundle missing one fails the layout tests.
 BUNDLE_RUNTIME_FILES = [
-    "batching.py", "bundle_files.py", "cache_rows.py", "chat_template.py", "decode_loop.py", "encoder.py", "generate.py",
-    "generator.py", "requirements.txt", "sampling.py", "serve.py", "serve_endpoints.py", "serve_streaming.py",
-    "serve_validation.py",
+    "batching.py", "bundle_files.py", "cache_rows.py", "chat_template.py", "decode_loop.py", "encoder.py",
+    "generate.py", "generator.py", "requirements.txt", "sampling.py", "serve.py", "serve_endpoints.py",
+    "serve_streaming.py", "serve_validation.py",
 ]
 CORPUS = [
     "def add(a, b):\n    return a + b\n",
