@@ -34,16 +34,23 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 def supports(task):
     """Whether the kernels may run `task`: PyTorch, a step that takes `call_layer`, a float compute dtype
-    in every layer (float32, bfloat16, float16, or a mixed policy) and float weights (Keras's int8 / int4
-    layers quantize their inputs too: they keep Keras's calls)."""
+    in every layer (float32, bfloat16, float16, or a mixed policy), and float or int8 weights (int4 and
+    LoRA over int8 keep Keras's calls)."""
     if keras.config.backend() != "torch" or not isinstance(task, keras.Model):
         return False
     if "call_layer" not in inspect.signature(task.call_with_cache).parameters:
         return False
     return all(
-        layer.compute_dtype in _DTYPES and getattr(layer.dtype_policy, "quantization_mode", None) is None
-        for layer in task._flatten_layers()
+        layer.compute_dtype in _DTYPES and _quantization(layer) in (None, "int8") for layer in task._flatten_layers()
     )
+
+
+def _quantization(layer):
+    """None (float weights), "int8" (Keras's int8 weights without LoRA: the kernels' fast path), or another mode."""
+    mode = getattr(layer.dtype_policy, "quantization_mode", None)
+    if mode == "int8" and getattr(layer, "lora_enabled", False):
+        return "int8 with LoRA"
+    return mode
 
 
 class TorchKernels:
@@ -204,7 +211,39 @@ def _dense(kernels, layer, x):
 def _arrange_dense(layer):
     if layer.activation not in (None, keras.activations.linear) or len(layer.kernel.shape) != 2:
         return None
-    return _weight(layer, layer.kernel), None if layer.bias is None else _weight(layer, layer.bias)
+    return _projection(layer, layer.kernel.shape[0])
+
+
+def _projection(layer, width, scale=1.0):
+    """A Dense / EinsumDense as `_linear`'s (kernel (in, out), bias (out,) or None, divisor, quantizer), its
+    outputs times `scale`. Float weights: the kernel in the compute dtype, no divisor. Keras int8 weights:
+    the int8 values as float32, the dequantization divisor (out,) and the inputs' quantizer (value range,
+    epsilon), or None where only the weights are quantized; the products are Keras's int8 call's."""
+    bias = None if layer.bias is None else _weight(layer, layer.bias).reshape(-1) * scale
+    if _quantization(layer) is None:
+        return _weight(layer, layer.kernel).reshape(width, -1) * scale, bias, None, None
+    kernel = _value(layer._kernel).detach().float()  # e.g. (D, H, Dh) int8 values
+    kernel_scale = _value(layer.kernel_scale).detach().float()
+    if hasattr(layer, "_adjust_scale_for_dequant"):  # an EinsumDense keeps its scale in its own layout
+        kernel_scale = layer._adjust_scale_for_dequant(kernel_scale)
+    divisor = torch.broadcast_to(kernel_scale, kernel.shape).reshape(width, -1)[0] / scale  # (out,): per output
+    quantizer = getattr(layer, "inputs_quantizer", None)
+    if quantizer is not None:
+        quantizer = (float(quantizer.value_range[0]), float(quantizer.value_range[1]), float(quantizer.epsilon))
+    return kernel.reshape(width, -1).contiguous(), bias, divisor, quantizer
+
+
+def _fused(parts):
+    """Projections of one input side by side: (kernel (in, sum out), bias, divisor, quantizer) (see `_projection`)."""
+    kernels, biases, divisors, quantizers = zip(*parts)
+    if len(set(quantizers)) > 1 or len({d is None for d in divisors}) > 1 or len({b is None for b in biases}) > 1:
+        raise ValueError("Projections fused into one product must share their quantization and biases.")
+    return (
+        torch.cat(kernels, dim=1).contiguous(),
+        None if biases[0] is None else torch.cat(biases),
+        None if divisors[0] is None else torch.cat(divisors),
+        quantizers[0],
+    )
 
 
 def _dropout(kernels, layer, x, training=None):
@@ -253,8 +292,20 @@ def _weight(layer, weight, dtype=None):
     return _value(weight).detach().to(dtype or _compute_dtype(layer))
 
 
-def _linear(x, kernel, bias):
-    y = x @ kernel  # (..., in) x (in, out)
+def _linear(x, kernel, bias, divisor=None, quantizer=None):
+    """x (..., in) through a `_projection`: x @ kernel + bias; int8 weights as Keras's int8 call computes them
+    (inputs quantized per row, the integer product, then divided by both scales)."""
+    if divisor is None:
+        y = x @ kernel  # (..., in) x (in, out)
+    else:
+        x32 = x.float()
+        if quantizer is None:  # weight-only int8
+            y = (x32 @ kernel) / divisor
+        else:
+            low, high, epsilon = quantizer
+            scale = high / (x32.abs().amax(dim=-1, keepdim=True) + epsilon)  # (..., 1)
+            y = (torch.clamp(torch.round(x32 * scale), low, high) @ kernel) / (scale * divisor)
+        y = y.to(x.dtype)
     return y if bias is None else y + bias
 
 
@@ -267,19 +318,11 @@ def _attention_weights(attention, fused):
     # The logits' scale goes into the query projection (one product per step fewer; rotary
     # embeddings are linear, so rotating scaled queries is the same).
     scales = [attention._scale] + [1.0] * (len(projections) - 1)
-    kernel = torch.cat(
-        [_weight(p, p.kernel).reshape(width, -1) * scale for p, scale in zip(projections, scales)], dim=1
-    ).contiguous()
-    bias = None
-    if attention.query_dense.bias is not None:
-        bias = torch.cat([_weight(p, p.bias).reshape(-1) * scale for p, scale in zip(projections, scales)])
-    output = attention.output_dense
     H, Dh = attention.num_heads, attention._head_dim
     return {
         "heads": (H, attention._kv_heads, Dh),
-        "projection": (kernel, bias),
-        "output": (_weight(output, output.kernel).reshape(H * Dh, -1),
-                   None if output.bias is None else _weight(output, output.bias)),
+        "projection": _fused([_projection(p, width, scale) for p, scale in zip(projections, scales)]),
+        "output": _projection(attention.output_dense, H * Dh),
     }
 
 
@@ -416,20 +459,27 @@ def _cross_attention(kernels, attention, h, cache, encoder_padding_mask, bias):
 def _feed_forward(kernels, layer, x, training=None):
     if training:
         return NotImplemented
-    intermediate, gate, output, activation = kernels.weights(layer, _arrange_feed_forward)
-    hidden = _linear(x, *intermediate)  # (R, T, D) -> (R, T, F)
-    hidden = activation(hidden) if gate is None else activation(_linear(x, *gate)) * hidden
+    intermediate, gated, output, activation = kernels.weights(layer, _arrange_feed_forward)
+    hidden = _linear(x, *intermediate)  # (R, T, D) -> (R, T, F), or (R, T, 2F) gate and up side by side
+    if gated:
+        gate, hidden = hidden.chunk(2, dim=-1)  # -> 2 x (R, T, F)
+        hidden = activation(gate) * hidden
+    else:
+        hidden = activation(hidden)
     return _linear(hidden, *output)  # (R, T, F) -> (R, T, D)
 
 
 def _arrange_feed_forward(layer):
-    def dense(d):
-        return _weight(d, d.kernel), None if d.bias is None else _weight(d, d.bias)
-
+    """(the input projection, gated, the output projection, the activation): a gated layer's gate and up
+    projections are one (D, 2F) product."""
+    width = layer.intermediate_dense.kernel.shape[0]
     # The layer's activation as one PyTorch call ("gated-gelu" is the tanh approximation, as in FeedForward).
     base = "gelu_approximate" if layer.activation == "gated-gelu" else layer.activation.removeprefix("gated-")
-    gate = dense(layer.gate_dense) if layer._gated else None
-    return dense(layer.intermediate_dense), gate, dense(layer.output_dense), _ACTIVATIONS[base]
+    intermediate = _projection(layer.intermediate_dense, width)
+    if layer._gated:
+        intermediate = _fused([_projection(layer.gate_dense, width), intermediate])
+    output = _projection(layer.output_dense, layer.output_dense.kernel.shape[0])
+    return intermediate, layer._gated, output, _ACTIVATIONS[base]
 
 
 _ACTIVATIONS = {  # FeedForward's activations: the same formulas (tests/samplers/test_torch_kernels.py)

@@ -30,6 +30,9 @@ def _build(family, dtype="float32"):
     reference = FAMILIES[family]()
     if dtype == "float32":
         return reference
+    if dtype == "int8":
+        reference.quantize("int8")
+        return reference
     if family == "transformer":
         raise ValueError("the transformer builder takes no dtype")
     task = FAMILIES[family](dtype=dtype)
@@ -69,10 +72,10 @@ def test_compiled_step_is_one_graph_and_equals_eager(family, sampler, monkeypatc
 
 
 @pytest.mark.parametrize("family", ["gpt", "t5", "llama"])
-@pytest.mark.parametrize("dtype", ["bfloat16", "mixed_bfloat16"])
-def test_16_bit_models_decode_on_the_kernels(family, dtype, monkeypatch):
+@pytest.mark.parametrize("dtype", ["bfloat16", "mixed_bfloat16", "int8"])
+def test_16_bit_and_int8_models_decode_on_the_kernels(family, dtype, monkeypatch):
     """The fast path is taken (every layer through a kernel), eager and compiled agree, and the tokens
-    follow the float32 model's at first (16-bit rounding may part them later)."""
+    follow the float32 model's at first (16-bit or 8-bit rounding may part them later)."""
     made = []
     original = torch_kernels.TorchKernels.__init__
 

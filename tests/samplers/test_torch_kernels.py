@@ -67,7 +67,7 @@ MODELS = {
 ON_TORCH = keras.config.backend() == "torch"
 torch_only = pytest.mark.skipif(not ON_TORCH, reason="the kernels are PyTorch's; elsewhere Keras runs the layers")
 # Per compute dtype: how far the kernels' logits may be from Keras's (16-bit products round differently).
-TOLERANCES = {"float32": 2e-5, "bfloat16": 0.1, "mixed_bfloat16": 0.1}
+TOLERANCES = {"float32": 2e-5, "bfloat16": 0.1, "mixed_bfloat16": 0.1, "int8": 1e-4}
 
 
 def test_chosen_for_float_models_on_pytorch_only():
@@ -76,7 +76,10 @@ def test_chosen_for_float_models_on_pytorch_only():
         assert torch_kernels.supports(task) is ON_TORCH
     quantized = _gpt()
     quantized.quantize("int8")
-    assert not torch_kernels.supports(quantized)  # Keras's int8 layers quantize their inputs: Keras runs them
+    assert torch_kernels.supports(quantized) is ON_TORCH  # int8 weights: the kernels compute Keras's int8 call
+    quantized = _llama()
+    quantized.quantize("int4")
+    assert not torch_kernels.supports(quantized)  # int4 keeps Keras's calls
 
 
 def _cases():
@@ -84,6 +87,9 @@ def _cases():
     # 16-bit models: the kernels compute in the layers' dtype, norms and softmax in float32, as Keras does
     cases += [(name, dtype, static) for name in ("gpt", "t5_untied_gated", "llama_untied_window_partial")
               for dtype in ("bfloat16", "mixed_bfloat16") for static in (False, True)]
+    # int8 weights (Keras's int8 layers: inputs quantized per row, integer products), fused q/k/v and gate/up
+    cases += [(name, "int8", static) for name in ("gpt", "t5_untied_gated", "llama_untied_window_partial",
+                                                  "transformer_post_norm") for static in (False, True)]
     return cases
 
 
@@ -93,7 +99,12 @@ def test_logits_and_caches_match_keras(name, dtype, static):
     """Eager kernels (the index an int) and static ones (a compiled step's: the index a tensor, the whole
     cache read under a mask) against the Keras layers, prefill then one token per step."""
     keras.utils.set_random_seed(3)
-    task = MODELS[name]() if dtype == "float32" else _with_dtype(name, dtype)
+    if dtype in ("float32", "int8"):
+        task = MODELS[name]()
+        if dtype == "int8":
+            task.quantize("int8")
+    else:
+        task = _with_dtype(name, dtype)
     import torch
 
     rng = np.random.default_rng(0)
@@ -108,7 +119,7 @@ def test_logits_and_caches_match_keras(name, dtype, static):
         cross_pairs = [(cross[:, i, 0], cross[:, i, 1]) for i in range(cross.shape[1])]
         step_args = (cross, source_mask)
     shape = task.backbone.cache_shape(batch, length)
-    cache_dtype = "float32" if dtype == "float32" else "bfloat16"
+    cache_dtype = "bfloat16" if "bfloat16" in dtype else "float32"
     keras_cache = keras.ops.zeros(shape, cache_dtype)
     _, layers, _, kv, _, head_dim = shape
     torch_dtype = getattr(torch, cache_dtype)
