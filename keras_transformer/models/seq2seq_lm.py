@@ -7,17 +7,18 @@ L decoder layers, Hkv key/value heads, Dh head size, D model width, V vocabulary
 import keras
 from keras import ops
 
-from keras_transformer import samplers
 from keras_transformer.metrics import Perplexity
 from keras_transformer.models.backbone import call_layer
-from keras_transformer.models.task import Task
+from keras_transformer.models.language_model import LanguageModel
+from keras_transformer.models.task import transposed_embedding
 
 
-class Seq2SeqLM(Task):
+class Seq2SeqLM(LanguageModel):
     """Encoder-decoder language model: logits (B, T, V) for the target given the source.
 
-    A subclass creates its head layers, then calls this constructor, and defines
-    `compute_logits(decoder_hidden, head=None)`. The backbone must output
+    A subclass creates its head layers, if any, then calls this constructor. The head is the
+    token embedding (tied) unless the subclass overrides `compute_logits(decoder_hidden, head=None)`
+    and `decode_head()`; `scale_before_tied_head` rescales the decoder output before it. The backbone must output
     `{"encoder_sequence_output", "decoder_sequence_output"}` and provide `encode`,
     `compute_cross_cache`, `cache_shape` and `call_with_cache`.
 
@@ -62,9 +63,21 @@ class Seq2SeqLM(Task):
         logits = self.compute_logits(hidden)  # (B, T, D) -> (B, T, V)
         super().__init__(inputs=inputs, outputs=ops.cast(logits, "float32"), **kwargs)
 
+    def scale_before_tied_head(self, decoder_hidden):
+        """The decoder output as the tied head reads it: unchanged here (T5 v1.0 rescales it)."""
+        return decoder_hidden
+
     def compute_logits(self, decoder_hidden, head=None, call_layer=call_layer):
-        """Decoder hidden states (B, T, D) -> logits (B, T, V). Defined by each family."""
-        raise NotImplementedError(f"{type(self).__name__} must define `compute_logits`.")
+        """Decoder hidden states (B, T, D) -> logits (B, T, V) through the tied token embedding;
+        `head`: None or `decode_head()`."""
+        hidden = self.scale_before_tied_head(decoder_hidden)
+        if head is not None:
+            return ops.matmul(hidden, head)  # (B, T, D) x (D, V) -> (B, T, V)
+        return call_layer(self.backbone.token_embedding, hidden, reverse=True)  # (B, T, D) x (V, D)^T -> (B, T, V)
+
+    def decode_head(self):
+        """The tied head as a (D, V) array, made once per decoding loop (see `Task.decode_head`)."""
+        return transposed_embedding(self.backbone)
 
     def default_weighted_metrics(self):
         return [keras.metrics.SparseCategoricalAccuracy(name="accuracy"), Perplexity()]
@@ -110,42 +123,3 @@ class Seq2SeqLM(Task):
             call_layer,
         )
         return ops.cast(self.compute_logits(hidden, head, call_layer), "float32"), self_cache
-
-    # --- generation ---------------------------------------------------------
-
-    def compile(self, *args, sampler=None, **kwargs):
-        """Compile as `Task.compile`; `sampler` (a name or a `Sampler`) sets the default of `generate`."""
-        super().compile(*args, **kwargs)
-        if sampler is not None:
-            self.sampler = samplers.get(sampler)
-
-    def generate(
-        self,
-        inputs,
-        max_new_tokens=32,
-        sampler=None,
-        stop_token_ids="auto",
-        min_new_tokens=0,
-        repetition_penalty=1.0,
-        no_repeat_ngram_size=0,
-        streamer=None,
-        return_dict=False,
-        output_logits=False,
-    ):
-        """Transduce sources: encode once, then decode one token per step with cached keys/values.
-
-        The encoder output and every layer's cross-attention keys/values are computed
-        once (and repeated per beam); the decoder starts from the preprocessor's
-        `decoder_start_token_id`. Arguments as `CausalLM.generate`, with `inputs` the
-        sources: strings (results are strings) or encoder token ids (results are the
-        decoder's ids: the start token, then the generated tokens).
-
-        Example:
-        >>> lm.generate(["1 2 3", "3 2 1"], max_new_tokens=8, sampler="beam")
-        """
-        return samplers.generate(
-            self, inputs, max_new_tokens=max_new_tokens, sampler=sampler, stop_token_ids=stop_token_ids,
-            min_new_tokens=min_new_tokens, repetition_penalty=repetition_penalty,
-            no_repeat_ngram_size=no_repeat_ngram_size, streamer=streamer, return_dict=return_dict,
-            output_logits=output_logits,
-        )

@@ -4,13 +4,11 @@ Axes: B batch, T decoder length, D model width, V vocabulary.
 """
 
 import keras
-from keras import ops
 
 from keras_transformer.models.backbone import call_layer
 from keras_transformer.models.seq2seq_lm import Seq2SeqLM
 from keras_transformer.models.t5.t5_backbone import T5Backbone
 from keras_transformer.models.t5.t5_seq2seq_lm_preprocessor import T5Seq2SeqLMPreprocessor
-from keras_transformer.models.task import transposed_embedding
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -55,16 +53,16 @@ class T5Seq2SeqLM(Seq2SeqLM):
         # === Functional model ===
         super().__init__(backbone, preprocessor, **kwargs)
 
+    def scale_before_tied_head(self, decoder_hidden):
+        """T5 v1.0 rescales by D**-0.5 before the tied projection, whose rows have unit scale."""
+        return decoder_hidden * (self.backbone.hidden_dim**-0.5)
+
     def compute_logits(self, decoder_hidden, head=None, call_layer=call_layer):
         """Decoder output (B, T, D) -> logits (B, T, V); `head`: None or `decode_head()`."""
         if self.lm_head is not None:
             return call_layer(self.lm_head, decoder_hidden)  # (B, T, D) x (D, V) -> (B, T, V)
-        # T5 v1.0 rescales before the tied projection, whose rows have unit scale.
-        scaled = decoder_hidden * (self.backbone.hidden_dim**-0.5)
-        if head is not None:
-            return ops.matmul(scaled, head)  # (B, T, D) x (D, V) -> (B, T, V)
-        return call_layer(self.backbone.token_embedding, scaled, reverse=True)  # (B, T, D) x (V, D)^T -> (B, T, V)
+        return super().compute_logits(decoder_hidden, head, call_layer)  # the tied head, rescaled
 
     def decode_head(self):
         """None with a separate `lm_head` (its kernel is already (D, V)), else the tied (D, V) copy."""
-        return None if self.lm_head is not None else transposed_embedding(self.backbone)
+        return None if self.lm_head is not None else super().decode_head()

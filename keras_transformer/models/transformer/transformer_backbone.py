@@ -7,14 +7,14 @@ L decoder layers, H heads, Hkv key/value heads (= H), Dh head size, D model widt
 import math
 
 import keras
-from keras import ops
 
 from keras_transformer.layers import PositionalEmbedding, TransformerDecoderBlock, TransformerEncoderBlock
-from keras_transformer.models.backbone import Backbone, call_layer, check_positive_ints, layer_cache_of, like_cache
+from keras_transformer.models.backbone import call_layer, check_positive_ints, layer_cache_of, like_cache
+from keras_transformer.models.seq2seq_backbone import Seq2SeqBackbone
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class TransformerBackbone(Backbone):
+class TransformerBackbone(Seq2SeqBackbone):
     """The paper's model: post-norm encoder and decoder stacks over a shared, scaled embedding.
 
     Source and target tokens share one embedding matrix (section 3.4), multiplied
@@ -111,24 +111,8 @@ class TransformerBackbone(Backbone):
             for i in range(decoder_layers)
         ]
 
-        # === Functional model ===
-        encoder_token_ids = keras.Input(shape=(None,), dtype="int32", name="encoder_token_ids")
-        encoder_padding_mask = keras.Input(shape=(None,), dtype="bool", name="encoder_padding_mask")
-        decoder_token_ids = keras.Input(shape=(None,), dtype="int32", name="decoder_token_ids")
-        decoder_padding_mask = keras.Input(shape=(None,), dtype="bool", name="decoder_padding_mask")
-        encoder_outputs = self.encode(encoder_token_ids, encoder_padding_mask)
-        decoder_outputs = self.decode(decoder_token_ids, decoder_padding_mask, encoder_outputs, encoder_padding_mask)
-        super().__init__(
-            inputs={
-                "encoder_token_ids": encoder_token_ids,
-                "encoder_padding_mask": encoder_padding_mask,
-                "decoder_token_ids": decoder_token_ids,
-                "decoder_padding_mask": decoder_padding_mask,
-            },
-            outputs={"encoder_sequence_output": encoder_outputs, "decoder_sequence_output": decoder_outputs},
-            dtype=dtype,
-            **kwargs,
-        )
+        # === Functional model === (the encoder and decoder stacks, see Seq2SeqBackbone)
+        self.build_encoder_decoder(dtype=dtype, **kwargs)
 
         # === Config ===
         self.vocabulary_size = vocabulary_size
@@ -186,15 +170,6 @@ class TransformerBackbone(Backbone):
         return x
 
     # --- cached decoding --------------------------------------------------
-
-    def cache_shape(self, batch_size, max_length):
-        """Shape of the decoder self-attention cache: (B, L, 2, Hkv, S_max, Dh)."""
-        return (batch_size, len(self.decoder_layers), 2, self.num_heads, max_length, self.hidden_dim // self.num_heads)
-
-    def compute_cross_cache(self, encoder_outputs):
-        """Every decoder layer's cross-attention keys/values: (B, S_enc, D) -> (B, L, 2, Hkv, S_enc, Dh)."""
-        caches = [block.cross_attention.compute_cache(encoder_outputs) for block in self.decoder_layers]
-        return ops.stack(caches, axis=1)  # L x (B, 2, Hkv, S_enc, Dh) -> (B, L, 2, Hkv, S_enc, Dh)
 
     def call_with_cache(
         self, decoder_token_ids, self_cache, cache_index, cross_cache, encoder_padding_mask, decoder_padding_mask=None,

@@ -4,11 +4,8 @@ Axes: B batch, T decoder length, D model width, V vocabulary.
 """
 
 import keras
-from keras import ops
 
-from keras_transformer.models.backbone import call_layer
 from keras_transformer.models.seq2seq_lm import Seq2SeqLM
-from keras_transformer.models.task import transposed_embedding
 from keras_transformer.models.transformer.transformer_backbone import TransformerBackbone
 from keras_transformer.models.transformer.transformer_seq2seq_lm_preprocessor import (
     TransformerSeq2SeqLMPreprocessor,
@@ -20,7 +17,8 @@ class TransformerSeq2SeqLM(Seq2SeqLM):
     """Sequence-to-sequence generation with the paper's model (e.g. translation).
 
     The pre-softmax linear transformation shares its weights with the token
-    embedding (section 3.4): logits = decoder output times the transposed embedding.
+    embedding (section 3.4): logits = decoder output times the transposed embedding,
+    the tied head `Seq2SeqLM` provides; this class only names its backbone and preprocessor.
 
     Args:
         backbone: a `TransformerBackbone`.
@@ -42,18 +40,3 @@ class TransformerSeq2SeqLM(Seq2SeqLM):
 
     backbone_cls = TransformerBackbone
     preprocessor_cls = TransformerSeq2SeqLMPreprocessor
-
-    def __init__(self, backbone, preprocessor=None, **kwargs):
-        # === Layers === (none: the head is the backbone's token embedding)
-        # === Functional model ===
-        super().__init__(backbone, preprocessor, **kwargs)
-
-    def decode_head(self):
-        """The tied head as a (D, V) array (see `Task.decode_head`)."""
-        return transposed_embedding(self.backbone)
-
-    def compute_logits(self, decoder_hidden, head=None, call_layer=call_layer):
-        """Decoder output (B, T, D) -> logits (B, T, V) through the shared embedding; `head`: None or `decode_head()`."""
-        if head is not None:
-            return ops.matmul(decoder_hidden, head)  # (B, T, D) x (D, V) -> (B, T, V)
-        return call_layer(self.backbone.token_embedding, decoder_hidden, reverse=True)  # (B, T, D) x (V, D)^T -> (B, T, V)

@@ -1,0 +1,105 @@
+"""LanguageModel: the base of the tasks that generate tokens (CausalLM, Seq2SeqLM).
+
+It holds what both share, once: the sampler `compile` sets, and the one `generate` signature and
+its documentation. The decoding itself is `keras_transformer.samplers.generate`.
+"""
+
+from keras_transformer import samplers
+from keras_transformer.models.task import Task
+
+
+class LanguageModel(Task):
+    """A task that generates tokens with `generate` (see `CausalLM`, `Seq2SeqLM`).
+
+    Subclasses may override `_generate(inputs, options)` to prepare the inputs or shape the
+    results (CausalLM renders chat messages there); `options` are `generate`'s keyword arguments.
+    """
+
+    def compile(self, *args, sampler=None, **kwargs):
+        """Compile as `Task.compile`; `sampler` (a name or a `Sampler`) sets the default of `generate`."""
+        super().compile(*args, **kwargs)
+        if sampler is not None:
+            self.sampler = samplers.get(sampler)
+
+    def generate(
+        self,
+        inputs,
+        max_new_tokens=32,
+        sampler=None,
+        stop_token_ids="auto",
+        min_new_tokens=0,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        streamer=None,
+        return_dict=False,
+        output_logits=False,
+    ):
+        """Continue prompts (a causal LM) or transduce sources (an encoder-decoder LM), one token
+        at a time, with a key/value cache.
+
+        The prompts are prefilled once, then a compiled loop (one per batch size and
+        length bucket, reused across calls) feeds one token per step. Prompts of
+        different lengths may share a batch. An encoder-decoder LM encodes its sources
+        once (the encoder output and every layer's cross-attention keys/values, repeated
+        per beam) and decodes from the preprocessor's `decoder_start_token_id`.
+
+        Args:
+            inputs: a string or a list of strings (needs a preprocessor; returns
+                strings), or token ids: a 1-D int array / list (one prompt), a 2-D int
+                array or a list of id lists (ragged prompts allowed). Ids come back in
+                the same container: arrays are right-padded with the pad id. Or chat
+                messages, with a tokenizer that has a chat template: a conversation
+                `[{"role": "user", "content": "..."}, ...]` or a list of them; each is
+                rendered by the template with the assistant's turn opened
+                (`tokenizer.apply_chat_template(..., add_generation_prompt=True)`) and
+                tokenized as written (the template's own start token, no other), and
+                the reply comes back: the new text only, not the conversation (causal LMs).
+                For an encoder-decoder LM, the sources: strings (results are strings) or
+                encoder token ids (results are the decoder's ids: the start token, then the
+                generated tokens).
+            max_new_tokens: int >= 1, new tokens per prompt at most.
+            sampler: None (the one set by `compile`, else greedy), a name ("greedy",
+                "random", "top_k", "top_p", "beam") or a `Sampler`.
+            stop_token_ids: "auto" (the tokenizer's end token), None (never stop
+                early) or a list of ids. Each row stops at its first stop token,
+                which is kept in the ids.
+            min_new_tokens: int, stop tokens are banned until a row has this many
+                new tokens.
+            repetition_penalty: float > 0, Hugging Face's (CTRL) penalty on tokens
+                already in the row: positive logits are divided by it, negative ones
+                multiplied.
+            no_repeat_ngram_size: int, if > 0 no n-gram of this size occurs twice in
+                a row (prompt included).
+            streamer: None or a callable, called after every step with the (B,)
+                numpy array of the token each row just produced (-1 for a row that
+                produced none: finished, or still inside its longer prompt). Not with
+                beam search.
+            return_dict: bool, return `{"outputs", "scores", "logits"}`: "scores" are
+                beam search's (B, n) normalized scores (else None).
+            output_logits: bool, with `return_dict`: "logits" holds, per row, the raw
+                logits (N, V) of each of its N generated tokens (not with beam search).
+                The loop then keeps a (B, L, V) buffer: mind large vocabularies.
+
+        Returns:
+            prompt + continuation for each prompt, in the form of `inputs` (for chat
+            messages: the reply, a string per conversation); with a
+            `BeamSampler(num_return_sequences=n > 1)`, n results per prompt.
+
+        Example:
+        >>> lm = GPTCausalLM.from_preset("gpt_tiny")
+        >>> lm.generate("The teacher", max_new_tokens=20)
+        >>> lm.generate([[1, 5, 9], [1, 7]], max_new_tokens=8, sampler="beam")
+        >>> lm.generate([{"role": "user", "content": "Hello!"}])  # a preset with a chat template
+        >>> t5.generate(["1 2 3", "3 2 1"], max_new_tokens=8, sampler="beam")  # a Seq2SeqLM
+        """
+        options = dict(
+            max_new_tokens=max_new_tokens, sampler=sampler, stop_token_ids=stop_token_ids,
+            min_new_tokens=min_new_tokens, repetition_penalty=repetition_penalty,
+            no_repeat_ngram_size=no_repeat_ngram_size, streamer=streamer, return_dict=return_dict,
+            output_logits=output_logits,
+        )
+        return self._generate(inputs, options)
+
+    def _generate(self, inputs, options):
+        """`generate` with its keyword arguments in `options`."""
+        return samplers.generate(self, inputs, **options)
