@@ -103,7 +103,8 @@ def _export(parser):
 
         options = {}
         if args.format == "huggingface":
-            options = {"dtype": args.dtype, "max_shard_size": args.max_shard_size or "5GB"}
+            size = args.max_shard_size or "5GB"
+            options = {"dtype": args.dtype, "max_shard_size": int(size) if size.isdigit() else size}  # bytes or "5GB"
         elif args.dtype or args.max_shard_size:
             raise ValueError(f"--dtype and --max-shard-size apply to --format huggingface. Received: --format {args.format}")
         task = export.load_preset_task(args.preset)
