@@ -1,0 +1,205 @@
+"""Decoding speed at the SmolLM2-135M shape, every row of the GPU decoding table in one run, with the
+memory-bandwidth floor beside each: ours, keras-hub and (on PyTorch) transformers, eager and compiled.
+
+    KERAS_BACKEND=torch python benchmarks/decode_gpu.py            # the full table on this backend's device
+    KERAS_BACKEND=jax python benchmarks/decode_gpu.py --shape tiny # a 2-layer model: a quick check on a CPU
+
+Rows (tokens/s over all rows; 16 random prompt tokens, `--new` new tokens, no stop token; greedy and
+beam-4; batch 1 and 8; float32 and bfloat16):
+- ours: `LlamaCausalLM` on this backend (PyTorch: the compiled step on CUDA, see samplers/compile.py);
+- keras-hub: `LlamaCausalLM` of the same shape on this backend (its own random weights; the work is the same);
+- PyTorch only: transformers' `LlamaForCausalLM` eager, and with `cache_implementation="static"` and its
+  forward under `torch.compile(mode="reduce-overhead")` (transformers' compiled `generate`), batch 1.
+
+The floor: one token reads every weight once, so a step takes at least weight bytes / memory bandwidth
+(tokens/s <= bandwidth / bytes, times the rows at batch 8). The bandwidth comes from the device name
+(H100 3.35 TB/s, H200 4.8 TB/s, A100 2.0 TB/s); elsewhere it is not printed. Each case runs once to
+compile, then `--repeats` times; the best is reported. A case that fails prints its error and the
+table goes on.
+"""
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+PROMPT = 16
+SHAPES = {
+    "smollm2_135m": dict(vocabulary_size=49152, num_layers=30, num_heads=9, num_key_value_heads=3, hidden_dim=576,
+                         intermediate_dim=1536, rope_max_wavelength=100000.0, norm_epsilon=1e-5,
+                         max_sequence_length=2048),
+    "tiny": dict(vocabulary_size=512, num_layers=2, num_heads=4, num_key_value_heads=2, hidden_dim=64,
+                 intermediate_dim=128, rope_max_wavelength=10000.0, norm_epsilon=1e-5, max_sequence_length=512),
+}
+BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}  # bytes/s, by device name
+
+
+def device_name():
+    backend = keras.config.backend()
+    if backend == "torch":
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    if backend == "jax":
+        import jax
+
+        device = jax.devices()[0]
+        return getattr(device, "device_kind", device.platform)
+    import tensorflow as tf
+
+    return "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+
+
+class Ours:
+    def __init__(self, shape, dtype):
+        import keras_transformer as kt
+
+        keras.utils.set_random_seed(0)
+        config = {k: v for k, v in SHAPES[shape].items()}
+        config["rope_max_wavelength"] = config.pop("rope_max_wavelength")
+        self.lm = kt.models.LlamaCausalLM(kt.models.LlamaBackbone(**config, dtype=dtype))
+        self.kt = kt
+        self.parameters = self.lm.backbone.count_params()
+
+    def generate(self, prompts, new, beams):
+        sampler = "greedy" if beams == 1 else self.kt.samplers.BeamSampler(num_beams=beams)
+        return self.lm.generate(prompts.tolist(), max_new_tokens=new, sampler=sampler, stop_token_ids=None)
+
+
+class KerasHub:
+    def __init__(self, shape, dtype):
+        import keras_hub
+
+        c = SHAPES[shape]
+        keras.utils.set_random_seed(0)
+        backbone = keras_hub.models.LlamaBackbone(
+            vocabulary_size=c["vocabulary_size"], num_layers=c["num_layers"], num_query_heads=c["num_heads"],
+            hidden_dim=c["hidden_dim"], intermediate_dim=c["intermediate_dim"],
+            num_key_value_heads=c["num_key_value_heads"], rope_max_wavelength=c["rope_max_wavelength"],
+            layer_norm_epsilon=c["norm_epsilon"], tie_word_embeddings=True, dtype=dtype,
+        )
+        self.lm = keras_hub.models.LlamaCausalLM(backbone, preprocessor=None)
+        self.samplers = {1: keras_hub.samplers.GreedySampler(), 4: keras_hub.samplers.BeamSampler(num_beams=4)}
+        self.beams = None
+
+    def generate(self, prompts, new, beams):
+        token_ids = np.zeros((len(prompts), PROMPT + new), "int32")
+        token_ids[:, :PROMPT] = prompts
+        mask = np.zeros_like(token_ids, dtype=bool)
+        mask[:, :PROMPT] = True  # keras-hub fills every position whose mask is False
+        if self.beams != beams:
+            self.lm.compile(sampler=self.samplers[beams])
+            self.beams = beams
+        return self.lm.generate({"token_ids": token_ids, "padding_mask": mask}, stop_token_ids=None)
+
+
+class Transformers:
+    def __init__(self, shape, dtype, static):
+        import torch
+        import transformers
+
+        c = SHAPES[shape]
+        torch.manual_seed(0)
+        config = transformers.LlamaConfig(
+            vocab_size=c["vocabulary_size"], hidden_size=c["hidden_dim"], intermediate_size=c["intermediate_dim"],
+            num_hidden_layers=c["num_layers"], num_attention_heads=c["num_heads"],
+            num_key_value_heads=c["num_key_value_heads"], max_position_embeddings=c["max_sequence_length"],
+            rope_theta=c["rope_max_wavelength"], rms_norm_eps=c["norm_epsilon"], tie_word_embeddings=True,
+            bos_token_id=0, eos_token_id=0, pad_token_id=0,
+        )
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model = transformers.LlamaForCausalLM(config).to(device=device, dtype=getattr(torch, dtype)).eval()
+        self.static = static
+        if static:
+            self.model.generation_config.cache_implementation = "static"
+            self.model.forward = torch.compile(self.model.forward, mode="reduce-overhead", fullgraph=True)
+        self.torch, self.device = torch, device
+
+    def generate(self, prompts, new, beams):
+        ids = self.torch.as_tensor(prompts, device=self.device)
+        with self.torch.no_grad():
+            return self.model.generate(
+                ids, attention_mask=self.torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                do_sample=False, num_beams=beams, eos_token_id=None, pad_token_id=0,
+            )
+
+
+def best_seconds(fn, repeats):
+    fn()  # compiles
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2_135m")
+    parser.add_argument("--new", type=int, default=128, help="new tokens per row")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--peers", default="ours,keras-hub,transformers", help="comma-separated subset")
+    args = parser.parse_args()
+    backend, device = keras.config.backend(), device_name()
+    bandwidth = next((b for name, b in BANDWIDTH.items() if name in device), None)
+    print(f"backend {backend}, device {device}, shape {args.shape}, {PROMPT} prompt + {args.new} new tokens")
+    print("| library | dtype | sampler | batch | tokens/s | floor tokens/s | % of floor |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    rng = np.random.default_rng(0)
+    peers = args.peers.split(",")
+    cases = []
+    for dtype in ("float32", "bfloat16"):
+        if "ours" in peers:
+            cases.append(("ours", dtype, lambda d=dtype: Ours(args.shape, d), [(1, 1), (1, 8), (4, 1), (4, 8)]))
+        if "keras-hub" in peers:
+            cases.append(("keras-hub", dtype, lambda d=dtype: KerasHub(args.shape, d), [(1, 1), (1, 8), (4, 1), (4, 8)]))
+        if "transformers" in peers and backend == "torch":
+            cases.append(("transformers eager", dtype, lambda d=dtype: Transformers(args.shape, d, False), [(1, 1)]))
+            cases.append(("transformers static compiled", dtype, lambda d=dtype: Transformers(args.shape, d, True),
+                          [(1, 1)]))
+    parameters = None
+    failed = False
+    for name, dtype, build, runs in cases:
+        try:
+            model = build()
+        except Exception:  # noqa: BLE001 - a peer that cannot run here is reported, the table goes on
+            print(f"| {name} | {dtype} | failed to build: {traceback.format_exc(limit=1).splitlines()[-1]} |")
+            failed = True
+            continue
+        if parameters is None and name == "ours":
+            parameters = model.parameters
+        for beams, batch in runs:
+            prompts = rng.integers(1, SHAPES[args.shape]["vocabulary_size"], (batch, PROMPT)).astype("int32")
+            try:
+                seconds = best_seconds(lambda: model.generate(prompts, args.new, beams), args.repeats)
+            except Exception:  # noqa: BLE001
+                print(f"| {name} | {dtype} | {'greedy' if beams == 1 else 'beam-4'} | {batch} | failed: "
+                      f"{traceback.format_exc(limit=1).splitlines()[-1]} | | |")
+                failed = True
+                continue
+            rate = batch * args.new / seconds
+            floor = ""
+            share = ""
+            if bandwidth and parameters:
+                weight_bytes = parameters * (4 if dtype == "float32" else 2)
+                floor_rate = bandwidth / weight_bytes * batch  # one read of the weights per step, every row
+                floor, share = f"{floor_rate:,.0f}", f"{100 * rate / floor_rate:.1f}%"
+            sampler = "greedy" if beams == 1 else "beam-4"
+            print(f"| {name} | {dtype} | {sampler} | {batch} | {rate:,.0f} | {floor} | {share} |", flush=True)
+        del model
+    if failed:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
