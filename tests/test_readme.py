@@ -36,3 +36,22 @@ def test_choosing_a_missing_backend_names_the_extra(tmp_path):
     result = subprocess.run([sys.executable, "-c", "import keras_transformer"], env=env, capture_output=True, text=True)
     assert result.returncode != 0
     assert "keras-transformer[jax]" in result.stderr
+
+
+def test_readme_is_short_and_written_for_users():
+    """At most 220 lines; no issue numbers or dated re-measurements (they belong in benchmarks/RESULTS.md)."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 220
+    assert re.findall(r"(?i)\bissue \d+|#\d{2,}\b", readme) == []
+    assert re.findall(r"\b20\d\d-\d\d-\d\d\b", readme) == []
+    assert "benchmarks/RESULTS.md" in readme
+
+
+def test_readme_links_point_at_files():
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    targets = {t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", readme) if "://" not in t}
+    assert targets and sorted(t for t in targets if not (ROOT / t).exists()) == []
