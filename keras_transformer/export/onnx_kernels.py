@@ -10,10 +10,7 @@ import keras
 import numpy as np
 
 from keras_transformer.export.decode_graph import Unsupported, Value, weight
-from keras_transformer.layers.feed_forward import FeedForward
-from keras_transformer.layers.positional_embedding import PositionalEmbedding
-from keras_transformer.layers.relative_position_bias import RelativePositionBias
-from keras_transformer.layers.transformer_decoder_block import TransformerDecoderBlock
+from keras_transformer.layers import kernel_table
 
 
 def _reversible_embedding(kernels, layer, inputs, reverse=False):
@@ -254,14 +251,4 @@ def _decoder_block(
     return (x, cache, cross_attention_cache) if block.use_cross_attention else (x, cache)
 
 
-KERNELS = {
-    keras.layers.ReversibleEmbedding: _reversible_embedding,
-    PositionalEmbedding: _positional_embedding,
-    keras.layers.LayerNormalization: _layer_norm,
-    keras.layers.RMSNormalization: _rms_norm,
-    keras.layers.Dense: _dense,
-    keras.layers.Dropout: _dropout,
-    RelativePositionBias: _relative_position_bias,
-    FeedForward: _feed_forward,
-    TransformerDecoderBlock: _decoder_block,
-}
+KERNELS = kernel_table.bind(globals())  # {layer type: kernel}, the types of layers/kernel_table.py

@@ -9,8 +9,9 @@ A family describes its step once (`call_with_cache`), calling its layers through
 `call_layer(layer, *args, **kwargs)` argument. On PyTorch the loop passes a `TorchKernels`,
 which runs each layer of a known type with one PyTorch call per operation (reading the
 layer's own weights) and writes the caches in place; a layer of any other type (or a call
-with arguments a kernel does not cover) goes through Keras as usual. So every family built
-from these layers (decoder blocks with or without cross-attention, pre- or post-norm, layer or
+with arguments a kernel does not cover) goes through Keras as usual. The layer types and kernel
+names are the one table of layers/kernel_table.py, shared with the ONNX graphs (export/onnx_kernels.py).
+So every family built from these layers (decoder blocks with or without cross-attention, pre- or post-norm, layer or
 RMS norm, learned or sinusoidal positions, relative position bias, tied or separate heads)
 gets the fast step, and a new layer type needs one kernel here, never a model copy.
 
@@ -23,10 +24,8 @@ import keras
 import torch
 import torch.nn.functional as F
 
-from keras_transformer.layers.feed_forward import FeedForward
-from keras_transformer.layers.positional_embedding import PositionalEmbedding
-from keras_transformer.layers.relative_position_bias import RelativePositionBias
-from keras_transformer.layers.transformer_decoder_block import TransformerDecoderBlock
+from keras_transformer.layers import kernel_table
+
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -534,16 +533,6 @@ def _arrange_block(block):
             block.feed_forward, block.feed_forward_norm)
 
 
-_KERNELS = {
-    keras.layers.ReversibleEmbedding: _reversible_embedding,
-    PositionalEmbedding: _positional_embedding,
-    keras.layers.LayerNormalization: _layer_norm,
-    keras.layers.RMSNormalization: _rms_norm,
-    keras.layers.Dense: _dense,
-    keras.layers.Dropout: _dropout,
-    RelativePositionBias: _relative_position_bias,
-    FeedForward: _feed_forward,
-    TransformerDecoderBlock: _decoder_block,
-}
+_KERNELS = kernel_table.bind(globals())  # {layer type: kernel}, the types of layers/kernel_table.py
 
 __all__ = ["TorchKernels", "supports"]

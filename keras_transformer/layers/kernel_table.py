@@ -1,0 +1,40 @@
+"""The layer types a cached decoding step is made of, each with its kernel's name: one table for every
+runtime that runs a step without Keras.
+
+A runtime (`samplers/torch_kernels.py` for PyTorch, `export/onnx_kernels.py` for ONNX graphs) defines a
+function `_<name>(kernels, layer, *call arguments)` per name and binds them with `bind(globals())`. A new
+layer type that decoding steps use is one entry here plus one function per runtime: `bind` refuses a
+runtime that lacks it, and tests/samplers/test_kernel_table.py checks every runtime against the table.
+"""
+
+import keras
+
+from keras_transformer.layers.feed_forward import FeedForward
+from keras_transformer.layers.positional_embedding import PositionalEmbedding
+from keras_transformer.layers.relative_position_bias import RelativePositionBias
+from keras_transformer.layers.transformer_decoder_block import TransformerDecoderBlock
+
+KERNEL_NAMES = {
+    keras.layers.ReversibleEmbedding: "reversible_embedding",
+    PositionalEmbedding: "positional_embedding",
+    keras.layers.LayerNormalization: "layer_norm",
+    keras.layers.RMSNormalization: "rms_norm",
+    keras.layers.Dense: "dense",
+    keras.layers.Dropout: "dropout",
+    RelativePositionBias: "relative_position_bias",
+    FeedForward: "feed_forward",
+    TransformerDecoderBlock: "decoder_block",
+}
+
+
+def bind(namespace):
+    """{layer type: kernel} from a runtime module's namespace (its `_<name>` functions).
+
+    Raises:
+        ValueError: the namespace lacks a kernel of the table.
+    """
+    missing = sorted(name for name in KERNEL_NAMES.values() if not callable(namespace.get(f"_{name}")))
+    if missing:
+        raise ValueError(f"A decoding runtime must define a kernel for every layer type of the table; "
+                         f"missing: {', '.join('_' + name for name in missing)}")
+    return {layer_type: namespace[f"_{name}"] for layer_type, name in KERNEL_NAMES.items()}
