@@ -24,6 +24,7 @@ from pathlib import Path
 
 from keras_transformer.export import graphs as graph_lib
 from keras_transformer.export.onnx_converter import OPSET, convert
+from keras_transformer.samplers import LENGTH_BUCKET
 from keras_transformer.tokenizers import chat_template
 
 BUNDLE_FILE = "bundle.json"
@@ -131,8 +132,6 @@ def _decoder_start_token_id(task):
 
 
 def _keras_length_bucket():
-    from keras_transformer.samplers import LENGTH_BUCKET
-
     return int(LENGTH_BUCKET)
 
 
