@@ -1,0 +1,86 @@
+"""Decoding time per token by the model's dtype, against float32 in the same run: float32, bfloat16, the
+mixed_bfloat16 policy and int8 weights, and PyTorch's compiled step against its eager one.
+
+    KERAS_BACKEND=torch python benchmarks/decode_dtypes.py              # dtypes, eager steps (this CPU's default)
+    KERAS_BACKEND=torch python benchmarks/decode_dtypes.py --compiled   # + the torch.compile'd step (inductor)
+
+Models: the generate benchmark's GPT (4 layers, d 256, 4 heads, d_ff 1024, vocabulary 8000) and a Llama of
+the same size (4 layers, d 256, 4 heads, 2 key/value heads, SwiGLU 768), random weights. Prompts of 16
+random tokens, `--new` new tokens, no stop token, greedy and beam-4 at batch 1. Each case compiles in a
+first call, then the cases alternate for `--repeats` rounds; ms per token is each one's best round and
+the ratio is its time over float32's (below 1.5: the issue's CPU target for bfloat16).
+"""
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import keras_transformer as kt  # noqa: E402
+from keras_transformer.samplers import compile as compile_lib  # noqa: E402
+
+MODELS = {
+    "gpt": lambda dtype: kt.models.GPTCausalLM(kt.models.GPTBackbone(
+        vocabulary_size=8000, num_layers=4, num_heads=4, hidden_dim=256, intermediate_dim=1024,
+        max_sequence_length=512, dtype=dtype)),
+    "llama": lambda dtype: kt.models.LlamaCausalLM(kt.models.LlamaBackbone(
+        vocabulary_size=8000, num_layers=4, num_heads=4, num_key_value_heads=2, hidden_dim=256,
+        intermediate_dim=768, max_sequence_length=512, dtype=dtype)),
+}
+
+
+def build(family, variant):
+    keras.utils.set_random_seed(0)
+    if variant == "int8":
+        lm = MODELS[family]("float32")
+        lm.quantize("int8")
+        return lm
+    return MODELS[family](variant)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--new", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compiled", action="store_true", help="also the torch.compile'd step (PyTorch)")
+    args = parser.parse_args()
+    variants = ["float32", "bfloat16", "mixed_bfloat16", "int8"]
+    modes = ["eager", "compiled"] if args.compiled and keras.config.backend() == "torch" else [None]
+    prompt = [list(np.random.default_rng(0).integers(1, 8000, 16))]
+    print(f"backend {keras.config.backend()}, {args.new} new tokens, batch 1; ms per token (ratio to float32)")
+    print("| model | sampler | step | " + " | ".join(variants) + " |")
+    print("|---|---|---|" + "---:|" * len(variants))
+    for family in MODELS:
+        models = {variant: build(family, variant) for variant in variants}
+        for sampler in ("greedy", "beam"):
+            for mode in modes:
+                if mode is not None:
+                    os.environ[compile_lib.TORCH_COMPILE_ENV] = "1" if mode == "compiled" else "0"
+
+                def run(lm):
+                    lm.generate(prompt, max_new_tokens=args.new, sampler=sampler, stop_token_ids=None)
+
+                for lm in models.values():
+                    run(lm)  # compiles
+                best = {variant: float("inf") for variant in variants}
+                for _ in range(args.repeats):
+                    for variant, lm in models.items():
+                        start = time.perf_counter()
+                        run(lm)
+                        best[variant] = min(best[variant], time.perf_counter() - start)
+                ms = {variant: 1000 * best[variant] / args.new for variant in variants}
+                cells = [f"{ms[v]:.3f} ({ms[v] / ms['float32']:.2f})" for v in variants]
+                label = "beam-4" if sampler == "beam" else "greedy"
+                print(f"| {family} | {label} | {mode or 'default'} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
