@@ -59,7 +59,7 @@ GPU_INSTALL ?= install
 # Sized to end inside one 10-minute call on an H200 (jax and torch): 200 training steps (20 last
 # about 90 ms on a GPU, mostly fit's own setup), 2 rounds per generation case, 1 for Llama
 # (keras-hub's Llama on PyTorch takes about 20 s per call there).
-GPU_BENCHMARKS = "attention.py" "attention.py --dtype bfloat16" "train.py --steps 200" "generate.py --repeats 2" \
+GPU_BENCHMARKS = "attention.py" "attention.py --dtype bfloat16" "train.py --shape gpt2 --dtype mixed_bfloat16 --steps 10 --rounds 2" "generate.py --repeats 2" \
 	"generate_seq2seq.py --repeats 2" "bert_forward.py --repeats 3" "generate_llama.py --repeats 1"
 gpu-check: $(GPU_INSTALL)
 	nvidia-smi

@@ -12,6 +12,7 @@ metrics). Rows:
   ours eager       PyTorch only: `compile(jit_compile=False)`, Keras's eager `train_step`
   keras-hub        its fastest `fit`: XLA on TensorFlow, jit on JAX; eager on PyTorch (Keras's own
                    `jit_compile=True` there recompiles until Dynamo's cache limit)
+  ours mixed_bfloat16  with `--rows ...,ours-bf16` under `--dtype float32`: ours built under mixed_bfloat16
   transformers     PyTorch only: GPT2LMHeadModel / BertForMaskedLM, `torch.compile`, AdamW
                    (fused on CUDA), bfloat16 autocast under `--dtype mixed_bfloat16`
 Each row first runs until compiled (not timed); then `--rounds` rounds of `--steps` steps, the rows
@@ -158,7 +159,7 @@ class TransformersRow:
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss
+        return loss.detach()
 
     def run(self, steps=None):
         for ids, labels in self.batches[:steps]:
@@ -206,7 +207,8 @@ def main():
     parser.add_argument("--steps", type=int, default=20, help="steps per timed round")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--rows", default="ours,ours-eager,keras-hub,transformers",
-                        help="comma-separated subset of the rows")
+                        help="comma-separated subset of the rows (also: ours-bf16, ours under mixed_bfloat16 "
+                             "beside a float32 run)")
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's peak, for MFU")
     args = parser.parse_args()
     if args.steps < 1 or args.rounds < 1:
@@ -218,6 +220,10 @@ def main():
     rows = []
     if "ours" in wanted:
         rows.append(KerasRow("ours", ours(shape), shape, args.steps, "auto", ours_compile=True))
+    if "ours-bf16" in wanted and args.dtype == "float32":  # does mixed precision pay on this device?
+        keras.config.set_dtype_policy("mixed_bfloat16")
+        rows.append(KerasRow("ours mixed_bfloat16", ours(shape), shape, args.steps, "auto", ours_compile=True))
+        keras.config.set_dtype_policy(args.dtype)
     if "ours-eager" in wanted and backend == "torch":
         rows.append(KerasRow("ours eager", ours(shape), shape, args.steps, False, ours_compile=True))
     if "keras-hub" in wanted:

@@ -9,14 +9,16 @@ metrics) mapped to an input through a `keras.StatelessScope`, and records the AT
 backward included. The recorded graph has no Python left in it, so `torch.compile` takes it whole
 (`fullgraph=True`, static shapes). Variables are updated in place by the graph.
 
-A step whose Python reads a tensor's value (a data-dependent branch, e.g. a loss-scale or
-gradient-accumulation `ops.cond`) cannot be traced this way; such a model trains eagerly, and says
-so once.
+Reads of constant tensors in Python (a slice start of 0) are folded into the graph; dropout draws
+from torch's global generator inside the graph. A step whose Python reads a value computed from
+the variables or the batch (a data-dependent branch, e.g. a loss-scale or gradient-accumulation
+`ops.cond`) cannot be traced this way; such a model trains eagerly, and says so once.
 """
 
 import logging
 import os
 import time
+from unittest import mock
 
 import keras
 
@@ -111,8 +113,14 @@ class CompiledTrainStep:
         import torch
         from torch.fx.experimental.proxy_tensor import make_fx
 
+        from keras.src.backend.torch import random as torch_random
+
         values = [v.value.detach().clone().requires_grad_(i < self._vars[1]) for i, v in enumerate(self._vars[0])]
-        graph = make_fx(lambda *args: self._step(*args), tracing_mode="fake")(values, x, y, sample_weight)
+        # Keras seeds a torch.Generator from its SeedGenerator's state in Python (a value read); in the
+        # graph, dropout draws from torch's global generator instead, which the compiled graph advances
+        # at every call (`keras.utils.set_random_seed` seeds it): a new mask per step, as in eager.
+        with mock.patch.object(torch_random, "torch_seed_generator", lambda seed: None):
+            graph = make_fx(lambda *args: self._step(*args), tracing_mode="fake")(values, x, y, sample_weight)
         reads = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default}
         for node in list(graph.graph.nodes):  # topological order: a number's users come after it
             if node.target in reads:

@@ -186,3 +186,32 @@ def test_compiled_lora_under_mixed_bfloat16_matches_eager():
     for actual, expected in zip(weights, eager_weights, strict=True):
         np.testing.assert_allclose(actual, expected, rtol=2e-2, atol=2e-3)
     assert not np.allclose(losses[0], losses[-1])  # it trained
+
+
+@torch_only
+@pytest.mark.slow
+def test_compiled_dropout_draws_a_new_mask_every_step():
+    """Dropout inside the graph: the same batch at learning rate 0 gives a different loss every step
+    (a mask traced as a constant would repeat it), and the same sequence again after reseeding."""
+    keras.utils.set_random_seed(0)
+    backbone = kt.models.GPTBackbone(vocabulary_size=VOCAB, num_layers=1, num_heads=2, hidden_dim=16,
+                                     intermediate_dim=32, max_sequence_length=LENGTH, dropout=0.5)
+    lm = kt.models.GPTCausalLM(backbone)
+    lm.compile(optimizer=keras.optimizers.AdamW(learning_rate=0.0), jit_compile=True)
+    x, y, _ = _data()
+    x = {name: np.tile(value[:BATCH], (ROWS // BATCH, 1)) for name, value in x.items()}  # one batch, 5 times
+    y = np.tile(y[:BATCH], (ROWS // BATCH, 1))
+
+    def step_losses():
+        keras.utils.set_random_seed(7)
+        recorder = _StepLosses()
+        lm.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[recorder])
+        running = np.array(recorder.losses)  # running means -> the loss of each step
+        return running * np.arange(1, len(running) + 1) - np.concatenate([[0.0], running[:-1] * np.arange(
+            1, len(running))])
+
+    step_losses()  # compiles (compiling may draw from the global generator)
+    first, second = step_losses(), step_losses()
+    assert lm.train_function.compiled_steps == 3 * ROWS // BATCH and lm.train_function.eager_steps == 0
+    assert len(np.unique(np.round(first, 5))) == len(first), first
+    np.testing.assert_allclose(second, first, rtol=1e-5)
