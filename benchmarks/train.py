@@ -9,7 +9,8 @@ No dropout, random weights and ids, the same compile on every row (AdamW, sparse
 metrics). Rows:
   ours             the task's default `compile()` (XLA on TensorFlow, jit on JAX, the compiled step
                    on PyTorch: warmed up until it has compiled)
-  ours eager       PyTorch only: `compile(jit_compile=False)`, Keras's eager `train_step`
+  ours eager       `compile(jit_compile=False)`: Keras's eager `train_step` on PyTorch, a tf.function
+                   without XLA on TensorFlow (Keras's own default on a CPU); not on JAX
   keras-hub        its fastest `fit`: XLA on TensorFlow, jit on JAX; eager on PyTorch (Keras's own
                    `jit_compile=True` there recompiles until Dynamo's cache limit)
   ours mixed_bfloat16  with `--rows ...,ours-bf16` under `--dtype float32`: ours built under mixed_bfloat16
@@ -224,8 +225,9 @@ def main():
         keras.config.set_dtype_policy("mixed_bfloat16")
         rows.append(KerasRow("ours mixed_bfloat16", ours(shape), shape, args.steps, "auto", ours_compile=True))
         keras.config.set_dtype_policy(args.dtype)
-    if "ours-eager" in wanted and backend == "torch":
-        rows.append(KerasRow("ours eager", ours(shape), shape, args.steps, False, ours_compile=True))
+    if "ours-eager" in wanted and backend != "jax":  # TensorFlow: tf.function without XLA
+        name = "ours eager" if backend == "torch" else "ours jit_compile=False"
+        rows.append(KerasRow(name, ours(shape), shape, args.steps, False, ours_compile=True))
     if "keras-hub" in wanted:
         rows.append(KerasRow("keras-hub", keras_hub_model(shape), shape, args.steps, xla, ours_compile=False))
     if "transformers" in wanted and backend == "torch":
