@@ -533,16 +533,17 @@ def test_a_full_queue_answers_503_and_sigterm_drains(one_row_server, generator):
 
 
 def test_a_request_past_its_timeout_gets_504_and_frees_its_rows(chat_bundle):
-    """One row, a 1 s timeout, 16 requests of 16 x 40 tokens (256 sequences, one at a time: longer than 1 s):
+    """One row, a 1 s timeout, 48 requests of 16 x 40 tokens (768 sequences, one at a time: several seconds
+    even on a fast machine, where 256 took about 1 s):
     those not done in time get 504 and their rows and places are freed. A request sent behind them with its
     own 0.1 s timeout gets its 504 at once, while they are still running, not when a row would come free; then
     the server serves on. Started as `keras-transformer serve BUNDLE` (which hands the process over to the
     bundle's serve.py)."""
-    server = Server(chat_bundle, "--max-batch", "1", "--max-queue", "512", "--timeout", "1", cli=True)
+    server = Server(chat_bundle, "--max-batch", "1", "--max-queue", "1024", "--timeout", "1", cli=True)
     try:
         body = {"model": "tiny_gpt", "prompt": "def add(", "max_tokens": 40, "temperature": 0, "n": 16}
-        with concurrent.futures.ThreadPoolExecutor(16) as pool:
-            answers = [pool.submit(server.post, "/v1/completions", body) for _ in range(16)]
+        with concurrent.futures.ThreadPoolExecutor(48) as pool:
+            answers = [pool.submit(server.post, "/v1/completions", body) for _ in range(48)]
             deadline = time.monotonic() + 10
             while server.metric("kt_queue_depth") < 200 and time.monotonic() < deadline:
                 time.sleep(0.005)
