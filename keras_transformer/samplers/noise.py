@@ -3,7 +3,7 @@
 The number a row draws at a step is a pure function of the call's seed, the step (the
 position being chosen) and the row, so it needs no state, no host-side array and no
 backend random generator: the compiled loops (JAX, TensorFlow, PyTorch), the SavedModel's
-`generate` signature and the Keras-free bundle runner (`export/runtime/generate.py`, which
+`generate` signature and the Keras-free bundle runner (`export/runtime/sampling.py`, which
 carries a numpy copy of these few lines) draw the same numbers, and a row's noise does not
 depend on the batch it shares or on the buffer length.
 
