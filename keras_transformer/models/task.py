@@ -12,6 +12,11 @@ from keras_transformer.models.backbone import Backbone, functional_setattr
 from keras_transformer.models.input_checks import check_finite, check_inputs
 from keras_transformer.models.preprocessor import Preprocessor
 
+# The writers `Task.export` calls, by format ("onnx", "tf_saved_model", "huggingface"): keras_transformer.export
+# registers them when it is imported, and the models package imports it last. Export builds on the models,
+# so the models cannot import it.
+EXPORTERS = {}
+
 
 @presets.register_base_class("task")
 class Task(keras.Model):
@@ -58,7 +63,7 @@ class Task(keras.Model):
         if jit_compile not in ("auto", True, False):
             raise ValueError(f"`jit_compile` must be 'auto', True or False. Received: jit_compile={jit_compile!r}")
         torch_step = keras.config.backend() == "torch" and jit_compile is not False
-        if keras.config.backend() == "tensorflow" and jit_compile == "auto":
+        if keras.config.backend() == "tensorflow" and jit_compile == "auto" and not kwargs.get("run_eagerly"):
             jit_compile = all(layer.supports_jit for layer in self._flatten_layers())  # XLA, also without a GPU
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics, weighted_metrics=weighted_metrics,
                         jit_compile=False if torch_step else jit_compile, **kwargs)
@@ -231,11 +236,14 @@ class Task(keras.Model):
 
         See `keras_transformer.export.export_model`.
         """
-        from keras_transformer.export import export_model
-
         if kwargs and format != "huggingface":
             raise ValueError(f"Unexpected arguments for export: {sorted(kwargs)}")
-        return export_model(self, filepath, format=format, overwrite=overwrite, quantize=quantize, **kwargs)
+        if not EXPORTERS:
+            raise RuntimeError("No exporter is registered: `import keras_transformer.export` registers them "
+                               "(importing `keras_transformer.models` does it).")
+        if format not in EXPORTERS:
+            raise ValueError(f"`format` must be one of {tuple(EXPORTERS)}. Received: format={format!r}")
+        return EXPORTERS[format](self, filepath, format=format, overwrite=overwrite, quantize=quantize, **kwargs)
 
     # --- decoding ---------------------------------------------------------
 
