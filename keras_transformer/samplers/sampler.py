@@ -12,7 +12,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformer.samplers.noise import noise_grid, uniform_noise
-from keras_transformer.samplers.processors import NEG, is_stop_token  # noqa: F401 (NEG: the samplers' score floor)
+from keras_transformer.samplers.processors import is_stop_token
 from keras_transformer.samplers.rows import column, write_column
 
 class Sampler:

@@ -15,7 +15,9 @@ So every family built from these layers (decoder blocks with or without cross-at
 RMS norm, learned or sinusoidal positions, relative position bias, tied or separate heads)
 gets the fast step, and a new layer type needs one kernel here, never a model copy.
 
-The decoding tests hold every family's kernel step to its Keras step, logits and caches.
+Attention lives in `torch_attention.py`, the arranged weights and the one product every projection
+runs (float or int8, fused or alone) in `torch_weights.py`. The decoding tests hold every family's
+kernel step to its Keras step, logits and caches.
 """
 
 import inspect
@@ -25,10 +27,10 @@ import torch
 import torch.nn.functional as F
 
 from keras_transformer.layers import kernel_table
-
-
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from keras_transformer.samplers.torch_attention import cross_attention, self_attention
+from keras_transformer.samplers.torch_weights import (
+    DTYPES, fused, linear, projection, quantization, weight,
+)
 
 
 def supports(task):
@@ -40,16 +42,8 @@ def supports(task):
     if "call_layer" not in inspect.signature(task.call_with_cache).parameters:
         return False
     return all(
-        layer.compute_dtype in _DTYPES and _quantization(layer) in (None, "int8") for layer in task._flatten_layers()
+        layer.compute_dtype in DTYPES and quantization(layer) in (None, "int8") for layer in task._flatten_layers()
     )
-
-
-def _quantization(layer):
-    """None (float weights), "int8" (Keras's int8 weights without LoRA: the kernels' fast path), or another mode."""
-    mode = getattr(layer.dtype_policy, "quantization_mode", None)
-    if mode == "int8" and getattr(layer, "lora_enabled", False):
-        return "int8 with LoRA"
-    return mode
 
 
 class TorchKernels:
@@ -75,7 +69,7 @@ class TorchKernels:
     def __call__(self, layer, *args, **kwargs):
         kernel = _KERNELS.get(type(layer))
         if kernel is not None:
-            dtype = self.weights(layer.dtype_policy, lambda policy: _DTYPES[policy.compute_dtype])
+            dtype = self.weights(layer.dtype_policy, lambda policy: DTYPES[policy.compute_dtype])
             if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point() and args[0].dtype != dtype:
                 # As a Keras layer call casts its float inputs to the layer's compute dtype (e.g. a float32
                 # head over a bfloat16 backbone).
@@ -142,7 +136,7 @@ class TorchKernels:
 
 
 def _reversible_embedding(kernels, layer, inputs, reverse=False):
-    w = kernels.weights(layer, lambda layer: {"table": _weight(layer, layer.embeddings)})
+    w = kernels.weights(layer, lambda layer: {"table": weight(layer, layer.embeddings)})
     if not reverse:
         return F.embedding(inputs.long(), w["table"])  # (R, T) -> (R, T, D)
     if "head" not in w:  # made on the first reverse call only (a family with a separate head never pays it)
@@ -156,10 +150,10 @@ def _reversible_embedding(kernels, layer, inputs, reverse=False):
 
 def _reverse_kernel(layer):
     """The (D, V) output projection, contiguous: at a few rows a transposed (V, D) reads at half speed."""
-    dtype = _DTYPES.get(layer.reverse_dtype or layer.compute_dtype)
+    dtype = DTYPES.get(layer.reverse_dtype or layer.compute_dtype)
     if dtype is None:
         return None
-    head = _weight(layer, layer.embeddings, dtype).t() if layer.tie_weights else _weight(
+    head = weight(layer, layer.embeddings, dtype).t() if layer.tie_weights else weight(
         layer, layer.reverse_embeddings, dtype)
     return head.contiguous()
 
@@ -167,12 +161,12 @@ def _reverse_kernel(layer):
 def _positional_embedding(kernels, layer, inputs, start_index=0):
     start, length = kernels.start(start_index), inputs.shape[1]
     if kernels.static:
-        table = kernels.weights(layer, lambda layer: _weight(
+        table = kernels.weights(layer, lambda layer: weight(
             layer, layer.embeddings if layer.position_type == "learned" else layer._table))  # (P, D)
         rows = table.index_select(0, kernels.positions(start, length, table.device))  # (T, D)
         return rows[None].expand(inputs.shape)  # -> (R, T, D)
     table = kernels.weights(
-        layer, lambda layer: _weight(layer, layer.embeddings if layer.position_type == "learned" else layer._table)
+        layer, lambda layer: weight(layer, layer.embeddings if layer.position_type == "learned" else layer._table)
     )  # (P, D)
     return table[start : start + length][None].expand(inputs.shape)  # (T, D) -> (R, T, D)
 
@@ -188,15 +182,15 @@ def _arrange_layer_norm(layer):
     """(normalized shape, gamma, beta, epsilon) of a norm over the last axis, else None."""
     if layer.rms_scaling or layer.axis not in (-1, [-1], 2, [2]):
         return None
-    gamma = _weight(layer, layer.gamma, torch.float32) if layer.scale else None
-    beta = _weight(layer, layer.beta, torch.float32) if layer.center else None
+    gamma = weight(layer, layer.gamma, torch.float32) if layer.scale else None
+    beta = weight(layer, layer.beta, torch.float32) if layer.center else None
     width = (gamma if gamma is not None else beta)
     return (None if width is None else (width.shape[0],)), gamma, beta, layer.epsilon
 
 
 def _rms_norm(kernels, layer, x):
     scale, epsilon, axis = kernels.weights(
-        layer, lambda layer: (_weight(layer, layer.scale, torch.float32), layer.epsilon, layer.axis))
+        layer, lambda layer: (weight(layer, layer.scale, torch.float32), layer.epsilon, layer.axis))
     if axis not in (-1, [-1], len(x.shape) - 1, [len(x.shape) - 1]):
         return NotImplemented
     return F.rms_norm(x.float(), (x.shape[-1],), scale, epsilon).to(x.dtype)  # in float32, as Keras's norm
@@ -204,45 +198,13 @@ def _rms_norm(kernels, layer, x):
 
 def _dense(kernels, layer, x):
     w = kernels.weights(layer, _arrange_dense)
-    return NotImplemented if w is None else _linear(x, *w)
+    return NotImplemented if w is None else linear(x, *w)
 
 
 def _arrange_dense(layer):
     if layer.activation not in (None, keras.activations.linear) or len(layer.kernel.shape) != 2:
         return None
-    return _projection(layer, layer.kernel.shape[0])
-
-
-def _projection(layer, width, scale=1.0):
-    """A Dense / EinsumDense as `_linear`'s (kernel (in, out), bias (out,) or None, divisor, quantizer), its
-    outputs times `scale`. Float weights: the kernel in the compute dtype, no divisor. Keras int8 weights:
-    the int8 values as float32, the dequantization divisor (out,) and the inputs' quantizer (value range,
-    epsilon), or None where only the weights are quantized; the products are Keras's int8 call's."""
-    bias = None if layer.bias is None else _weight(layer, layer.bias).reshape(-1) * scale
-    if _quantization(layer) is None:
-        return _weight(layer, layer.kernel).reshape(width, -1) * scale, bias, None, None
-    kernel = _value(layer._kernel).detach().float()  # e.g. (D, H, Dh) int8 values
-    kernel_scale = _value(layer.kernel_scale).detach().float()
-    if hasattr(layer, "_adjust_scale_for_dequant"):  # an EinsumDense keeps its scale in its own layout
-        kernel_scale = layer._adjust_scale_for_dequant(kernel_scale)
-    divisor = torch.broadcast_to(kernel_scale, kernel.shape).reshape(width, -1)[0] / scale  # (out,): per output
-    quantizer = getattr(layer, "inputs_quantizer", None)
-    if quantizer is not None:
-        quantizer = (float(quantizer.value_range[0]), float(quantizer.value_range[1]), float(quantizer.epsilon))
-    return kernel.reshape(width, -1).contiguous(), bias, divisor, quantizer
-
-
-def _fused(parts):
-    """Projections of one input side by side: (kernel (in, sum out), bias, divisor, quantizer) (see `_projection`)."""
-    kernels, biases, divisors, quantizers = zip(*parts)
-    if len(set(quantizers)) > 1 or len({d is None for d in divisors}) > 1 or len({b is None for b in biases}) > 1:
-        raise ValueError("Projections fused into one product must share their quantization and biases.")
-    return (
-        torch.cat(kernels, dim=1).contiguous(),
-        None if biases[0] is None else torch.cat(biases),
-        None if divisors[0] is None else torch.cat(divisors),
-        quantizers[0],
-    )
+    return projection(layer, layer.kernel.shape[0])
 
 
 def _dropout(kernels, layer, x, training=None):
@@ -258,7 +220,7 @@ def _relative_position_bias(kernels, layer, query, key, query_start=0):
             torch.arange(-L, L + 1, dtype=torch.int32, device=query.device)).long())  # (2L + 1,)
         keys = torch.arange(width, device=query.device)
         queries = kernels.positions(start, length, query.device)
-        bias = F.embedding(buckets[keys[None, :] - queries[:, None] + L], _weight(layer, layer.embeddings))  # (T, S, H)
+        bias = F.embedding(buckets[keys[None, :] - queries[:, None] + L], weight(layer, layer.embeddings))  # (T, S, H)
         return bias.permute(2, 0, 1)[None]  # -> (1, H, T, S)
     low, high = -(start + length - 1), width - 1 - start  # the distances s - (start + t), t < T, s < S
     table = kernels.weights(layer, lambda layer: {"low": 0, "high": -1, "buckets": None})
@@ -269,203 +231,24 @@ def _relative_position_bias(kernels, layer, query, key, query_start=0):
     keys = torch.arange(width, device=query.device)
     queries = start + torch.arange(length, device=query.device)
     buckets = table["buckets"][keys[None, :] - queries[:, None] - table["low"]]  # (T, S)
-    bias = F.embedding(buckets, _weight(layer, layer.embeddings))  # (T, S) -> (T, S, H)
+    bias = F.embedding(buckets, weight(layer, layer.embeddings))  # (T, S) -> (T, S, H)
     return bias.permute(2, 0, 1)[None]  # -> (1, H, T, S)
 
 
-# --- attention, feed-forward, decoder block -------------------------------------
-
-
-def _value(weight):
-    """A variable's tensor (a layer's weight may also be a plain tensor, e.g. derived from others)."""
-    return weight.value if isinstance(weight, keras.Variable) else weight
-
-
-def _compute_dtype(layer):
-    return _DTYPES[layer.compute_dtype]
-
-
-def _weight(layer, weight, dtype=None):
-    """A layer's weight as a plain tensor in its compute dtype (`dtype` overrides): a mixed-precision
-    layer's float32 variable is cast once per call, as Keras casts it at every layer call."""
-    return _value(weight).detach().to(dtype or _compute_dtype(layer))
-
-
-def _linear(x, kernel, bias, divisor=None, quantizer=None):
-    """x (..., in) through a `_projection`: x @ kernel + bias; int8 weights as Keras's int8 call computes them
-    (inputs quantized per row, the integer product, then divided by both scales)."""
-    if divisor is None:
-        y = x @ kernel  # (..., in) x (in, out)
-    else:
-        x32 = x.float()
-        if quantizer is None:  # weight-only int8
-            y = (x32 @ kernel) / divisor
-        else:
-            low, high, epsilon = quantizer
-            scale = high / (x32.abs().amax(dim=-1, keepdim=True) + epsilon)  # (..., 1)
-            y = (torch.clamp(torch.round(x32 * scale), low, high) @ kernel) / (scale * divisor)
-        y = y.to(x.dtype)
-    return y if bias is None else y + bias
-
-
-def _attention_weights(attention, fused):
-    """Projections as (in, out) matrices; `fused`: query, key and value in one (D, (H + 2 Hkv) Dh) matrix."""
-    projections = (attention.query_dense, attention.key_dense, attention.value_dense)
-    if not fused:
-        projections = projections[:1]
-    width = attention.query_dense.kernel.shape[0]
-    # The logits' scale goes into the query projection (one product per step fewer; rotary
-    # embeddings are linear, so rotating scaled queries is the same).
-    scales = [attention._scale] + [1.0] * (len(projections) - 1)
-    H, Dh = attention.num_heads, attention._head_dim
-    return {
-        "heads": (H, attention._kv_heads, Dh),
-        "projection": _fused([_projection(p, width, scale) for p, scale in zip(projections, scales)]),
-        "output": _projection(attention.output_dense, H * Dh),
-    }
-
-
-def _attend(heads, q, keys, values, blocked, bias):
-    """q (R, T, H, Dh) already scaled, keys/values (R, Hkv, S, Dh), blocked (R|1, 1, T, S) bool (True: masked
-    out) or None, bias (R|1, H, T, S) or None -> (R, T, H * Dh).
-
-    Each key/value head serves its G query heads as one (G * T)-row product, so grouped-query
-    attention reads the cache without repeating it. Plain products: PyTorch's CPU
-    flash-attention kernel costs more than these at a few queries.
-    """
-    H, Hkv, Dh = heads
-    G = H // Hkv
-    rows, length = q.shape[0], q.shape[1]
-    width = keys.shape[2]
-    q = q.transpose(1, 2)  # (R, T, H, Dh) -> (R, H, T, Dh)
-    if G > 1:
-        q = q.reshape(rows, Hkv, G * length, Dh)  # -> (R, Hkv, G * T, Dh)
-    logits = q @ keys.transpose(2, 3)  # (R, Hkv, G * T, Dh) x (R, Hkv, Dh, S)
-    if G > 1:
-        logits = logits.view(rows, H, length, width)  # -> (R, H, T, S)
-    logits = logits.float()  # bias, mask and softmax in float32 whatever the compute dtype, as the layer's
-    if bias is not None:
-        logits = logits + bias
-    if blocked is not None:
-        logits = logits.masked_fill(blocked, -1.0e9)  # MultiHeadAttention's mask bias
-    probs = logits.softmax(dim=-1).to(values.dtype)
-    if G > 1:
-        probs = probs.view(rows, Hkv, G * length, width)
-    out = probs @ values  # (R, Hkv, G * T, S) x (R, Hkv, S, Dh) -> (R, Hkv, G * T, Dh)
-    return out.view(rows, H, length, Dh).transpose(1, 2).reshape(rows, length, H * Dh)  # -> (R, T, H * Dh)
-
-
-def _self_attention(kernels, attention, h, cache, start, padding_mask, bias):
-    """Causal self-attention of h (R, T, D) at positions [start, start + T), writing the new keys/values
-    into the cache pair (R, Hkv, S, Dh) in place -> (output (R, T, D), cache)."""
-    weights = kernels.weights(attention, lambda layer: _attention_weights(layer, fused=True))
-    H, Hkv, Dh = weights["heads"]
-    rows, length, _ = h.shape
-    qkv = _linear(h, *weights["projection"])  # (R, T, D) -> (R, T, (H + 2 Hkv) Dh)
-    q, k, v = qkv.split([H * Dh, Hkv * Dh, Hkv * Dh], dim=-1)
-    q, k = q.view(rows, length, H, Dh), k.view(rows, length, Hkv, Dh)
-    if attention.rotary_embedding is not None:
-        q, k = _rotate(kernels, attention.rotary_embedding, q, start), _rotate(kernels, attention.rotary_embedding, k, start)
-    keys, values = (c if c.is_contiguous() else c.contiguous() for c in cache)  # rows may be broadcast views
-    if kernels.static:
-        return _static_self_attention(kernels, attention, weights, q, k, v, keys, values, start, padding_mask, bias)
-    end = start + length
-    keys[:, :, start:end] = k.transpose(1, 2)  # (R, T, Hkv, Dh) -> (R, Hkv, T, Dh)
-    values[:, :, start:end] = v.view(rows, length, Hkv, Dh).transpose(1, 2)
-    # Only the positions [low, end) that some query may see are read: the cache past `end` is not
-    # written yet, and a one-token step sees every position of that range, so it needs no mask.
-    window = attention.sliding_window
-    low = 0 if window is None else max(0, start + 1 - window)
-    blocked = None
-    if length > 1:
-        blocked = ~kernels.causal_mask(start, length, keys.shape[2], h.device, window)[None, None, :, low:end]
-    if padding_mask is not None:
-        padded = ~padding_mask[:, low:end].bool()[:, None, None, :]  # (R, S) -> (R, 1, 1, S)
-        blocked = padded if blocked is None else blocked | padded
-    if bias is not None:
-        bias = bias[..., low:end]  # (R|1, H, T, S)
-    out = _attend(weights["heads"], q, keys[:, :, low:end], values[:, :, low:end], blocked, bias)
-    return _linear(out, *weights["output"]), (keys, values)  # (R, T, H * Dh) -> (R, T, D)
-
-
-def _static_self_attention(kernels, attention, weights, q, k, v, keys, values, start, padding_mask, bias):
-    """`_self_attention` of a compiled step: `start` a tensor; every position of the cache (R, Hkv, S, Dh)
-    is read, the ones not written yet masked out."""
-    _, Hkv, width, Dh = keys.shape
-    rows, length = q.shape[0], q.shape[1]
-    positions = kernels.positions(start, length, q.device)  # (T,)
-    keys.index_copy_(2, positions, k.transpose(1, 2).to(keys.dtype))  # (R, T, Hkv, Dh) -> (R, Hkv, T, Dh)
-    values.index_copy_(2, positions, v.view(rows, length, Hkv, Dh).transpose(1, 2).to(values.dtype))
-    key_positions = torch.arange(width, device=q.device)
-    allowed = key_positions[None, :] <= positions[:, None]  # (T, S)
-    if attention.sliding_window is not None:
-        allowed = allowed & (positions[:, None] - key_positions[None, :] < attention.sliding_window)
-    blocked = ~allowed[None, None]  # (1, 1, T, S)
-    if padding_mask is not None:
-        blocked = blocked | ~padding_mask.bool()[:, None, None, :]  # (R, S) -> (R, 1, T, S)
-    out = _attend(weights["heads"], q, keys, values, blocked, bias)
-    return _linear(out, *weights["output"]), (keys, values)  # (R, T, H * Dh) -> (R, T, D)
-
-
-def _rotate(kernels, rotary, x, start):
-    """`RotaryEmbedding` of x (R, T, H, Dh) at positions [start, start + T), cos/sin read from a table
-    made once per call and grown (doubling) when a step reaches past it."""
-    length, head_dim = x.shape[1], x.shape[3]
-    table = kernels.weights(rotary, lambda layer: {"cos": None, "sin": None})
-    if kernels.static:
-        if table["cos"] is None:  # made on the first (eager) step for every position of the buffer
-            _rotary_table(table, rotary, kernels.length, head_dim, x.device)
-        positions = kernels.positions(start, length, x.device)
-        cos = table["cos"].index_select(0, positions)[None, :, None, :]  # (1, T, 1, R)
-        sin = table["sin"].index_select(0, positions)[None, :, None, :]
-        return _apply_rotation(x, cos, sin)
-    if table["cos"] is None or start + length > table["cos"].shape[0]:
-        _rotary_table(table, rotary, max(2 * (start + length), 256), head_dim, x.device)
-    cos = table["cos"][start : start + length][None, :, None, :]  # (1, T, 1, R)
-    sin = table["sin"][start : start + length][None, :, None, :]
-    return _apply_rotation(x, cos, sin)
-
-
-def _rotary_table(table, rotary, size, head_dim, device):
-    """cos / sin (P, R) float32 of the first `size` positions, into `table`."""
-    positions = torch.arange(size, device=device, dtype=torch.float32)
-    frequencies = torch.as_tensor(rotary.inverse_frequencies(head_dim), device=device)
-    angles = positions[:, None] * frequencies[None, :]  # (P, 1) x (1, R/2) -> (P, R/2)
-    angles = torch.cat([angles, angles], dim=-1)  # -> (P, R)
-    table.update(cos=angles.cos(), sin=angles.sin())
-
-
-def _apply_rotation(x, cos, sin):
-    """x (R, T, H, Dh) rotated by cos / sin (1, T, 1, R), R <= Dh rotary dimensions (the rest pass)."""
-    head_dim, rotary_dim = x.shape[3], cos.shape[-1]
-    rotated, passed = x[..., :rotary_dim], x[..., rotary_dim:]
-    half = rotary_dim // 2
-    turned = torch.cat([-rotated[..., half:], rotated[..., :half]], dim=-1)  # rotate_half: (x1, x2) -> (-x2, x1)
-    rotated = (rotated * cos + turned * sin).to(x.dtype)  # float32 tables: a 16-bit x rotates in float32
-    return rotated if rotary_dim == head_dim else torch.cat([rotated, passed], dim=-1)
-
-
-def _cross_attention(kernels, attention, h, cache, encoder_padding_mask, bias):
-    """Attention of h (R, T, D) over the encoder's cached keys/values (R, Hkv, S_enc, Dh) -> (R, T, D)."""
-    weights = kernels.weights(attention, lambda layer: _attention_weights(layer, fused=False))
-    H, _, Dh = weights["heads"]
-    rows, length, _ = h.shape
-    q = _linear(h, *weights["projection"]).view(rows, length, H, Dh)  # (R, T, D) -> (R, T, H, Dh)
-    out = _attend(weights["heads"], q, cache[0], cache[1], kernels.padding_blocked(encoder_padding_mask), bias)
-    return _linear(out, *weights["output"])
+# --- feed-forward, decoder block ------------------------------------------------
 
 
 def _feed_forward(kernels, layer, x, training=None):
     if training:
         return NotImplemented
     intermediate, gated, output, activation = kernels.weights(layer, _arrange_feed_forward)
-    hidden = _linear(x, *intermediate)  # (R, T, D) -> (R, T, F), or (R, T, 2F) gate and up side by side
+    hidden = linear(x, *intermediate)  # (R, T, D) -> (R, T, F), or (R, T, 2F) gate and up side by side
     if gated:
         gate, hidden = hidden.chunk(2, dim=-1)  # -> 2 x (R, T, F)
         hidden = activation(gate) * hidden
     else:
         hidden = activation(hidden)
-    return _linear(hidden, *output)  # (R, T, F) -> (R, T, D)
+    return linear(hidden, *output)  # (R, T, F) -> (R, T, D)
 
 
 def _arrange_feed_forward(layer):
@@ -474,10 +257,10 @@ def _arrange_feed_forward(layer):
     width = layer.intermediate_dense.kernel.shape[0]
     # The layer's activation as one PyTorch call ("gated-gelu" is the tanh approximation, as in FeedForward).
     base = "gelu_approximate" if layer.activation == "gated-gelu" else layer.activation.removeprefix("gated-")
-    intermediate = _projection(layer.intermediate_dense, width)
+    intermediate = projection(layer.intermediate_dense, width)
     if layer._gated:
-        intermediate = _fused([_projection(layer.gate_dense, width), intermediate])
-    output = _projection(layer.output_dense, layer.output_dense.kernel.shape[0])
+        intermediate = fused([projection(layer.gate_dense, width), intermediate])
+    output = projection(layer.output_dense, layer.output_dense.kernel.shape[0])
     return intermediate, layer._gated, output, _ACTIVATIONS[base]
 
 
@@ -513,12 +296,12 @@ def _decoder_block(
         return x + h if norm_first else kernels(norm, x + h)
 
     x = inputs
-    h, self_attention_cache = _self_attention(
+    h, self_attention_cache = self_attention(
         kernels, attention, pre(x, attention_norm), self_attention_cache, start, padding_mask, self_attention_bias,
     )
     x = post(x, h, attention_norm)
     if cross is not None:
-        h = _cross_attention(kernels, cross, pre(x, cross_norm), cross_attention_cache, encoder_padding_mask,
+        h = cross_attention(kernels, cross, pre(x, cross_norm), cross_attention_cache, encoder_padding_mask,
                              cross_attention_bias)
         x = post(x, h, cross_norm)
     x = post(x, kernels(feed_forward, pre(x, feed_forward_norm)), feed_forward_norm)
