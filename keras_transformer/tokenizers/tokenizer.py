@@ -5,9 +5,12 @@ graph, so this subpackage imports neither Keras nor any backend. The heavy lifti
 pre-tokenising, the subword model, decoding, training) is done by `tokenizers`; this class adds a
 small, uniform API, named special tokens, a chat template (see `chat_template.py`), and a save
 format (`tokenizer.json` + `tokenizer_config.json`).
+
+The jobs around the class live beside it: `special_tokens.py` checks the special token arguments,
+`tokenizer_files.py` writes and reads the save format (and keeps the class registry that `load`
+uses), `training.py` holds what the subclasses' `train` share, and `chat_template.py` renders chats.
 """
 
-import json
 import operator
 import os
 
@@ -15,22 +18,16 @@ import numpy as np
 import tokenizers
 
 from keras_transformer.tokenizers import chat_template as chat
-
-# The roles a special token can play; the names match Hugging Face's `tokenizer_config.json` keys.
-SPECIAL_TOKEN_NAMES = (
-    "pad_token",
-    "bos_token",
-    "eos_token",
-    "unk_token",
-    "mask_token",
-    "cls_token",
-    "sep_token",
+from keras_transformer.tokenizers import tokenizer_files
+from keras_transformer.tokenizers import training
+from keras_transformer.tokenizers.special_tokens import (
+    SPECIAL_TOKEN_NAMES,
+    check_special_token_names,
+    register_special_tokens,
 )
-TOKENIZER_FILE = "tokenizer.json"
-CONFIG_FILE = "tokenizer_config.json"
+from keras_transformer.tokenizers.tokenizer_files import CONFIG_FILE, TOKENIZER_FILE
 
-# class name -> class, filled by `Tokenizer.__init_subclass__`, read by `Tokenizer.load`.
-_REGISTRY = {}
+__all__ = ["CONFIG_FILE", "SPECIAL_TOKEN_NAMES", "TOKENIZER_FILE", "Tokenizer"]
 
 
 class Tokenizer:
@@ -80,7 +77,7 @@ class Tokenizer:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        _REGISTRY[cls.__name__] = cls
+        tokenizer_files.register(cls)
 
     def __init__(self, tokenizer, chat_template=None, **special_tokens):
         if not isinstance(tokenizer, tokenizers.Tokenizer):
@@ -94,40 +91,14 @@ class Tokenizer:
                 f"{type(self).__name__} wraps a {self.model_type.__name__} model, but the tokenizer "
                 f"given has a {type(tokenizer.model).__name__} model."
             )
-        unknown = sorted(set(special_tokens) - set(SPECIAL_TOKEN_NAMES))
-        if unknown:
-            raise ValueError(
-                f"Unknown special token argument(s) {unknown}; expected some of "
-                f"{list(SPECIAL_TOKEN_NAMES)}."
-            )
+        check_special_token_names(special_tokens)
         self.backend_tokenizer = tokenizer
         self.chat_template = chat_template
         self.source = None
-        # Role -> token string (or None), for every role.
-        self.special_tokens = {
-            name: special_tokens.get(name, self.default_special_tokens.get(name))
-            for name in SPECIAL_TOKEN_NAMES
-        }
-        self._special_token_ids = {}
-        for name, token in self.special_tokens.items():
-            if token is None:
-                self._special_token_ids[name] = None
-                continue
-            if not isinstance(token, str):
-                raise ValueError(
-                    f"`{name}` must be a string or None. Received: {name}={token!r} of type "
-                    f"{type(token).__name__}"
-                )
-            token_id = tokenizer.token_to_id(token)
-            if token_id is None:
-                raise ValueError(
-                    f"`{name}` is not in the vocabulary of this tokenizer (pass {name}=None if it "
-                    f"has no such token). Received: {name}={token!r}"
-                )
-            self._special_token_ids[name] = token_id
-        # Registering tokens that are already in the vocabulary keeps their ids.
-        tokens = [t for t in self.special_tokens.values() if t is not None]
-        tokenizer.add_special_tokens(list(dict.fromkeys(tokens)))
+        # Role -> token string (or None), and role -> id (or None), for every role.
+        self.special_tokens, self._special_token_ids = register_special_tokens(
+            tokenizer, special_tokens, self.default_special_tokens
+        )
 
     # === Text <-> ids ===
 
@@ -336,15 +307,7 @@ class Tokenizer:
         Args:
             directory: path of the directory to write.
         """
-        directory = os.fspath(directory)
-        os.makedirs(directory, exist_ok=True)
-        self.backend_tokenizer.save(os.path.join(directory, TOKENIZER_FILE))
-        config = {"class_name": type(self).__name__, **self.special_tokens}
-        if self.chat_template is not None:
-            config["chat_template"] = self.chat_template
-        with open(os.path.join(directory, CONFIG_FILE), "w", encoding="utf-8") as file:
-            json.dump(config, file, indent=2, ensure_ascii=False)
-            file.write("\n")
+        tokenizer_files.write(self, directory)
 
     @classmethod
     def load(cls, directory):
@@ -356,19 +319,8 @@ class Tokenizer:
         Returns:
             A `Tokenizer` of the saved subclass (which must be `cls` or a subclass of it).
         """
-        config_path = os.path.join(os.fspath(directory), CONFIG_FILE)
-        if not os.path.isfile(config_path):
-            raise ValueError(
-                f"No {CONFIG_FILE} in the directory (to read a tokenizer.json alone, use "
-                f"`from_file`). Received: directory={os.fspath(directory)!r}, missing file "
-                f"{config_path!r}"
-            )
-        try:
-            with open(config_path, encoding="utf-8") as file:
-                config = json.load(file)
-        except (OSError, ValueError) as error:
-            raise ValueError(f"Could not read {config_path!r}: {error}") from error
-        target = cls._class_named(config, source=repr(config_path))
+        config, config_path = tokenizer_files.read_config(directory)
+        target = tokenizer_files.class_named(cls, config, source=repr(config_path))
         special_tokens = {name: config.get(name) for name in SPECIAL_TOKEN_NAMES}
         return target.from_file(
             os.path.join(os.fspath(directory), TOKENIZER_FILE),
@@ -400,33 +352,10 @@ class Tokenizer:
         Returns:
             A `Tokenizer` of the saved subclass (which must be `cls` or a subclass of it).
         """
-        target = cls._class_named(config, source="the config")
-        try:
-            backend = tokenizers.Tokenizer.from_str(config["tokenizer_json"])
-        except Exception as error:  # a missing key, or the Rust side's bare Exception
-            raise ValueError(
-                f"The config holds no readable `tokenizers` JSON under 'tokenizer_json': {error!r}"
-            ) from error
+        target = tokenizer_files.class_named(cls, config, source="the config")
+        backend = tokenizer_files.backend_from_config(config)
         special_tokens = {name: config.get(name) for name in SPECIAL_TOKEN_NAMES}
         return target(backend, chat_template=config.get("chat_template"), **special_tokens)
-
-    @classmethod
-    def _class_named(cls, config, source):
-        """The class a saved config names, checked to be `cls` or a subclass of it."""
-        class_name = config.get("class_name") if isinstance(config, dict) else None
-        if class_name not in _REGISTRY:
-            raise ValueError(
-                f"{source} was not written by a keras_transformer tokenizer: its class_name must "
-                f"be one of {sorted(_REGISTRY)} (for a Hugging Face checkpoint, load its "
-                f"tokenizer.json with `from_file`). Received: class_name={class_name!r}"
-            )
-        target = _REGISTRY[class_name]
-        if not issubclass(target, cls):
-            raise ValueError(
-                f"{source} holds a {class_name}, not a {cls.__name__} (use `Tokenizer` to load "
-                "any kind)."
-            )
-        return target
 
     @classmethod
     def from_file(cls, path, chat_template=None, **special_tokens):
@@ -441,77 +370,18 @@ class Tokenizer:
             An instance of `cls`.
         """
         path = os.fspath(path)
-        if not os.path.isfile(path):
-            raise ValueError(f"No tokenizer file at this path. Received: path={path!r}")
-        try:
-            backend = tokenizers.Tokenizer.from_file(path)
-        except Exception as error:  # the Rust side raises a bare Exception
-            raise ValueError(
-                f"Could not read a `tokenizers` JSON file from path={path!r}: {error}"
-            ) from error
+        backend = tokenizer_files.read_backend(path)
         tokenizer = cls(backend, chat_template=chat_template, **special_tokens)
         tokenizer.source = os.path.dirname(os.path.abspath(path))
         return tokenizer
 
     # === Training (used by the subclasses' `train`) ===
 
-    @staticmethod
-    def _check_vocabulary_size(vocabulary_size, minimum_size):
-        """Raises a `ValueError` unless `vocabulary_size` is an int of at least `minimum_size`."""
-        if isinstance(vocabulary_size, bool) or not isinstance(vocabulary_size, int):
-            raise ValueError(
-                "`vocabulary_size` must be an integer. Received: "
-                f"vocabulary_size={vocabulary_size!r} of type {type(vocabulary_size).__name__}"
-            )
-        if vocabulary_size < minimum_size:
-            raise ValueError(
-                f"`vocabulary_size` must be at least {minimum_size} for this tokenizer (its "
-                f"special tokens and base symbols). Received: vocabulary_size={vocabulary_size}"
-            )
-
-    @staticmethod
-    def _train_backend(backend, trainer, texts, vocabulary_size):
-        """Trains `backend` in place with `trainer` on `texts`; checks the inputs and the result."""
-        if isinstance(texts, (str, bytes)) or not hasattr(texts, "__iter__"):
-            raise ValueError(
-                "`texts` must be an iterable of strings (e.g. a list, or a generator). Received: "
-                f"texts of type {type(texts).__name__}"
-            )
-
-        def checked_texts():
-            for index, text in enumerate(texts):
-                if not isinstance(text, str):
-                    raise ValueError(
-                        "`texts` must yield strings. Received: an element "
-                        f"{index} of type {type(text).__name__}"
-                    )
-                yield text
-
-        try:
-            backend.train_from_iterator(checked_texts(), trainer)
-        except ValueError:
-            raise
-        except Exception as error:  # the Rust trainers raise a bare Exception
-            if "not large enough" not in str(error):
-                raise
-            raise ValueError(
-                "`vocabulary_size` is too small for the characters of the training text. "
-                f"Received: vocabulary_size={vocabulary_size}"
-            ) from error
-        # Trainers keep every character they saw, even past the requested size.
-        if backend.get_vocab_size(with_added_tokens=True) > vocabulary_size:
-            raise ValueError(
-                "`vocabulary_size` is too small for the training text: its special tokens and "
-                f"distinct characters alone need {backend.get_vocab_size(with_added_tokens=True)} "
-                f"entries. Received: vocabulary_size={vocabulary_size}"
-            )
-        # Rebuild from the serialised form: a freshly trained model can keep training-time state
-        # (seen with Unigram: ties between equal-score segmentations broke differently before
-        # and after a save), and the tokenizer used must be the one that is saved.
-        return tokenizers.Tokenizer.from_str(backend.to_str())
+    _check_vocabulary_size = staticmethod(training.check_vocabulary_size)
+    _train_backend = staticmethod(training.train_backend)
 
     def __repr__(self):
         return f"{type(self).__name__}(vocabulary_size={self.vocabulary_size})"
 
 
-_REGISTRY[Tokenizer.__name__] = Tokenizer
+tokenizer_files.register(Tokenizer)
