@@ -206,3 +206,11 @@ def test_floor_imports_nothing_above_it(floor, forbidden):
     above = sorted((name, target) for name, target in _imports_of(floor) if (name, target) not in ALLOWLIST
                    and any(target == f or target.startswith(f + ".") for f in forbidden))
     assert above == []
+
+
+def test_no_source_file_is_longer_than_450_lines():
+    """A file that outgrows 450 lines holds several jobs: split it by job (see docs/architecture.md)."""
+    files = sorted((ROOT / PACKAGE).rglob("*.py")) + sorted((ROOT / "export" / "runtime").rglob("*.py"))
+    assert len(files) > 50 and any(path.parts[-3:-1] == ("export", "runtime") for path in files)  # both trees read
+    lengths = {str(path.relative_to(ROOT)): len(path.read_text(encoding="utf-8").splitlines()) for path in files}
+    assert sorted(f"{name}: {count} lines" for name, count in lengths.items() if count > 450) == []
