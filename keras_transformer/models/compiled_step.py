@@ -184,6 +184,7 @@ class CompiledTrainStep:
                          "`compile(jit_compile=False)` trains eagerly)", type(model).__name__)
         import torch
 
+        # The same switch as the decoding loop's (samplers/compile.py), e.g. "aot_eager" to debug.
         backend = os.environ.get("KERAS_TRANSFORMER_TORCH_COMPILE_BACKEND", "inductor")
         self.graphs[key] = graph
         self._compiled[key] = torch.compile(graph, fullgraph=True, dynamic=False, backend=backend)
