@@ -27,8 +27,9 @@ def quantize(model, mode, parent_quantize, config=None):
 
 @contextmanager
 def _one_gc_collect():
-    """Keras runs `gc.collect()` for every variable a quantized layer drops (0.2 s each in a process
-    holding TensorFlow and JAX): collect once, at the end, instead."""
+    """Keras runs `gc.collect()` for every variable a quantized layer drops, and each one is slow in a
+    process holding TensorFlow and JAX (benchmarks/RESULTS.md, "Quantize: one gc.collect"): collect
+    once, at the end, instead."""
     collect = gc.collect
     gc.collect = lambda *args, **kwargs: 0
     try:
