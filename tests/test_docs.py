@@ -28,8 +28,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# Documents without Python blocks that another test runs: docs/bad_input.md is a table of bad inputs and
+# their errors, every cell of which tests/test_bad_input.py runs on every backend.
+RUN_ELSEWHERE = {"docs/bad_input.md": "tests/test_bad_input.py"}
 DOCS = ["README.md", "export/README.md"] + sorted(
     str(path.relative_to(ROOT)) for path in (ROOT / "docs").glob("*.md")
+    if str(path.relative_to(ROOT)) not in RUN_ELSEWHERE
 )
 BACKENDS = ("tensorflow", "jax", "torch")
 # Every document's run is slow (the tour trains and exports; export/README.md exports three times;
@@ -150,3 +154,9 @@ if __name__ != "__main__":  # the runner's process imports nothing a document di
 if __name__ == "__main__":
     sys.path[0] = ""  # as `python` started in the current directory: not this file's tests/ folder
     run_document(sys.argv[1])
+
+
+def test_documents_run_elsewhere_are_run_there():
+    for doc, test in RUN_ELSEWHERE.items():
+        assert (ROOT / doc).exists(), doc
+        assert doc in (ROOT / test).read_text(), f"{test} must read {doc}"
