@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 XDIST ?= -n 2 --dist loadfile
 export TF_CPP_MIN_LOG_LEVEL := 3
 
-.PHONY: install demo test test-fast test-tensorflow test-jax test-torch notebooks bench gpu-check clean
+.PHONY: install demo test test-fast test-tensorflow test-jax test-torch notebooks bench gpu-check gpu-check-peers clean
 
 install: $(STAMP)
 
@@ -48,24 +48,39 @@ bench: install
 	@for b in $(BACKENDS); do KERAS_BACKEND=$$b $(PY) benchmarks/train.py || exit 1; done
 	$(PY) benchmarks/export_speed.py
 
-# On a machine with an NVIDIA GPU: the device, then fit, generate (GPT, T5, the Llama family) and
-# BERT's forward against keras-hub, and the fused-attention path against the explicit one, on
-# every backend (attention.py first: it prints the device). Every benchmark runs even when one
-# fails; the target fails at the end if any did.
+# On a machine with an NVIDIA GPU, one prepared command for the GPU tables (benchmarks/RESULTS.md, "GPU"):
+# decoding at the SmolLM2-135M shape (ours, keras-hub and, on PyTorch, transformers eager and compiled;
+# float32 and bfloat16; the memory-bandwidth floor per row), GPT and T5 beam search against keras-hub on
+# JAX, and GPT-2 124M training (mixed_bfloat16, MFU) against keras-hub and transformers + torch.compile.
+# Every benchmark runs even when one fails; the target fails at the end if any did. `make gpu-check-peers`
+# runs the older per-family comparisons against keras-hub (attention, generate, T5, BERT, Llama).
 # A GPU machine that cannot reach a package registry can use its own Python instead of the venv
 # (keras, keras-hub and the backends importable there; the repository on PYTHONPATH):
 #   make gpu-check PY=python3 GPU_INSTALL= BACKENDS="jax torch"
 GPU_INSTALL ?= install
-# Sized to end inside one 10-minute call on an H200 (jax and torch): 200 training steps (20 last
-# about 90 ms on a GPU, mostly fit's own setup), 2 rounds per generation case, 1 for Llama
-# (keras-hub's Llama on PyTorch takes about 20 s per call there).
-GPU_BENCHMARKS = "attention.py" "attention.py --dtype bfloat16" "train.py --shape gpt2 --dtype mixed_bfloat16 --steps 10 --rounds 2" "generate.py --repeats 2" \
+GPU_BENCHMARKS_jax = "decode_gpu.py" "generate.py --repeats 2" "generate_seq2seq.py --repeats 2" \
+	"train.py --shape gpt2 --dtype mixed_bfloat16 --steps 10 --rounds 2"
+GPU_BENCHMARKS_torch = "decode_gpu.py" "train.py --shape gpt2 --dtype mixed_bfloat16 --steps 10 --rounds 2"
+GPU_BENCHMARKS_tensorflow = "decode_gpu.py --peers ours,keras-hub"
+GPU_PEER_BENCHMARKS = "attention.py" "attention.py --dtype bfloat16" "generate.py --repeats 2" \
 	"generate_seq2seq.py --repeats 2" "bert_forward.py --repeats 3" "generate_llama.py --repeats 1"
 gpu-check: $(GPU_INSTALL)
 	nvidia-smi
 	@status=0; for b in $(BACKENDS); do \
 	  echo "=== KERAS_BACKEND=$$b ==="; \
-	  for bench in $(GPU_BENCHMARKS); do \
+	  case $$b in jax) benches='$(GPU_BENCHMARKS_jax)';; torch) benches='$(GPU_BENCHMARKS_torch)';; \
+	    *) benches='$(GPU_BENCHMARKS_tensorflow)';; esac; \
+	  eval "set -- $$benches"; for bench in "$$@"; do \
+	    echo "--- $$bench"; \
+	    KERAS_BACKEND=$$b $(PY) benchmarks/$$bench || { echo "FAILED: KERAS_BACKEND=$$b $$bench"; status=1; }; \
+	  done; \
+	done; exit $$status
+
+gpu-check-peers: $(GPU_INSTALL)
+	nvidia-smi
+	@status=0; for b in $(BACKENDS); do \
+	  echo "=== KERAS_BACKEND=$$b ==="; \
+	  for bench in $(GPU_PEER_BENCHMARKS); do \
 	    echo "--- $$bench"; \
 	    KERAS_BACKEND=$$b $(PY) benchmarks/$$bench || { echo "FAILED: KERAS_BACKEND=$$b $$bench"; status=1; }; \
 	  done; \
