@@ -40,9 +40,17 @@ import keras
 
 from keras_transformer import presets
 from keras_transformer.convert import hf_export
+from keras_transformer.export import graphs
+from keras_transformer.export.onnx import write_onnx_bundle
 from keras_transformer.export.quantize import check_mode, quantize_bundle
+from keras_transformer.export.saved_model import write_saved_model
+from keras_transformer.models.backbone import Backbone
+from keras_transformer.models.causal_lm import CausalLM
 from keras_transformer.models.lora import lora_layers
+from keras_transformer.models.masked_lm import MaskedLM
 from keras_transformer.models.quantization import quantization_mode
+from keras_transformer.models.seq2seq_lm import Seq2SeqLM
+from keras_transformer.models.task import EXPORTERS, Task
 
 FORMATS = ("onnx", "tf_saved_model", hf_export.FORMAT)
 INSTALL_HINT = "pip install 'keras-transformer[export]'"
@@ -94,8 +102,6 @@ def export_models(task, targets, overwrite=False, quantize=None):
     Example:
     >>> export_models(lm, {"out/onnx": "onnx", "out/saved_model": "tf_saved_model"})
     """
-    from keras_transformer.export import graphs  # light: builds nothing until called
-
     targets = [(Path(os.fspath(path)).expanduser().resolve(), format) for path, format in dict(targets).items()]
     if not targets:
         raise ValueError("`targets` is empty: pass at least one {path: format}.")
@@ -170,12 +176,8 @@ def write(task, directory, format):
     if keras.config.backend() != "tensorflow":
         raise RuntimeError("keras_transformer.export.write runs under the TensorFlow backend only.")
     if format == "onnx":
-        from keras_transformer.export.onnx import write_onnx_bundle
-
         write_onnx_bundle(task, directory)
     else:
-        from keras_transformer.export.saved_model import write_saved_model
-
         write_saved_model(task, directory)
 
 
@@ -209,9 +211,6 @@ def load_preset_task(preset, load_weights=True):
     Presets written by `Task.save_to_preset` name their task class; presets holding only a
     backbone get their backbone's language-model task (see `language_model_task`).
     """
-    from keras_transformer.models.backbone import Backbone
-    from keras_transformer.models.task import Task
-
     path, config = presets.load_config(preset)
     class_name = (config.get("task") or {}).get("class_name")
     if class_name is not None:
@@ -226,10 +225,6 @@ def load_preset_task(preset, load_weights=True):
 def language_model_task(backbone_cls):
     """The task class a backbone-only preset is exported as: the language model (causal, masked or
     seq2seq) built on exactly this backbone class; a ValueError when the family defines none."""
-    from keras_transformer.models.causal_lm import CausalLM
-    from keras_transformer.models.masked_lm import MaskedLM
-    from keras_transformer.models.seq2seq_lm import Seq2SeqLM
-
     def subclasses(cls):
         for sub in cls.__subclasses__():
             yield sub
@@ -246,6 +241,10 @@ def language_model_task(backbone_cls):
         )
     return found[0]
 
+
+# `Task.export` writes through this registry: the models floor cannot import export (export builds on it),
+# so export registers its writer for each format when it is imported (the models package imports it last).
+EXPORTERS.update(dict.fromkeys(FORMATS, export_model))
 
 __all__ = [
     "FORMATS", "INSTALL_HINT", "check_requirements", "export_model", "export_models", "language_model_task",

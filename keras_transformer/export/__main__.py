@@ -9,6 +9,8 @@ which the caller renames.
 import argparse
 import sys
 
+from keras_transformer import export
+
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m keras_transformer.export", description=__doc__.splitlines()[0])
@@ -20,8 +22,6 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if (args.out_dir is None) == (args.write_into is None):
         parser.error("pass OUT_DIR")
-
-    from keras_transformer import export
 
     task = export.load_preset_task(args.preset)
     if args.write_into:

@@ -31,11 +31,11 @@ the next norm takes it), feed-forward biases inside FastGelu/BiasGelu.
 
 import numpy as np
 
+from keras_transformer.export import onnx_kernels
+from keras_transformer.export.onnx_values import Unsupported, Value
+from keras_transformer.models.seq2seq_lm import Seq2SeqLM
+
 OPSET_IMPORTS = (("", 17), ("com.microsoft", 1))
-
-
-class Unsupported(Exception):
-    """The step needs something the ONNX kernels do not build; the export uses the traced step instead."""
 
 
 def decode_model(task):
@@ -43,8 +43,6 @@ def decode_model(task):
     in-place decode step; `Unsupported` otherwise."""
     import onnx
     from onnx import TensorProto, helper
-
-    from keras_transformer.models.seq2seq_lm import Seq2SeqLM
 
     backbone = task.backbone
     if not hasattr(task, "compute_logits"):
@@ -98,56 +96,6 @@ def decode_model(task):
     return model
 
 
-class Value:
-    """A tensor of the graph being built, by name; `+` of two values stays pending until a norm or a reader needs it.
-
-    A pending sum x + branch (+ bias) is what a LayerNormalization turns into one
-    SkipLayerNormalization node (which also outputs the sum for the residual stream).
-    """
-
-    def __init__(self, builder, name, branch=None, bias=None, index=None):
-        self.builder, self.name, self.branch, self.bias, self.index = builder, name, branch, bias, index
-
-    def __add__(self, other):
-        if not isinstance(other, Value):
-            raise Unsupported(f"adding a {type(other).__name__} to a graph value")
-        plain = self.branch is None and self.bias is None and self.index is None
-        if plain and other.branch is None and other.index is None:
-            return Value(self.builder, self.name, branch=other.name, bias=other.bias)
-        return Value(self.builder, self.builder.node("Add", [self.materialize(), other.materialize()]))
-
-    def __mul__(self, factor):
-        if not isinstance(factor, (int, float)):
-            raise Unsupported(f"multiplying a graph value by a {type(factor).__name__}")
-        return Value(self.builder, self.builder.node("Mul", [self.materialize(), self.builder.scalar(factor)]))
-
-    def __getitem__(self, index):
-        """x[:, ..., i] over leading axes, made only if something reads it (a step may index a cache for its length)."""
-        index = index if isinstance(index, tuple) else (index,)
-        if not all(isinstance(i, int) or i == slice(None) for i in index):
-            raise Unsupported(f"indexing a graph value with {index!r}")
-        return Value(self.builder, self.materialize(), index=index)
-
-    def materialize(self):
-        """The name of this value's tensor, adding the pending sum's (or indexing's) nodes if any."""
-        name = self.name
-        if self.index is not None:  # one Gather per integer index, the last axis first
-            for axis, i in reversed(list(enumerate(self.index))):
-                if isinstance(i, int):
-                    name = self.builder.node("Gather", [name, self.builder.const("index", np.array(i))], axis=axis)
-            self.index = None
-        if self.bias is not None:
-            if self.branch is None:
-                name = self.builder.node("Add", [name, self.bias])
-            else:
-                branch = self.builder.node("Add", [self.branch, self.bias])
-                self.branch, self.bias = branch, None
-        if self.branch is not None:
-            name = self.builder.node("Add", [name, self.branch])
-        self.name, self.branch, self.bias = name, None, None
-        return name
-
-
 class OnnxKernels:
     """`call_layer` for the decode graph: each known layer type adds its ONNX nodes; anything else is `Unsupported`.
 
@@ -174,8 +122,6 @@ class OnnxKernels:
         return self._memo[key]
 
     def __call__(self, layer, *args, **kwargs):
-        from keras_transformer.export import onnx_kernels
-
         kernel = onnx_kernels.KERNELS.get(type(layer))
         if kernel is None:
             raise Unsupported(f"no ONNX kernel for a {type(layer).__name__} layer")
@@ -217,7 +163,4 @@ class _Builder:
         last.output[list(last.output).index(name)] = new_name
 
 
-def weight(variable):
-    import keras
-
-    return np.asarray(keras.ops.convert_to_numpy(variable), np.float32)
+__all__ = ["OPSET_IMPORTS", "OnnxKernels", "Unsupported", "Value", "decode_model"]

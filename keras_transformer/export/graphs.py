@@ -41,7 +41,10 @@ Built under the TensorFlow backend only; `tensorflow` is imported when a graph i
 
 from typing import NamedTuple
 
+from keras_transformer.export.decode_graph import Unsupported, decode_model
+from keras_transformer.layers.kv_cache import KVCache
 from keras_transformer.models.causal_lm import CausalLM
+from keras_transformer.models.seq2seq_lm import Seq2SeqLM
 from keras_transformer.models.task import Task
 
 KINDS = ("decoder", "encoder", "encoder_decoder")
@@ -65,8 +68,6 @@ class Graph(NamedTuple):
 
 def model_kind(task):
     """The kind of `task`: "decoder", "encoder" or "encoder_decoder"; a ValueError for what cannot be exported."""
-    from keras_transformer.models.seq2seq_lm import Seq2SeqLM
-
     if not isinstance(task, Task):
         raise ValueError(
             "Export takes a keras_transformer task (e.g. GPTCausalLM, BertClassifier, T5Seq2SeqLM). "
@@ -146,8 +147,6 @@ def _layer_caches(tensors, extra=0):
     tokens; their one-token writes are a `where` (plain Equal/Where nodes for tf2onnx)."""
     import tensorflow as tf
 
-    from keras_transformer.layers.kv_cache import KVCache
-
     def heads_first(t):  # (B, S, Hkv, Dh) -> (B, Hkv, S + extra, Dh)
         padded = tf.pad(tf.transpose(t, (0, 2, 1, 3)), [[0, 0], [0, 0], [0, extra], [0, 0]])
         padded.set_shape((None, t.shape[2], None, t.shape[3]))  # a pad by a tensor loses every static size
@@ -174,8 +173,6 @@ def _layer_presents(caches, task):
 def _in_place_decode_graph(task, name="decode"):
     """The decode step built by running the task's own step with ONNX kernels (decode_graph.py), caches
     written in place; None when the step needs something those kernels do not build."""
-    from keras_transformer.export.decode_graph import Unsupported, decode_model
-
     try:
         return Graph(name, None, [], {}, model=decode_model(task))
     except Unsupported:

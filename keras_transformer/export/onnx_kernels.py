@@ -3,13 +3,13 @@
 Axes: B rows, D model width, H heads, Hkv key/value heads, Dh head size, F feed-forward width, V vocabulary,
 S_total = S + 1 positions attended, S_enc encoder length, P positions, R rotated dims per head.
 Every kernel takes `(kernels, layer, *call arguments)` as the layer's own `call` does and returns
-`decode_graph.Value`s; what it does not build raises `Unsupported`.
+`onnx_values.Value`s; what it does not build raises `Unsupported`.
 """
 
 import keras
 import numpy as np
 
-from keras_transformer.export.decode_graph import Unsupported, Value, weight
+from keras_transformer.export.onnx_values import Unsupported, Value, weight
 from keras_transformer.layers import kernel_table
 
 
