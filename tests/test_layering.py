@@ -18,11 +18,7 @@ DOORS = {"keras_transformer", "keras_transformer.cli"}
 
 # Function-level imports of our own modules that stay, each with its reason. Each entry is (importer,
 # imported); the cycle check leaves these edges out. Only an optional dependency's door belongs here.
-ALLOWLIST = {
-    # samplers/: the PyTorch kernels import torch, an optional dependency: they load only when a PyTorch
-    # loop runs (a JAX or TensorFlow user never imports torch)
-    ("keras_transformer.samplers.compile", "keras_transformer.samplers.torch_kernels"),
-}
+ALLOWLIST = set()  # empty: samplers/compile.py imports the PyTorch kernels at module level, on PyTorch only
 
 
 def _module_name(path):

@@ -25,6 +25,13 @@ import keras
 
 from keras_transformer.samplers import cache_schedule
 
+if keras.config.backend() == "torch":
+    # The PyTorch kernels import torch, an optional dependency: loaded where Keras runs on PyTorch (and has
+    # loaded torch already), never on JAX or TensorFlow.
+    from keras_transformer.samplers import torch_kernels
+else:
+    torch_kernels = None
+
 TORCH_COMPILE_ENV = "KERAS_TRANSFORMER_TORCH_COMPILE"
 TORCH_COMPILE_BACKEND_ENV = "KERAS_TRANSFORMER_TORCH_COMPILE_BACKEND"
 _log = logging.getLogger("keras_transformer")
@@ -77,8 +84,6 @@ def plan(task, sampler, options, inputs, cache_bytes):
     backend = _backend()
     rows = len(inputs["token_ids"])
     if backend == "torch":
-        from keras_transformer.samplers import torch_kernels
-
         compiled = torch_kernels.supports(task) and torch_step_mode(task) == "compiled"
         kernels = None
         if torch_kernels.supports(task):
