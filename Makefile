@@ -14,12 +14,12 @@ export TF_CPP_MIN_LOG_LEVEL := 3
 
 install: $(STAMP)
 
+# setuptools says "Editable installation ... folders with the same name as your package" for every
+# editable install whose packages are mapped from other folders (the preset zoo, the bundle runtime):
+# information only, silenced so that a clean install prints nothing.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=24"
-	# setuptools says "Editable installation ... folders with the same name as your package" for every
-	# editable install whose packages are mapped from other folders (the preset zoo, the bundle runtime):
-	# information only, silenced so that a clean install prints nothing.
 	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
