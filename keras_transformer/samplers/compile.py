@@ -60,9 +60,10 @@ def torch_step_mode(task):
         return "compiled" if forced in ("1", "true") else "eager"
     import torch
 
+    if not torch.cuda.is_available():  # checked first: the model's device is read only where CUDA exists
+        return "eager"
     variables = getattr(task, "variables", ())
-    on_cuda = bool(variables) and variables[0].value.device.type == "cuda" and torch.cuda.is_available()
-    return "compiled" if on_cuda else "eager"
+    return "compiled" if variables and variables[0].value.device.type == "cuda" else "eager"
 
 
 class Plan:
@@ -84,9 +85,10 @@ def plan(task, sampler, options, inputs, cache_bytes):
     backend = _backend()
     rows = len(inputs["token_ids"])
     if backend == "torch":
-        compiled = torch_kernels.supports(task) and torch_step_mode(task) == "compiled"
+        supported = torch_kernels.supports(task)
+        compiled = supported and torch_step_mode(task) == "compiled"
         kernels = None
-        if torch_kernels.supports(task):
+        if supported:
             # Made per call: the kernels read the weights now, so a call after training sees the new ones.
             kernels = torch_kernels.TorchKernels(length=inputs["token_ids"].shape[1] if compiled else None)
         # PyTorch's steps read (R, Hkv, S, Dh) caches: beams reorder their rows (in place, eagerly).

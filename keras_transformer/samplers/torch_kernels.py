@@ -61,16 +61,20 @@ class TorchKernels:
         # attention over the whole width under a mask, position tables made for L positions up front.
         self.length = length
         self._weights = {}  # id(layer) -> the layer's weights arranged for its kernel
+        self._dispatch = {}  # id(layer) -> (its kernel or None, its compute dtype)
         self._masks = {}  # (start, T, S) -> causal mask (T, S), for the step in progress
         self._index = (None, 0)  # the step's cache index tensor and its int
         self._padding = (None, None)  # a padding mask tensor and its `padding_blocked` form
         self.through_keras = set()  # names of the layer types that ran through Keras (slow, still right)
 
     def __call__(self, layer, *args, **kwargs):
-        kernel = _KERNELS.get(type(layer))
+        entry = self._dispatch.get(id(layer))
+        if entry is None:  # looked up once per layer and call: a step then pays one dict lookup per layer
+            kernel = _KERNELS.get(type(layer))
+            entry = self._dispatch[id(layer)] = (kernel, DTYPES.get(layer.compute_dtype) if kernel else None)
+        kernel, dtype = entry
         if kernel is not None:
-            dtype = self.weights(layer.dtype_policy, lambda policy: DTYPES[policy.compute_dtype])
-            if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point() and args[0].dtype != dtype:
+            if args and getattr(args[0], "dtype", dtype) != dtype and args[0].is_floating_point():
                 # As a Keras layer call casts its float inputs to the layer's compute dtype (e.g. a float32
                 # head over a bfloat16 backbone).
                 args = (args[0].to(dtype),) + args[1:]
