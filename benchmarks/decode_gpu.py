@@ -21,7 +21,6 @@ table goes on.
 import argparse
 import os
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -31,6 +30,10 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from generate_llama import keras_hub_backbone, transformers_config  # noqa: E402
+from timing import paired  # noqa: E402
 
 PROMPT = 16
 SHAPES = {
@@ -79,14 +82,8 @@ class KerasHub:
     def __init__(self, shape, dtype):
         import keras_hub
 
-        c = SHAPES[shape]
         keras.utils.set_random_seed(0)
-        backbone = keras_hub.models.LlamaBackbone(
-            vocabulary_size=c["vocabulary_size"], num_layers=c["num_layers"], num_query_heads=c["num_heads"],
-            hidden_dim=c["hidden_dim"], intermediate_dim=c["intermediate_dim"],
-            num_key_value_heads=c["num_key_value_heads"], rope_max_wavelength=c["rope_max_wavelength"],
-            layer_norm_epsilon=c["norm_epsilon"], tie_word_embeddings=True, dtype=dtype,
-        )
+        backbone = keras_hub_backbone(SHAPES[shape], dtype)
         self.lm = keras_hub.models.LlamaCausalLM(backbone, preprocessor=None)
         self.samplers = {1: keras_hub.samplers.GreedySampler(), 4: keras_hub.samplers.BeamSampler(num_beams=4)}
         self.beams = None
@@ -107,17 +104,9 @@ class Transformers:
         import torch
         import transformers
 
-        c = SHAPES[shape]
         torch.manual_seed(0)
-        config = transformers.LlamaConfig(
-            vocab_size=c["vocabulary_size"], hidden_size=c["hidden_dim"], intermediate_size=c["intermediate_dim"],
-            num_hidden_layers=c["num_layers"], num_attention_heads=c["num_heads"],
-            num_key_value_heads=c["num_key_value_heads"], max_position_embeddings=c["max_sequence_length"],
-            rope_theta=c["rope_max_wavelength"], rms_norm_eps=c["norm_epsilon"], tie_word_embeddings=True,
-            bos_token_id=0, eos_token_id=0, pad_token_id=0,
-        )
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model = transformers.LlamaForCausalLM(config).to(device=device, dtype=getattr(torch, dtype)).eval()
+        self.model = transformers.LlamaForCausalLM(transformers_config(SHAPES[shape])).to(device=device, dtype=getattr(torch, dtype)).eval()
         self.static = static
         if static:
             self.model.generation_config.cache_implementation = "static"
@@ -131,16 +120,6 @@ class Transformers:
                 ids, attention_mask=self.torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
                 do_sample=False, num_beams=beams, eos_token_id=None, pad_token_id=0,
             )
-
-
-def best_seconds(fn, repeats):
-    fn()  # compiles
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main():
@@ -184,7 +163,8 @@ def main():
         for beams, batch in runs:
             prompts = rng.integers(1, SHAPES[args.shape]["vocabulary_size"], (batch, PROMPT)).astype("int32")
             try:
-                seconds = best_seconds(lambda: model.generate(prompts, args.new, beams), args.repeats)
+                run = lambda m=model, p=prompts, b=beams: m.generate(p, args.new, b)  # noqa: E731
+                seconds = paired([run], args.repeats)[1][0]
             except Exception:  # noqa: BLE001
                 print(f"| {name} | {dtype} | {'greedy' if beams == 1 else 'beam-4'} | {batch} | failed: "
                       f"{traceback.format_exc(limit=1).splitlines()[-1]} | | |")

@@ -48,6 +48,31 @@ def _config():
     return config["backbone"]["config"]
 
 
+def keras_hub_backbone(c, dtype=None):
+    """keras-hub's LlamaBackbone of our Llama config `c` (tied head), random weights."""
+    import keras_hub
+
+    return keras_hub.models.LlamaBackbone(
+        vocabulary_size=c["vocabulary_size"], num_layers=c["num_layers"], num_query_heads=c["num_heads"],
+        hidden_dim=c["hidden_dim"], intermediate_dim=c["intermediate_dim"],
+        num_key_value_heads=c["num_key_value_heads"], rope_max_wavelength=c["rope_max_wavelength"],
+        layer_norm_epsilon=c["norm_epsilon"], tie_word_embeddings=True, dtype=dtype,
+    )
+
+
+def transformers_config(c):
+    """transformers' LlamaConfig of our Llama config `c` (tied head, token 0 for bos/eos/pad)."""
+    import transformers
+
+    return transformers.LlamaConfig(
+        vocab_size=c["vocabulary_size"], hidden_size=c["hidden_dim"], intermediate_size=c["intermediate_dim"],
+        num_hidden_layers=c["num_layers"], num_attention_heads=c["num_heads"],
+        num_key_value_heads=c["num_key_value_heads"], max_position_embeddings=c["max_sequence_length"],
+        rope_theta=c["rope_max_wavelength"], rms_norm_eps=c["norm_epsilon"], tie_word_embeddings=True,
+        bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    )
+
+
 class Ours:
     name = "ours"
 
@@ -71,14 +96,8 @@ class KerasHub:
     def __init__(self):
         import keras_hub
 
-        c = _config()
         keras.utils.set_random_seed(0)
-        backbone = keras_hub.models.LlamaBackbone(
-            vocabulary_size=c["vocabulary_size"], num_layers=c["num_layers"], num_query_heads=c["num_heads"],
-            hidden_dim=c["hidden_dim"], intermediate_dim=c["intermediate_dim"],
-            num_key_value_heads=c["num_key_value_heads"], rope_max_wavelength=c["rope_max_wavelength"],
-            layer_norm_epsilon=c["norm_epsilon"], tie_word_embeddings=True,
-        )
+        backbone = keras_hub_backbone(_config())
         self.lm = keras_hub.models.LlamaCausalLM(backbone, preprocessor=None)
         self.samplers = {1: keras_hub.samplers.GreedySampler(), 4: keras_hub.samplers.BeamSampler(num_beams=4)}
         self.beams = None
@@ -103,16 +122,8 @@ class HuggingFace:
         import torch
         import transformers
 
-        c = _config()
         torch.manual_seed(0)
-        config = transformers.LlamaConfig(
-            vocab_size=c["vocabulary_size"], hidden_size=c["hidden_dim"], intermediate_size=c["intermediate_dim"],
-            num_hidden_layers=c["num_layers"], num_attention_heads=c["num_heads"],
-            num_key_value_heads=c["num_key_value_heads"], max_position_embeddings=c["max_sequence_length"],
-            rope_theta=c["rope_max_wavelength"], rms_norm_eps=c["norm_epsilon"], tie_word_embeddings=True,
-            bos_token_id=0, eos_token_id=0, pad_token_id=0,
-        )
-        self.model = transformers.LlamaForCausalLM(config).eval()
+        self.model = transformers.LlamaForCausalLM(transformers_config(_config())).eval()
         self.model.save_pretrained(directory, safe_serialization=True)
         self.torch = torch
 
