@@ -9,6 +9,7 @@ import keras
 from keras import ops
 
 from keras_transformer.samplers.decode_loop import reorder_rows
+from keras_transformer.samplers.loop_state import BeamState
 from keras_transformer.samplers.processors import NEG, is_stop_token
 from keras_transformer.samplers.rows import column, write_column
 from keras_transformer.samplers.sampler import Sampler
@@ -82,48 +83,48 @@ class BeamSampler(Sampler):
         B, K, L = ctx.batch_size, self.num_beams, ctx.length
         # Only beam 0 is alive at first: the K copies of a prompt must not yield K equal beams.
         beam_scores = ops.concatenate([ops.zeros((B, 1)), ops.full((B, K - 1), NEG)], axis=1)  # (B, K)
-        return {
-            "beam_scores": beam_scores,
-            "done": ops.zeros((B,), "bool"),
-            "finished_tokens": ops.full((B, K, L), ctx.pad_id, "int32"),
-            "finished_scores": ops.full((B, K), 2 * NEG, "float32"),
-            "finished_valid": ops.zeros((B, K), "bool"),
-            "finished_ends": ops.zeros((B, K), "int32"),
-        }
+        return BeamState(
+            beam_scores=beam_scores,
+            done=ops.zeros((B,), "bool"),
+            finished_tokens=ops.full((B, K, L), ctx.pad_id, "int32"),
+            finished_scores=ops.full((B, K), 2 * NEG, "float32"),
+            finished_valid=ops.zeros((B, K), "bool"),
+            finished_ends=ops.zeros((B, K), "int32"),
+        )
 
     def _step(self, i, scores, state, ctx):
         B, K, L, V = ctx.batch_size, self.num_beams, ctx.length, scores.shape[-1]
-        rows = dict(state["rows"])
+        rows, beams = state.rows, state.sampler
         lengths = ops.reshape(ctx.prompt_lengths, (B, K))[:, 0]  # (B,)
         generated = i + 1 - lengths  # (B,) new tokens including this one
         in_prompt = i < lengths
-        active = ops.logical_and(ops.logical_not(in_prompt), ops.logical_not(state["done"]))  # (B,)
+        active = ops.logical_and(ops.logical_not(in_prompt), ops.logical_not(beams.done))  # (B,)
         at_limit = generated >= ctx.max_new_tokens
 
         # Best C continuations of all beams of an input.
-        total = ops.reshape(scores, (B, K, V)) + state["beam_scores"][:, :, None]
+        total = ops.reshape(scores, (B, K, V)) + beams.beam_scores[:, :, None]
         num_candidates = min(max(2, 1 + len(ctx.stop_token_ids)) * K, K * V)
         top_scores, top_index = ops.top_k(ops.reshape(total, (B, K * V)), num_candidates)  # (B, C)
         top_beam, top_token = top_index // V, ops.cast(top_index % V, "int32")
         finishes = ops.logical_or(is_stop_token(top_token, ctx.stop_token_ids), at_limit[:, None])  # (B, C)
 
         # Finished hypotheses: candidates ranked in the top K that stop, while the input is open.
-        full = ops.all(state["finished_valid"], axis=1)
+        full = ops.all(beams.finished_valid, axis=1)
         accepting = ops.logical_and(active, ops.logical_not(full)) if self.early_stopping is True else active
         rank = ops.arange(num_candidates, dtype="int32")[None, :]  # (1, C)
         new_valid = finishes & (rank < K) & accepting[:, None] & (top_scores > NEG / 2)
         length = ops.cast(ops.maximum(generated, 1), "float32")[:, None]  # (B, 1)
         new_scores = ops.where(new_valid, top_scores / length**self.length_penalty, 2 * NEG)
-        beam_tokens = ops.reshape(rows["tokens"], (B, K, L))
+        beam_tokens = ops.reshape(rows.tokens, (B, K, L))
         candidate_tokens = ops.take_along_axis(beam_tokens, top_beam[:, :, None], axis=1)  # (B, C, L)
         positions = ops.arange(L, dtype="int32")[None, None, :]
         candidate_tokens = ops.where(positions == i, top_token[:, :, None], candidate_tokens)
-        merged_scores = ops.concatenate([state["finished_scores"], new_scores], axis=1)  # (B, K + C)
+        merged_scores = ops.concatenate([beams.finished_scores, new_scores], axis=1)  # (B, K + C)
         finished_scores, keep = ops.top_k(merged_scores, K)  # (B, K), sorted best first
-        merged_valid = ops.concatenate([state["finished_valid"], new_valid], axis=1)
-        merged_tokens = ops.concatenate([state["finished_tokens"], candidate_tokens], axis=1)  # (B, K + C, L)
+        merged_valid = ops.concatenate([beams.finished_valid, new_valid], axis=1)
+        merged_tokens = ops.concatenate([beams.finished_tokens, candidate_tokens], axis=1)  # (B, K + C, L)
         merged_ends = ops.concatenate(
-            [state["finished_ends"], ops.full((B, num_candidates), 1, "int32") * (i + 1)], axis=1
+            [beams.finished_ends, ops.full((B, num_candidates), 1, "int32") * (i + 1)], axis=1
         )
         finished_valid = ops.take_along_axis(merged_valid, keep, axis=1)
         finished_tokens = ops.take_along_axis(merged_tokens, keep[:, :, None], axis=1)
@@ -146,7 +147,7 @@ class BeamSampler(Sampler):
         done = ops.logical_or(at_limit, best_possible <= worst)
         if self.early_stopping is True:
             done = ops.logical_or(done, all_valid)
-        done = ops.where(active, done, state["done"])
+        done = ops.where(active, done, beams.done)
 
         # Reorder the rows after the chosen beams; inputs not active this step stay in place.
         keep_beam = ops.broadcast_to(ops.arange(K, dtype="int32")[None, :], (B, K))
@@ -154,28 +155,26 @@ class BeamSampler(Sampler):
         flat = ops.reshape(ops.arange(B, dtype="int32")[:, None] * K + next_beam, (B * K,))  # (R,)
         options = ctx.options  # the model has written positions [0, i): op by op, only those are reordered
         rows = reorder_rows(rows, flat, filled=i if options.eager_rows else None, flat=options.flat_cache)
-        prompt_token = ops.reshape(column(rows["tokens"], i, options.gather_columns), (B, K))
+        prompt_token = ops.reshape(column(rows.tokens, i, options.gather_columns), (B, K))
         token = ops.where(in_prompt[:, None], prompt_token, ops.where(active[:, None], next_token, ctx.pad_id))
-        rows["tokens"] = write_column(rows["tokens"], i, ops.reshape(token, (B * K,)))
-        return {
-            **state,
-            "rows": rows,
-            "beam_scores": ops.where(active[:, None], beam_scores, state["beam_scores"]),
-            "done": done,
-            "finished_tokens": finished_tokens,
-            "finished_scores": finished_scores,
-            "finished_valid": finished_valid,
-            "finished_ends": finished_ends,
-        }
+        rows = rows._replace(tokens=write_column(rows.tokens, i, ops.reshape(token, (B * K,))))
+        return state._replace(rows=rows, sampler=BeamState(
+            beam_scores=ops.where(active[:, None], beam_scores, beams.beam_scores),
+            done=done,
+            finished_tokens=finished_tokens,
+            finished_scores=finished_scores,
+            finished_valid=finished_valid,
+            finished_ends=finished_ends,
+        ))
 
     def _is_running(self, state):
-        return ops.logical_not(ops.all(state["done"]))
+        return ops.logical_not(ops.all(state.sampler.done))
 
     def _outputs(self, state):
-        n = self.num_return_sequences
+        n, beams = self.num_return_sequences, state.sampler
         return {
-            "token_ids": state["finished_tokens"][:, :n],  # (B, n, L)
-            "ends": state["finished_ends"][:, :n],  # (B, n) position after each hypothesis
-            "scores": state["finished_scores"][:, :n],  # (B, n) normalized scores
-            "valid": state["finished_valid"][:, :n],
+            "token_ids": beams.finished_tokens[:, :n],  # (B, n, L)
+            "ends": beams.finished_ends[:, :n],  # (B, n) position after each hypothesis
+            "scores": beams.finished_scores[:, :n],  # (B, n) normalized scores
+            "valid": beams.finished_valid[:, :n],
         }

@@ -11,6 +11,8 @@ double, so a 1024-position loop compiles at most five step bodies.
 
 from keras import ops
 
+from keras_transformer.samplers.loop_state import present
+
 CHUNK = 128
 # TensorFlow's XLA keeps every chunk's loop state apart (JAX reuses it): each width adds a copy of
 # the cache at that width. A cache larger than this grows through two widths only, the first and L,
@@ -35,9 +37,9 @@ def cache_widths(length, prefill_length, chunked=True):
 
 def cache_width(state):
     """The width W of the loop state's cache."""
-    if "ancestry" in state["rows"]:
-        return state["rows"]["ancestry"].shape[-1]  # (R, W)
-    return state["rows"]["cache"][0][0].shape[-2]  # (..., W, Dh) in either layout
+    if present(state.rows.ancestry):
+        return state.rows.ancestry.shape[-1]  # (R, W)
+    return state.rows.cache[0][0].shape[-2]  # (..., W, Dh) in either layout
 
 
 def widen(state, width):
@@ -49,17 +51,17 @@ def widen(state, width):
     def pad(t):
         return ops.pad(t, [(0, 0)] * (len(t.shape) - 2) + [(0, extra), (0, 0)])
 
-    rows = dict(state["rows"])
-    if "ancestry" in rows:  # a beam cache: keys_t (N, Dh, W * K), values (N, W * K, Dh), slots minor
-        K = rows["cache"][0][0].shape[-1] // rows["ancestry"].shape[-1]
-        rows["cache"] = [
-            (ops.pad(keys_t, [(0, 0), (0, 0), (0, extra * K)]), ops.pad(values, [(0, 0), (0, extra * K), (0, 0)]))
-            for keys_t, values in rows["cache"]
-        ]
-        rows["ancestry"] = ops.pad(rows["ancestry"], [(0, 0), (0, extra)])  # (R, W): read only once written
+    rows = state.rows
+    if present(rows.ancestry):  # a beam cache: keys_t (N, Dh, W * K), values (N, W * K, Dh), slots minor
+        K = rows.cache[0][0].shape[-1] // rows.ancestry.shape[-1]
+        rows = rows._replace(
+            cache=[(ops.pad(keys_t, [(0, 0), (0, 0), (0, extra * K)]), ops.pad(values, [(0, 0), (0, extra * K), (0, 0)]))
+                   for keys_t, values in rows.cache],
+            ancestry=ops.pad(rows.ancestry, [(0, 0), (0, extra)]),  # (R, W): read only once written
+        )
     else:
-        rows["cache"] = [tuple(pad(t) for t in pair) for pair in rows["cache"]]
-    return {**state, "rows": rows}
+        rows = rows._replace(cache=[tuple(pad(t) for t in pair) for pair in rows.cache])
+    return state._replace(rows=rows)
 
 
 # Compiled XLA loops carry each layer's keys and values as (R * Hkv, S, Dh), the shape XLA gives

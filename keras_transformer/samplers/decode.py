@@ -59,7 +59,7 @@ def decode(task, sampler, options, inputs, streamer=None):
         i, state = step(loop_inputs, i, state, kernels)
         position += 1
         if streamer is not None:
-            emitted = ops.convert_to_numpy(state["emitted"])
+            emitted = ops.convert_to_numpy(state.sampler.emitted)
             if np.any(emitted >= 0):
                 streamer(emitted)
     return compile_lib.to_numpy(sampler._outputs(state))

@@ -11,9 +11,9 @@ compiles it through `compile.py`):
   i keep their own prompt token, so ragged (right-padded) prompts need no attention mask:
   position i is written before any query at >= i reads it, so a pad key is never attended.
 
-The loop state is a dict: "rows" (per-row tensors: "tokens" (R, L), "cache", and "seen", "logits",
-"ancestry" where the options ask for them), "context" (the encoder's cross-attention cache and mask
-for seq2seq) and the sampler's own entries ("done", "emitted", ...; see `Sampler._initial_state`).
+The loop state is a `loop_state.LoopState`: the per-row tensors (`Rows`: token buffer, cache, and the
+seen tokens, logits and beam ancestry where the options ask for them), the encoder's outputs for
+seq2seq (`Encoded`) and the sampler's own state (see `Sampler._initial_state`).
 """
 
 import keras
@@ -22,6 +22,7 @@ from keras import ops
 from keras_transformer.layers.kv_cache import BeamCache, PaddedQueryCache, split_cache
 from keras_transformer.layers.multi_head_attention import MultiHeadAttention
 from keras_transformer.samplers.cache_schedule import cache_width, cache_widths, loop_cache, model_cache, widen
+from keras_transformer.samplers.loop_state import ABSENT, Encoded, LoopState, Prepared, Rows, present
 from keras_transformer.samplers.processors import process
 from keras_transformer.samplers.rows import column, write_column
 
@@ -50,7 +51,7 @@ def is_seq2seq(task):
     return hasattr(task, "compute_cross_cache")
 
 
-def model_step(task, token_ids, cache, index, context, head=None, kernels=None):
+def model_step(task, token_ids, cache, index, encoded, head=None, kernels=None):
     """(R, T) ids at positions [index, index + T) -> logits (R, T, V) float32, updated cache.
 
     head: None, or the task's `decode_head()` made once outside the loop.
@@ -61,9 +62,7 @@ def model_step(task, token_ids, cache, index, context, head=None, kernels=None):
     if kernels is not None:
         kwargs["call_layer"] = kernels
     if is_seq2seq(task):
-        return task.call_with_cache(
-            token_ids, cache, index, context["cross_cache"], context["encoder_padding_mask"], **kwargs
-        )
+        return task.call_with_cache(token_ids, cache, index, encoded.cross_cache, encoded.padding_mask, **kwargs)
     return task.call_with_cache(token_ids, cache, index, **kwargs)
 
 
@@ -71,16 +70,16 @@ def prepare(task, inputs, kernels=None):
     """Encode (seq2seq) and prefill the cache, once per input (not per beam): shared by every sampler.
 
     inputs: prompt_token_ids (B, L), prefill_token_ids (B, P), and for seq2seq
-    encoder_token_ids / encoder_padding_mask (B, S_enc). Returns {"cache", "context"}.
+    encoder_token_ids / encoder_padding_mask (B, S_enc). Returns a `Prepared`.
     """
     batch_size, length = ops.shape(inputs["prompt_token_ids"])[0], inputs["prompt_token_ids"].shape[1]
-    context = {}
+    encoded = Encoded()
     if is_seq2seq(task):
         encoder_outputs = task.encode(inputs["encoder_token_ids"], inputs["encoder_padding_mask"])  # (B, S_enc, D)
-        context = {
-            "cross_cache": split_cache(task.compute_cross_cache(encoder_outputs)),  # L x 2 x (B, Hkv, S_enc, Dh)
-            "encoder_padding_mask": inputs["encoder_padding_mask"],
-        }
+        encoded = Encoded(
+            cross_cache=split_cache(task.compute_cross_cache(encoder_outputs)),  # L x 2 x (B, Hkv, S_enc, Dh)
+            padding_mask=inputs["encoder_padding_mask"],
+        )
     # Per-layer (keys, values) buffers (B, Hkv, W, Dh), W the first chunk's width (see `cache_widths`):
     # each is written in place at every step.
     prefill = inputs["prefill_token_ids"]  # (B, P)
@@ -91,8 +90,8 @@ def prepare(task, inputs, kernels=None):
         for _ in range(layers)
     ]
     if prefill.shape[1]:
-        _, cache = model_step(task, prefill, cache, 0, context, kernels=kernels)
-    return {"cache": cache, "context": context}
+        _, cache = model_step(task, prefill, cache, 0, encoded, kernels=kernels)
+    return Prepared(cache, encoded)
 
 
 def cache_dtype(task):
@@ -123,63 +122,62 @@ def start(task, sampler, options, inputs, prepared):
         # (see `kv_cache.BeamCache`); every slot starts as a copy of the prefill.
         slots = [
             (ops.repeat(ops.swapaxes(keys, 2, 3), K, axis=3), ops.repeat(values, K, axis=2))
-            for keys, values in prepared["cache"]
+            for keys, values in prepared.cache
         ]
         ancestry = ops.arange(num_rows, dtype="int32") % K  # (R,): row b * K + k is beam k
-        width = prepared["cache"][0][0].shape[2]
-        rows = {"tokens": tokens, "cache": loop_cache(slots, options.flat_cache), "ancestry": ops.repeat(ancestry[:, None], width, axis=1)}
+        width = prepared.cache[0][0].shape[2]
+        rows = Rows(tokens, loop_cache(slots, options.flat_cache), ancestry=ops.repeat(ancestry[:, None], width, axis=1))
     else:
-        rows = {"tokens": tokens, "cache": loop_cache(per_row(prepared["cache"]), options.flat_cache)}
-    if options.repetition:
-        rows["seen"] = inputs["seen"]  # (R, V) bool: tokens before the first step
-    if options.return_logits:
-        rows["logits"] = ops.zeros((num_rows, length, ctx.vocabulary_size), "float32")
-    context = {name: per_row(value) for name, value in prepared["context"].items()}
-    state = {"rows": rows, "context": context, **sampler._initial_state(ctx)}
+        rows = Rows(tokens, loop_cache(per_row(prepared.cache), options.flat_cache))
+    rows = rows._replace(
+        seen=inputs["seen"] if options.repetition else ABSENT,  # (R, V) bool: tokens before the first step
+        logits=ops.zeros((num_rows, length, ctx.vocabulary_size), "float32") if options.return_logits else ABSENT,
+    )
+    state = LoopState(rows, per_row(prepared.encoded), sampler._initial_state(ctx))
     return ops.cast(inputs["start"], "int32"), state
 
 
 def body(task, sampler, options, inputs, i, state, head=None, kernels=None):
     """One step: feed token i - 1, process the logits of position i, let the sampler write token i."""
     ctx = Context(inputs, options, sampler, task.backbone.vocabulary_size)
-    rows = dict(state["rows"])
-    token = column(rows["tokens"], i - 1, options.gather_columns)[:, None]  # (R, 1)
+    rows = state.rows
+    token = column(rows.tokens, i - 1, options.gather_columns)[:, None]  # (R, 1)
     if options.beam_cache:
         # Each beam writes position i - 1 in its own slot; the sampler's reorder then moves ancestry rows only.
         own_slot = ops.arange(ctx.num_rows, dtype="int32") % ctx.num_beams  # (R,)
-        rows["ancestry"] = write_column(rows["ancestry"], i - 1, own_slot)  # (R, W)
-        ancestry = ops.reshape(rows["ancestry"], (ctx.batch_size, ctx.num_beams, -1))  # (B, K, W)
+        rows = rows._replace(ancestry=write_column(rows.ancestry, i - 1, own_slot))  # (R, W)
+        ancestry = ops.reshape(rows.ancestry, (ctx.batch_size, ctx.num_beams, -1))  # (B, K, W)
         cache = [BeamCache(keys_t, values, ancestry)
-                 for keys_t, values in model_cache(rows["cache"], ctx.batch_size, options.flat_cache)]
-        logits, cache = model_step(task, token, cache, i - 1, state["context"], head, kernels)
-        rows["cache"] = loop_cache([(c.keys_t, c.values) for c in cache], options.flat_cache)
+                 for keys_t, values in model_cache(rows.cache, ctx.batch_size, options.flat_cache)]
+        logits, cache = model_step(task, token, cache, i - 1, state.encoded, head, kernels)
+        cache = loop_cache([(c.keys_t, c.values) for c in cache], options.flat_cache)
     elif options.padded_step:
         # The token and a copy of it: only the first is real (see `kv_cache.PaddedQueryCache`);
         # the copy makes every product a two-row matrix product.
         pair = ops.repeat(token, 2, axis=1)  # (R, 1) -> (R, 2)
         cache = [PaddedQueryCache(keys, values)
-                 for keys, values in model_cache(rows["cache"], ctx.num_rows, options.flat_cache)]
-        logits, cache = model_step(task, pair, cache, i - 1, state["context"], head, kernels)  # (R, 2, V)
-        rows["cache"] = loop_cache([(c.keys, c.values) for c in cache], options.flat_cache)
+                 for keys, values in model_cache(rows.cache, ctx.num_rows, options.flat_cache)]
+        logits, cache = model_step(task, pair, cache, i - 1, state.encoded, head, kernels)  # (R, 2, V)
+        cache = loop_cache([(c.keys, c.values) for c in cache], options.flat_cache)
     else:
-        cache = model_cache(rows["cache"], ctx.num_rows, options.flat_cache)
-        logits, cache = model_step(task, token, cache, i - 1, state["context"], head, kernels)
-        rows["cache"] = loop_cache(cache, options.flat_cache)
+        cache = model_cache(rows.cache, ctx.num_rows, options.flat_cache)
+        logits, cache = model_step(task, token, cache, i - 1, state.encoded, head, kernels)
+        cache = loop_cache(cache, options.flat_cache)
+    rows = rows._replace(cache=cache)
     logits = logits[:, 0, :]  # (R, 1, V) -> (R, V)
     if options.return_logits:
-        rows["logits"] = ops.slice_update(rows["logits"], (0, i, 0), logits[:, None, :])
+        rows = rows._replace(logits=ops.slice_update(rows.logits, (0, i, 0), logits[:, None, :]))
     scores = process(sampler._prepare_scores(logits), rows, i, ctx)
-    state = sampler._step(i, scores, {**state, "rows": rows}, ctx)
+    state = sampler._step(i, scores, state._replace(rows=rows), ctx)
     if options.repetition:
-        rows = dict(state["rows"])
-        written = ops.one_hot(column(rows["tokens"], i, options.gather_columns), ctx.vocabulary_size, dtype="int32") > 0  # (R, V)
-        rows["seen"] = ops.logical_or(rows["seen"], written)
-        state = {**state, "rows": rows}
+        rows = state.rows
+        written = ops.one_hot(column(rows.tokens, i, options.gather_columns), ctx.vocabulary_size, dtype="int32") > 0  # (R, V)
+        state = state._replace(rows=rows._replace(seen=ops.logical_or(rows.seen, written)))
     return i + 1, state
 
 
 def reorder_rows(rows, index, filled=None, flat=True):
-    """The loop's per-row state (token buffer, cache, ...) with its rows taken in the order `index` (R,).
+    """The loop's per-row tensors (`Rows`: token buffer, cache, ...) with their rows taken in the order `index` (R,).
 
     filled: None, or the number of cache positions written so far (the rest is written before it is
     read), for steps that run op by op (`DecodeOptions.eager_rows`, PyTorch tensors): then only
@@ -190,25 +188,23 @@ def reorder_rows(rows, index, filled=None, flat=True):
     def take(value):
         return ops.take(value, index, axis=0)
 
-    reordered = {name: keras.tree.map_structure(take, value) for name, value in rows.items() if name != "cache"}
-    if "ancestry" in rows:  # a beam cache stays in place: the reordered ancestry rows say where each beam reads
-        reordered["cache"] = rows["cache"]
+    reordered = rows._replace(**{name: keras.tree.map_structure(take, getattr(rows, name))
+                                 for name in Rows._fields if name != "cache"})
+    if present(rows.ancestry):  # a beam cache stays in place: the reordered ancestry rows say where each beam reads
         return reordered
     if filled is not None:
         # A copy of the written positions only, into the same buffers: no new (R, Hkv, S, Dh) buffer per
         # layer and step, and on average half the positions of the chunk's width.
         n, rows_index = int(filled), ops.convert_to_tensor(index).long()
         cache = []
-        for pair in rows["cache"]:
+        for pair in rows.cache:
             pair = tuple(t if t.is_contiguous() else t.contiguous() for t in pair)  # rows may be broadcast views
             for t in pair:  # (R, Hkv, S, Dh)
                 t[:, :, :n] = t[:, :, :n].index_select(0, rows_index)
             cache.append(pair)
-        reordered["cache"] = cache
-        return reordered
-    cache = model_cache(rows["cache"], num_rows, flat)
-    reordered["cache"] = loop_cache([tuple(take(t) for t in pair) for pair in cache], flat)
-    return reordered
+        return reordered._replace(cache=cache)
+    cache = model_cache(rows.cache, num_rows, flat)
+    return reordered._replace(cache=loop_cache([tuple(take(t) for t in pair) for pair in cache], flat))
 
 
 def one_step(task, sampler, options, inputs, i, state, kernels=None):

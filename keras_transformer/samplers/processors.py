@@ -12,15 +12,15 @@ NEG = -1.0e9
 
 
 def process(scores, rows, i, ctx):
-    """Scores (R, V) of position i after the processors `ctx.options` asks for."""
+    """Scores (R, V) of position i after the processors `ctx.options` asks for (rows: the loop's `Rows`)."""
     options = ctx.options
     if options.repetition:
         penalty = ctx.repetition_penalty
         penalized = ops.where(scores < 0, scores * penalty, scores / penalty)
-        scores = ops.where(rows["seen"], penalized, scores)
+        scores = ops.where(rows.seen, penalized, scores)
     if options.no_repeat_ngram_size:
         banned = banned_ngram_tokens(
-            rows["tokens"], i, options.no_repeat_ngram_size, ctx.vocabulary_size, options.gather_columns)
+            rows.tokens, i, options.no_repeat_ngram_size, ctx.vocabulary_size, options.gather_columns)
         scores = ops.where(banned, NEG, scores)
     if ctx.stop_token_ids:
         too_early = (i - ctx.prompt_lengths) < ctx.min_new_tokens  # (R,) fewer than min_new_tokens so far

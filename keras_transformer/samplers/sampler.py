@@ -11,6 +11,7 @@ asks which backend runs is `compile.py`.
 import numpy as np
 from keras import ops
 
+from keras_transformer.samplers.loop_state import TokenState, present
 from keras_transformer.samplers.noise import noise_grid, uniform_noise
 from keras_transformer.samplers.processors import is_stop_token
 from keras_transformer.samplers.rows import column, write_column
@@ -70,29 +71,33 @@ class Sampler:
         return logits
 
     def _initial_state(self, ctx):
+        """The sampler's own part of the loop state (`LoopState.sampler`): a named tuple of tensors."""
         rows = ctx.num_rows
-        return {"done": ops.zeros((rows,), "bool"), "emitted": ops.full((rows,), -1, "int32")}
+        return TokenState(done=ops.zeros((rows,), "bool"), emitted=ops.full((rows,), -1, "int32"))
 
     def _step(self, i, scores, state, ctx):
-        """Write token i of every row; a row is done at a stop token or after max_new_tokens."""
-        rows, done = dict(state["rows"]), state["done"]
+        """Write token i of every row; a row is done at a stop token or after max_new_tokens.
+
+        state: the `LoopState`; returns it with the rows and the sampler's state updated.
+        """
+        rows, done = state.rows, state.sampler.done
         picked = ops.cast(self.get_next_token(scores, step_noise(ctx, i)), "int32")  # (R,)
         in_prompt = i < ctx.prompt_lengths  # (R,)
         emitted = ops.logical_and(ops.logical_not(in_prompt), ops.logical_not(done))
-        prompt_token = column(rows["tokens"], i, ctx.options.gather_columns)
+        prompt_token = column(rows.tokens, i, ctx.options.gather_columns)
         token = ops.where(in_prompt, prompt_token, ops.where(done, ctx.pad_id, picked))
-        rows["tokens"] = write_column(rows["tokens"], i, token)
+        rows = rows._replace(tokens=write_column(rows.tokens, i, token))
         stopped = ops.logical_and(emitted, is_stop_token(token, ctx.stop_token_ids))
         done = ops.logical_or(ops.logical_or(done, stopped), i + 1 >= ctx.limits)
-        return {**state, "rows": rows, "done": done, "emitted": ops.where(emitted, token, -1)}
+        return state._replace(rows=rows, sampler=TokenState(done=done, emitted=ops.where(emitted, token, -1)))
 
     def _is_running(self, state):
-        return ops.logical_not(ops.all(state["done"]))
+        return ops.logical_not(ops.all(state.sampler.done))
 
     def _outputs(self, state):
-        outputs = {"token_ids": state["rows"]["tokens"]}  # (R, L)
-        if "logits" in state["rows"]:
-            outputs["logits"] = state["rows"]["logits"]  # (R, L, V)
+        outputs = {"token_ids": state.rows.tokens}  # (R, L)
+        if present(state.rows.logits):
+            outputs["logits"] = state.rows.logits  # (R, L, V)
         return outputs
 
     def _trace_key(self):
