@@ -87,10 +87,7 @@ def plan(task, sampler, options, inputs, cache_bytes):
     if backend == "torch":
         supported = torch_kernels.supports(task)
         compiled = supported and torch_step_mode(task) == "compiled"
-        kernels = None
-        if supported:
-            # Made per call: the kernels read the weights now, so a call after training sees the new ones.
-            kernels = torch_kernels.TorchKernels(length=inputs["token_ids"].shape[1] if compiled else None)
+        kernels = _torch_kernels(task, inputs["token_ids"].shape[1] if compiled else None) if supported else None
         # PyTorch's steps read (R, Hkv, S, Dh) caches: beams reorder their rows (in place, eagerly).
         options = options.replace(beam_cache=False, padded_step=False, chunked_cache=True, flat_cache=False,
                                   eager_rows=not compiled, gather_columns=True)
@@ -103,6 +100,22 @@ def plan(task, sampler, options, inputs, cache_bytes):
     options = options.replace(beam_cache=sampler.num_beams > 1, padded_step=padded_step, chunked_cache=chunked,
                               flat_cache=True, eager_rows=False, gather_columns=False)
     return Plan(options)
+
+
+def _torch_kernels(task, length):
+    """The task's `TorchKernels` for static length `length` (None: eager steps), kept across calls; their
+    arranged weights are refreshed when a variable was written since the last call (training, `assign`,
+    loading weights: every in-place write bumps the tensor's version counter)."""
+    version = sum(variable.value._version for variable in task.variables)
+    _functions(task)  # empties the kernels too where the variables are other objects
+    made = task.__dict__["_generate_kernels"]
+    kernels, seen = made.get(length, (None, None))
+    if kernels is None:
+        kernels = torch_kernels.TorchKernels(length=length)
+    elif seen != version:
+        kernels.refresh()
+    made[length] = (kernels, version)
+    return kernels
 
 
 class _Compiled:
@@ -186,14 +199,21 @@ def compiled(task, key, build, step=False):
     quantized), every function is made anew, once. step=True: a PyTorch decoding step, compiled by
     `torch.compile` (see `plan`).
     """
-    variables = tuple(map(id, getattr(task, "variables", ())))
-    if task.__dict__.get("_generate_variables") != variables:
-        object.__setattr__(task, "_generate_functions", {})
-        object.__setattr__(task, "_generate_variables", variables)
-    functions = task.__dict__["_generate_functions"]
+    functions = _functions(task)
     if key not in functions:
         functions[key] = _Compiled(task, build(), step=step)
     return functions[key]
+
+
+def _functions(task):
+    """The task's compiled functions by key (and its PyTorch kernels by length); emptied when its variables
+    are other objects (LoRA enabled or merged, weights quantized)."""
+    variables = tuple(map(id, getattr(task, "variables", ())))
+    if task.__dict__.get("_generate_variables") != variables:
+        object.__setattr__(task, "_generate_functions", {})
+        object.__setattr__(task, "_generate_kernels", {})
+        object.__setattr__(task, "_generate_variables", variables)
+    return task.__dict__["_generate_functions"]
 
 
 def to_numpy(outputs):

@@ -8,7 +8,7 @@ from keras import ops
 
 from keras_transformer.samplers import compile as compile_lib
 from keras_transformer.samplers.cache_schedule import cache_width, cache_widths, widen
-from keras_transformer.samplers.decode_loop import body, cache_dtype, one_step, prepare, run, start
+from keras_transformer.samplers.decode_loop import body, cache_dtype, is_seq2seq, one_step, prepare, run, start
 
 _PREPARE_INPUTS = ("prompt_token_ids", "prefill_token_ids", "encoder_token_ids", "encoder_padding_mask")
 
@@ -36,9 +36,14 @@ def decode(task, sampler, options, inputs, streamer=None):
     inputs = {k: ops.convert_to_tensor(v) for k, v in inputs.items()}
     prepare_inputs = {k: v for k, v in inputs.items() if k in _PREPARE_INPUTS}
     loop_inputs = {k: v for k, v in inputs.items() if k not in _PREPARE_INPUTS}
-    # The kernels are an argument (PyTorch only): they are made anew for every call.
-    prepared = compile_lib.compiled(task, ("prepare",), lambda: lambda x, k: prepare(task, x, k))(
-        prepare_inputs, kernels)
+    # The kernels are an argument (PyTorch only). A compiled PyTorch prefill is one graph per input shape
+    # (prompt and prefill buckets, batch), as a step is one per (batch, cache width). A seq2seq encoder
+    # runs through Keras's layers, which do not compile as one graph (Keras's attention asks a pybind
+    # object whether flash attention applies): it stays eager, one pass per call.
+    compiled_prefill = plan.stepwise and not is_seq2seq(task)
+    shapes = tuple((k, tuple(v.shape)) for k, v in sorted(prepare_inputs.items())) if compiled_prefill else ()
+    prepared = compile_lib.compiled(task, ("prepare",) + shapes, lambda: lambda x, k: prepare(task, x, k),
+                                    step=compiled_prefill)(prepare_inputs, kernels)
     key = (sampler._trace_key(), options)
     if streamer is None and not plan.stepwise:
         loop = compile_lib.compiled(task, ("run",) + key, lambda: lambda x, p, k: run(task, sampler, options, x, p, k))

@@ -107,7 +107,9 @@ def cache_dtype(task):
 def start(task, sampler, options, inputs, prepared):
     """Loop state from the prepared cache: rows repeated per beam. Returns (i, state)."""
     ctx = Context(inputs, options, sampler, task.backbone.vocabulary_size)
-    tokens = inputs["token_ids"]  # (R, L)
+    # (R, L), a buffer of its own: a compiled PyTorch step whose token buffer aliased its inputs' token_ids
+    # (as on a call's first step) would be compiled a second time for that aliasing.
+    tokens = ops.copy(inputs["token_ids"])
     num_rows, length = ops.shape(tokens)[0], tokens.shape[1]
 
     def per_row(x):  # (B, ...) -> (R, ...): every beam of an input starts from the same cache and encoder

@@ -8,7 +8,7 @@ H query heads, Hkv key/value heads, G = H / Hkv, Dh head size.
 
 import torch
 
-from keras_transformer.samplers.torch_weights import fused, linear, projection
+from keras_transformer.samplers.torch_weights import fused, linear, mark_static, projection
 
 def attention_weights(attention, key_value):
     """Projections as (in, out) matrices; `key_value`: query, key and value in one (D, (H + 2 Hkv) Dh) matrix."""
@@ -113,7 +113,7 @@ def _rotate(kernels, rotary, x, start):
     """`RotaryEmbedding` of x (R, T, H, Dh) at positions [start, start + T), cos/sin read from a table
     made once per call and grown (doubling) when a step reaches past it."""
     length, head_dim = x.shape[1], x.shape[3]
-    table = kernels.weights(rotary, lambda layer: {"cos": None, "sin": None})
+    table = kernels.table(rotary, lambda layer: {"cos": None, "sin": None})
     if kernels.static:
         if table["cos"] is None:  # made on the first (eager) step for every position of the buffer
             _rotary_table(table, rotary, kernels.length, head_dim, x.device)
@@ -134,7 +134,7 @@ def _rotary_table(table, rotary, size, head_dim, device):
     frequencies = torch.as_tensor(rotary.inverse_frequencies(head_dim), device=device)
     angles = positions[:, None] * frequencies[None, :]  # (P, 1) x (1, R/2) -> (P, R/2)
     angles = torch.cat([angles, angles], dim=-1)  # -> (P, R)
-    table.update(cos=angles.cos(), sin=angles.sin())
+    table.update(mark_static({"cos": angles.cos(), "sin": angles.sin()}))
 
 
 def _apply_rotation(x, cos, sin):

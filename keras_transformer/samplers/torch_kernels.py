@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from keras_transformer.layers import kernel_table
 from keras_transformer.samplers.torch_attention import cross_attention, self_attention
 from keras_transformer.samplers.torch_weights import (
-    DTYPES, fused, linear, projection, quantization, weight,
+    DTYPES, fused, linear, mark_static, projection, quantization, weight,
 )
 
 
@@ -49,9 +49,12 @@ def supports(task):
 class TorchKernels:
     """`call_layer` for a step on PyTorch: a plain-PyTorch kernel per known layer type, Keras otherwise.
 
-    Made once per `generate` call: weights arranged for the kernels (fused projections,
-    (in, out) matrices) are read from the layers then, so a call after training sees the new
-    weights. Callable as `kernels(layer, *args, **kwargs)`.
+    Kept per task and length across `generate` calls (`compile.plan`): the weights arranged for the
+    kernels (fused projections, (in, out) matrices, 16-bit copies) are made at a first call, and
+    `refresh` copies new values into the same tensors after training. Their addresses never change,
+    so a compiled step is neither recompiled nor re-captured as a CUDA graph, and they are marked as
+    static inputs, which CUDA graphs read in place instead of copying at every replay.
+    Callable as `kernels(layer, *args, **kwargs)`.
     """
 
     def __init__(self, length=None):
@@ -61,6 +64,8 @@ class TorchKernels:
         # attention over the whole width under a mask, position tables made for L positions up front.
         self.length = length
         self._weights = {}  # id(layer) -> the layer's weights arranged for its kernel
+        self._arrangers = {}  # (id(layer), part) -> (layer, the function that arranged them), for `refresh`
+        self._tables = {}  # id(layer) -> a table the kernel fills as steps need it (positions), no weights
         self._dispatch = {}  # id(layer) -> (its kernel or None, its compute dtype)
         self._masks = {}  # (start, T, S) -> causal mask (T, S), for the step in progress
         self._index = (None, 0)  # the step's cache index tensor and its int
@@ -84,13 +89,35 @@ class TorchKernels:
         self.through_keras.add(type(layer).__name__)
         return layer(*args, **kwargs)
 
-    def weights(self, layer, arrange):
-        """`arrange(layer)`, made once per call: every step then reads plain tensors, not the layer's
-        attributes (each a torch Module lookup, or a Keras property that converts its variable)."""
-        key = id(layer)
+    def weights(self, layer, arrange, part=None):
+        """`arrange(layer)` (a structure of tensors read from the layer's variables), made once: every step
+        then reads plain tensors, not the layer's attributes (each a torch Module lookup, or a Keras
+        property that converts its variable). `part` names a second arrangement of the same layer."""
+        key = (id(layer), part)
         if key not in self._weights:
-            self._weights[key] = arrange(layer)
+            self._weights[key] = mark_static(arrange(layer))
+            self._arrangers[key] = (layer, arrange)
         return self._weights[key]
+
+    def table(self, layer, make):
+        """`make(layer)`: a dict the layer's kernel fills and grows as steps need (position tables). It
+        depends on the layer's configuration only, so `refresh` leaves it as it is."""
+        if id(layer) not in self._tables:
+            self._tables[id(layer)] = make(layer)
+        return self._tables[id(layer)]
+
+    def refresh(self):
+        """Arrange every layer's weights again from its variables, into the tensors made before."""
+        flatten = torch.utils._pytree.tree_flatten
+        with torch.no_grad():
+            for key, (layer, arrange) in self._arrangers.items():
+                (old, old_spec), (new, new_spec) = flatten(self._weights[key]), flatten(arrange(layer))
+                if old_spec != new_spec:
+                    raise ValueError(f"The weights of layer {layer.name!r} were arranged as {old_spec}, "
+                                     f"and now as {new_spec}: an arrangement must keep its structure.")
+                for before, after in zip(old, new):
+                    if isinstance(before, torch.Tensor) and before.data_ptr() != after.data_ptr():
+                        before.copy_(after)
 
     @property
     def static(self):
@@ -140,14 +167,13 @@ class TorchKernels:
 
 
 def _reversible_embedding(kernels, layer, inputs, reverse=False):
-    w = kernels.weights(layer, lambda layer: {"table": weight(layer, layer.embeddings)})
     if not reverse:
-        return F.embedding(inputs.long(), w["table"])  # (R, T) -> (R, T, D)
-    if "head" not in w:  # made on the first reverse call only (a family with a separate head never pays it)
-        w["head"] = _reverse_kernel(layer)
-    if w["head"] is None:
+        table = kernels.weights(layer, lambda layer: weight(layer, layer.embeddings))
+        return F.embedding(inputs.long(), table)  # (R, T) -> (R, T, D)
+    head = kernels.weights(layer, _reverse_kernel, part="head")  # a family with a separate head never makes it
+    if head is None:
         return NotImplemented
-    logits = inputs.to(w["head"].dtype) @ w["head"]  # (R, T, D) x (D, V) -> (R, T, V)
+    logits = inputs.to(head.dtype) @ head  # (R, T, D) x (D, V) -> (R, T, V)
     cap = layer.logit_soft_cap
     return logits if cap is None else torch.tanh(logits / cap) * cap
 
@@ -227,7 +253,7 @@ def _relative_position_bias(kernels, layer, query, key, query_start=0):
         bias = F.embedding(buckets[keys[None, :] - queries[:, None] + L], weight(layer, layer.embeddings))  # (T, S, H)
         return bias.permute(2, 0, 1)[None]  # -> (1, H, T, S)
     low, high = -(start + length - 1), width - 1 - start  # the distances s - (start + t), t < T, s < S
-    table = kernels.weights(layer, lambda layer: {"low": 0, "high": -1, "buckets": None})
+    table = kernels.table(layer, lambda layer: {"low": 0, "high": -1, "buckets": None})
     if low < table["low"] or high > table["high"]:  # (re)made for every distance this call may meet
         low, high = min(low, table["low"], -2 * width), max(high, table["high"], width)
         distances = torch.arange(low, high + 1, dtype=torch.int32, device=query.device)

@@ -33,6 +33,16 @@ def weight(layer, weight, dtype=None):
     return value(weight).detach().to(dtype or compute_dtype(layer))
 
 
+def mark_static(arranged):
+    """`arranged` with its tensors marked as static inputs of a compiled step: a CUDA graph reads them where
+    they are instead of copying them into its own buffers at every replay, as it does with other inputs
+    that are not parameters."""
+    for tensor in torch.utils._pytree.tree_leaves(arranged):
+        if isinstance(tensor, torch.Tensor):
+            torch._dynamo.mark_static_address(tensor)
+    return arranged
+
+
 def projection(layer, width, scale=1.0):
     """A Dense / EinsumDense as `_linear`'s (kernel (in, out), bias (out,) or None, divisor, quantizer), its
     outputs times `scale`. Float weights: the kernel in the compute dtype, no divisor. Keras int8 weights:
