@@ -2,7 +2,8 @@
 
 The decoding core behind them, one job per module: `sampler.py` (the base: token choice only),
 `decode_options.py` (the frozen static settings), `processors.py` (logits processors),
-`cache_schedule.py` (cache widths and layout), `decode_loop.py` (prefill and step, written once),
+`cache_schedule.py` (cache widths and layout), `loop_state.py` (the loop's typed state),
+`decode_loop.py` (prefill and step, written once),
 `compile.py` (the one backend switch), `decode.py` (runs it), `generate.py` (inputs and outputs).
 `trace_prepare` / `trace_run` are the loop for callers that trace it themselves (the SavedModel export).
 """

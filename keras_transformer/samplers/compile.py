@@ -9,7 +9,9 @@ This is the only module of the decoding core that asks which backend runs. It de
 
 PyTorch's compiled step is one graph (`fullgraph=True`) per (batch, cache width), static shapes, the
 cache written in place and no host synchronisation inside a step; on CUDA it is captured as a CUDA
-graph and replayed (`mode="reduce-overhead"`). Compiling pays on a GPU, where an eager step is one
+graph and replayed (`mode="reduce-overhead"`). A decoder-only model's prefill is compiled the same way,
+one graph per input shape. The kernels are kept per task and length across calls (`_torch_kernels`), so
+later calls reuse the graphs. Compiling pays on a GPU, where an eager step is one
 launch per operation; on a CPU it costs seconds per bucket for a fraction of a millisecond per step
 (RESULTS, "PyTorch compiled decoding step"), so the default there stays eager.
 `KERAS_TRANSFORMER_TORCH_COMPILE=1` (or `0`) forces the choice, and
