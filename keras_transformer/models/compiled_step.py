@@ -119,8 +119,16 @@ class CompiledTrainStep:
         # Keras seeds a torch.Generator from its SeedGenerator's state in Python (a value read); in the
         # graph, dropout draws from torch's global generator instead, which the compiled graph advances
         # at every call (`keras.utils.set_random_seed` seeds it): a new mask per step, as in eager.
+        # A tensor the layers hold outside any variable (a sinusoidal position table) is real, not fake:
+        # it is recorded as a constant of the graph. A variable's value must not be (the graph would keep
+        # its value at trace time), so one that `_variables` missed refuses the trace.
         with mock.patch.object(torch_random, "torch_seed_generator", lambda seed: None):
-            graph = make_fx(lambda *args: self._step(*args), tracing_mode="fake")(values, x, y, sample_weight)
+            graph = make_fx(lambda *args: self._step(*args), tracing_mode="fake", _allow_non_fake_inputs=True)(
+                values, x, y, sample_weight)
+        for node in graph.graph.nodes:
+            if node.op == "get_attr" and isinstance(getattr(graph, node.target), torch.nn.Parameter):
+                raise ValueError(f"the step reads a variable that is not the model's, its optimizer's or its "
+                                 f"metrics' ({node.target}, shape {tuple(getattr(graph, node.target).shape)})")
         reads = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default}
         for node in list(graph.graph.nodes):  # topological order: a number's users come after it
             if node.target in reads:

@@ -215,3 +215,27 @@ def test_compiled_dropout_draws_a_new_mask_every_step():
     assert lm.train_function.compiled_steps == 3 * ROWS // BATCH and lm.train_function.eager_steps == 0
     assert len(np.unique(np.round(first, 5))) == len(first), first
     np.testing.assert_allclose(second, first, rtol=1e-5)
+
+
+@torch_only
+def test_a_variable_the_step_does_not_map_makes_the_model_train_eagerly(caplog):
+    """A variable read by the model but tracked by no layer would be frozen into the graph at its traced
+    value: the step refuses to compile it and trains eagerly, saying why (tensor constants are fine)."""
+    hidden = keras.Variable(2.0, trainable=False)
+
+    class Scale(keras.layers.Layer):
+        def __init__(self):
+            super().__init__()
+            self._read = lambda: hidden  # a function attribute: Keras tracks no variable in it
+
+        def call(self, x):
+            return x * self._read() + keras.ops.convert_to_tensor(np.ones(3, "float32"))  # a tensor constant
+
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(3)(Scale()(inputs)))
+    model.compile(optimizer="adam", loss="mse", jit_compile=False)
+    model.train_function = step = compiled_step.CompiledTrainStep(model)
+    with caplog.at_level("WARNING", logger="keras_transformer"):
+        model.fit(np.ones((8, 3), "float32"), np.zeros((8, 3), "float32"), batch_size=4, verbose=0)
+    assert (step.compiled_steps, step.eager_steps) == (0, 2)
+    assert "reads a variable" in step._eager_reason and "trains eagerly" in caplog.text
