@@ -17,10 +17,13 @@ metrics). Rows:
   transformers     PyTorch only: GPT2LMHeadModel / BertForMaskedLM, `torch.compile`, AdamW
                    (fused on CUDA), bfloat16 autocast under `--dtype mixed_bfloat16`
 Each row first runs until compiled (not timed); then `--rounds` rounds of `--steps` steps, the rows
-in turn within a round (this machine's speed drifts), best round per row. MFU = tokens/s x (6 x
+in turn within a round (this machine's speed drifts), best round per row. `--function evaluate` or
+`predict` times those instead of `fit` (the Keras rows only; MFU then counts the forward pass,
+2 x parameters + 4 x layers x sequence x width per token). MFU = tokens/s x (6 x
 parameters + 12 x layers x sequence x width) / the device's peak (known GPUs, or `--peak-tflops`).
 
     KERAS_BACKEND=torch python benchmarks/train.py [--shape gpt2] [--dtype mixed_bfloat16] [--steps 20]
+        [--function fit|evaluate|predict]
 """
 
 import argparse
@@ -44,6 +47,7 @@ SHAPES = {
 PEAKS = {"H100": {"bfloat16": 989.0, "float32": 67.0}, "H200": {"bfloat16": 989.0, "float32": 67.0},
          "A100": {"bfloat16": 312.0, "float32": 19.5}}
 MASKED_FRACTION = 0.15
+STEP_FUNCTIONS = {"fit": "train_function", "evaluate": "test_function", "predict": "predict_function"}
 
 
 def _layers(shape):
@@ -87,8 +91,8 @@ def batches(shape, steps, seed=0):
 class KerasRow:
     """One Keras model's `fit`, compiled as the row says; `run(steps)` trains `steps` steps."""
 
-    def __init__(self, name, model, shape, steps, jit_compile, ours_compile):
-        self.name, self.model, self.shape = name, model, shape
+    def __init__(self, name, model, shape, steps, jit_compile, ours_compile, function="fit"):
+        self.name, self.model, self.shape, self.function = name, model, shape, function
         self.x, self.y = batches(shape, steps)
         kwargs = dict(optimizer=keras.optimizers.AdamW(1e-4),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -98,16 +102,25 @@ class KerasRow:
             keras.Model.compile(model, jit_compile=jit_compile, **kwargs)
 
     def run(self, steps=None):
-        keras.Model.fit(self.model, self.x, self.y, batch_size=self.shape["batch"], epochs=1,
-                        steps_per_epoch=steps, verbose=0, shuffle=False)
+        batch = self.shape["batch"]
+        if self.function == "fit":
+            keras.Model.fit(self.model, self.x, self.y, batch_size=batch, epochs=1, steps_per_epoch=steps,
+                            verbose=0, shuffle=False)
+            return
+        n = batch * steps if steps else len(self.y)
+        x = {name: value[:n] for name, value in self.x.items()}
+        if self.function == "evaluate":
+            keras.Model.evaluate(self.model, x, self.y[:n], batch_size=batch, verbose=0)
+        else:
+            keras.Model.predict(self.model, x, batch_size=batch, verbose=0)
 
     def warm_up(self):
-        from keras_transformer.models.compiled_step import CompiledTrainStep
+        from keras_transformer.models import compiled_step
 
         self.run(2)
         for _ in range(200):  # ours on PyTorch: the default compiles after some seconds of eager steps
-            step = self.model.train_function
-            if not isinstance(step, CompiledTrainStep) or step.compiled_steps or step._eager_reason:
+            step = getattr(self.model, STEP_FUNCTIONS[self.function])
+            if not isinstance(step, compiled_step._CompiledStep) or step.compiled_steps or step._eager_reason:
                 return
             self.run(2)
 
@@ -171,10 +184,12 @@ class TransformersRow:
         self.run(3)
 
 
-def flops_per_token(shape):
+def flops_per_token(shape, function="fit"):
     d, layers, v, f, t = (shape["hidden_dim"], shape["num_layers"], shape["vocabulary_size"],
                           shape["intermediate_dim"], shape["sequence"])
     parameters = v * d + t * d + layers * (4 * d * d + 2 * d * f)  # embeddings (tied head) and blocks
+    if function != "fit":  # the forward pass only: a third of a training step
+        return 2 * parameters + 4 * layers * t * d
     return 6 * parameters + 12 * layers * t * d
 
 
@@ -211,6 +226,8 @@ def main():
                         help="comma-separated subset of the rows (also: ours-bf16, ours under mixed_bfloat16 "
                              "beside a float32 run)")
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's peak, for MFU")
+    parser.add_argument("--function", choices=["fit", "evaluate", "predict"], default="fit",
+                        help="what the Keras rows time (transformers: fit only)")
     args = parser.parse_args()
     if args.steps < 1 or args.rounds < 1:
         raise ValueError(f"--steps and --rounds must be >= 1. Received: {args.steps}, {args.rounds}")
@@ -220,17 +237,17 @@ def main():
     xla = backend != "torch"
     rows = []
     if "ours" in wanted:
-        rows.append(KerasRow("ours", ours(shape), shape, args.steps, "auto", ours_compile=True))
+        rows.append(KerasRow("ours", ours(shape), shape, args.steps, "auto", True, args.function))
     if "ours-bf16" in wanted and args.dtype == "float32":  # does mixed precision pay on this device?
         keras.config.set_dtype_policy("mixed_bfloat16")
-        rows.append(KerasRow("ours mixed_bfloat16", ours(shape), shape, args.steps, "auto", ours_compile=True))
+        rows.append(KerasRow("ours mixed_bfloat16", ours(shape), shape, args.steps, "auto", True, args.function))
         keras.config.set_dtype_policy(args.dtype)
     if "ours-eager" in wanted and backend != "jax":  # TensorFlow: tf.function without XLA
         name = "ours eager" if backend == "torch" else "ours jit_compile=False"
-        rows.append(KerasRow(name, ours(shape), shape, args.steps, False, ours_compile=True))
+        rows.append(KerasRow(name, ours(shape), shape, args.steps, False, True, args.function))
     if "keras-hub" in wanted:
-        rows.append(KerasRow("keras-hub", keras_hub_model(shape), shape, args.steps, xla, ours_compile=False))
-    if "transformers" in wanted and backend == "torch":
+        rows.append(KerasRow("keras-hub", keras_hub_model(shape), shape, args.steps, xla, False, args.function))
+    if "transformers" in wanted and backend == "torch" and args.function == "fit":
         rows.append(TransformersRow(shape, args.steps, args.dtype))
         rows[-1].name = "transformers+torch.compile"
     for row in rows:
@@ -245,12 +262,13 @@ def main():
             best[row.name] = min(best[row.name], time.perf_counter() - start)
     tokens = args.steps * shape["batch"] * shape["sequence"]
     peak = peak_flops(args.dtype, args.peak_tflops)
-    print(f"train  shape={args.shape} dtype={args.dtype} backend={backend} steps={args.steps} "
-          f"rounds={args.rounds} flops/token={flops_per_token(shape):.3g}")
+    flops = flops_per_token(shape, args.function)
+    print(f"{args.function}  shape={args.shape} dtype={args.dtype} backend={backend} steps={args.steps} "
+          f"rounds={args.rounds} flops/token={flops:.3g}")
     for row in rows:
         tps = tokens / best[row.name]
-        mfu = f"{100 * tps * flops_per_token(shape) / peak:5.1f}%" if peak else "  n/a"
-        print(f"  {row.name:<28} {tps:10.0f} tok/s  {tps * flops_per_token(shape) / 1e12:7.3f} TFLOP/s  "
+        mfu = f"{100 * tps * flops / peak:5.1f}%" if peak else "  n/a"
+        print(f"  {row.name:<28} {tps:10.0f} tok/s  {tps * flops / 1e12:7.3f} TFLOP/s  "
               f"MFU {mfu}  (warm-up {row.warmup_seconds:.0f} s)")
     if "ours" in best:
         ours_tps = tokens / best["ours"]

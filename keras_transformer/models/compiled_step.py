@@ -1,4 +1,5 @@
-"""The PyTorch training step as one compiled graph: forward, loss, backward, optimizer update, metrics.
+"""The PyTorch training step as one compiled graph: forward, loss, backward, optimizer update, metrics;
+and the evaluation (forward, loss, metrics) and prediction (forward) steps the same way.
 
 Keras's own `jit_compile=True` on PyTorch hands `train_step` to Dynamo, which then traces Keras's
 Python (layer `__call__`, name scopes, dtype policies, the optimizer's bookkeeping): it breaks the
@@ -13,6 +14,10 @@ Reads of constant tensors in Python (a slice start of 0) are folded into the gra
 from torch's global generator inside the graph. A step whose Python reads a value computed from
 the variables or the batch (a data-dependent branch, e.g. a loss-scale or gradient-accumulation
 `ops.cond`) cannot be traced this way; such a model trains eagerly, and says so once.
+
+`Task.compile` installs the three steps as Keras's `train_function`, `test_function` and
+`predict_function` (`jit_compile=False` keeps Keras's eager ones); each compiles on its own, after
+its own eager warm-up under `jit_compile="auto"`.
 """
 
 import logging
@@ -32,25 +37,24 @@ MAX_SIGNATURES = 4
 COMPILE_AFTER_SECONDS = 10.0
 
 
-class CompiledTrainStep:
-    """`model.train_function` on PyTorch: one compiled graph per input signature.
+class _CompiledStep:
+    """One compiled graph per input signature for one of Keras's step functions (see the subclasses).
 
     Args:
         model: a compiled `keras.Model` on the PyTorch backend.
-        warmup_seconds: float, eager training time (first step excluded) before the step compiles;
+        warmup_seconds: float, eager time in this function (first step excluded) before it compiles;
             0 compiles at the first step.
 
     Call arguments:
-        data: the list of one batch `(x, y, sample_weight)` that Keras's `fit` passes.
-
-    Returns:
-        The logs dict (metric name -> scalar tensor), as `train_step` returns.
+        data: the list of one batch `(x, y, sample_weight)` (or `(x,)`) that Keras's loop passes.
 
     Attributes:
         compiled_steps: how many steps ran through a compiled graph (tests assert on it).
-        eager_steps: how many ran through Keras's eager `train_step` (warm-up or fallback).
+        eager_steps: how many ran through Keras's eager step (warm-up or fallback).
         graphs: the traced `torch.fx.GraphModule` per input signature.
     """
+
+    kind = None  # the words the compile log uses: "training step", "evaluation step", "prediction step"
 
     def __init__(self, model, warmup_seconds=0.0):
         if not warmup_seconds >= 0:
@@ -64,43 +68,28 @@ class CompiledTrainStep:
         self._compiled = {}
         self._eager_reason = None
 
+    # --- what a subclass says ---------------------------------------------------
+
+    def _state(self):
+        """The variables the step reads or writes, and how many of them (first) need gradients."""
+        raise NotImplementedError
+
+    def _step(self, values, x, y, sample_weight):
+        """The step on `values` (one tensor per variable of `_state`); writes new values into them."""
+        raise NotImplementedError
+
+    def _eager_step(self, batch):
+        raise NotImplementedError
+
     # --- the step, traced ---------------------------------------------------
 
-    def _variables(self):
-        model, seen, out = self.model, set(), []
-        trainable = list(model.trainable_variables)
-        for v in trainable + list(model.non_trainable_variables) + list(model.optimizer.variables) + list(
-                model.metrics_variables):
+    def _variables(self, groups):
+        seen, out = set(), []
+        for v in (v for group in groups for v in group):
             if id(v) not in seen:
                 seen.add(id(v))
                 out.append(v)
-        return out, len(trainable)
-
-    def _step(self, values, x, y, sample_weight):
-        """The training step on `values` (one tensor per variable); writes the new values into them."""
-        import torch  # an optional dependency: this module is imported on every backend
-
-        model = self.model
-        variables, num_trainable = self._vars
-        trainable = values[:num_trainable]
-        with keras.StatelessScope(state_mapping=list(zip(variables, values))) as scope:
-            y_pred = model(x, training=True)
-            loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
-            batch_size = next(i for i in keras.tree.flatten(x) if i is not None).shape[0]
-            model._loss_tracker.update_state(loss, sample_weight=batch_size)
-            scaled = model.optimizer.scale_loss(loss)
-            grads = torch.autograd.grad(scaled, [scope.get_current_value(v) for v in variables[:num_trainable]],
-                                        allow_unused=True)
-            grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, trainable)]
-            with torch.no_grad():
-                model.optimizer.apply(grads, variables[:num_trainable])
-                logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-                new_values = [scope.get_current_value(v) for v in variables]
-        with torch.no_grad():
-            for old, new in zip(values, new_values):
-                if new is not old:
-                    old.copy_(new)
-        return logs
+        return out
 
     def _trace(self, x, y, sample_weight):
         """The step as a graph of ATen operations, recorded on fake tensors (nothing runs).
@@ -108,7 +97,7 @@ class CompiledTrainStep:
         Python that reads a tensor's value (`.item()`, `bool(tensor)`) is recorded as an unknown
         number. For a tensor made of constants (a slice start of 0) the number is computed here and
         written into the graph; a read of a value computed from an input (a variable, the batch: a
-        data-dependent branch) raises, and that model trains eagerly.
+        data-dependent branch) raises, and that model runs eagerly.
         """
         import torch
         from torch.fx.experimental.proxy_tensor import make_fx
@@ -121,7 +110,7 @@ class CompiledTrainStep:
         # at every call (`keras.utils.set_random_seed` seeds it): a new mask per step, as in eager.
         # A tensor the layers hold outside any variable (a sinusoidal position table) is real, not fake:
         # it is recorded as a constant of the graph. A variable's value must not be (the graph would keep
-        # its value at trace time), so one that `_variables` missed refuses the trace.
+        # its value at trace time), so one that `_state` missed refuses the trace.
         with mock.patch.object(torch_random, "torch_seed_generator", lambda seed: None):
             graph = make_fx(lambda *args: self._step(*args), tracing_mode="fake", _allow_non_fake_inputs=True)(
                 values, x, y, sample_weight)
@@ -146,12 +135,11 @@ class CompiledTrainStep:
         graph.recompile()
         return graph
 
-    # --- Keras's train_function ------------------------------------------------
+    # --- Keras's step function ------------------------------------------------
 
     def __call__(self, data):
         import torch
 
-        model = self.model
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data[0])
         x, y, sample_weight = keras.tree.map_structure(
             lambda t: t if t is None else keras.ops.convert_to_tensor(t), (x, y, sample_weight))
@@ -161,15 +149,15 @@ class CompiledTrainStep:
             step = self._build(key, x, y, sample_weight)
         if step is None:
             start = time.perf_counter()
-            logs = model.train_step(data[0])
+            outputs = self._eager_step(data[0])
             if self.eager_steps > 0:  # the first step builds the optimizer and metrics
                 self._eager_seconds += time.perf_counter() - start
             self.eager_steps += 1
-            return logs
+            return outputs
         with torch.no_grad():
-            logs = step([v.value for v in self._vars[0]], x, y, sample_weight)
+            outputs = step([v.value for v in self._vars[0]], x, y, sample_weight)
         self.compiled_steps += 1
-        return logs
+        return outputs
 
     def _build(self, key, x, y, sample_weight):
         model = self.model
@@ -177,19 +165,17 @@ class CompiledTrainStep:
             self._eager_reason = f"more than {MAX_SIGNATURES} batch shapes (pad batches to a few fixed shapes)"
         if self._eager_reason is not None:
             return None
-        if not model.optimizer.built:
-            model.optimizer.build(model.trainable_variables)
-        self._vars = self._variables()
+        self._vars = self._state()
         try:
             graph = self._trace(x, y, sample_weight)
         except Exception as error:  # noqa: BLE001 - any untraceable Python falls back to Keras's eager step
             self._eager_reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-            _log.warning("keras_transformer: %s trains eagerly on PyTorch; its step cannot be compiled as one "
-                         "graph (%s)", type(model).__name__, self._eager_reason)
+            _log.warning("keras_transformer: %s's %s runs eagerly on PyTorch; it cannot be compiled as one "
+                         "graph (%s)", type(model).__name__, self.kind, self._eager_reason)
             return None
         if not self._compiled:
-            _log.warning("keras_transformer: compiling %s's training step with torch.compile (one graph; "
-                         "`compile(jit_compile=False)` trains eagerly)", type(model).__name__)
+            _log.warning("keras_transformer: compiling %s's %s with torch.compile (one graph; "
+                         "`compile(jit_compile=False)` runs eagerly)", type(model).__name__, self.kind)
         import torch
 
         # The same switch as the decoding loop's (samplers/compile.py), e.g. "aot_eager" to debug.
@@ -197,6 +183,121 @@ class CompiledTrainStep:
         self.graphs[key] = graph
         self._compiled[key] = torch.compile(graph, fullgraph=True, dynamic=False, backend=backend)
         return self._compiled[key]
+
+
+class CompiledTrainStep(_CompiledStep):
+    """`model.train_function` on PyTorch: forward, loss, backward, optimizer update and metrics as one
+    compiled graph per input signature.
+
+    Args, call arguments and attributes: as `_CompiledStep` (`eager_steps` counts Keras's `train_step`).
+
+    Returns:
+        The logs dict (metric name -> scalar tensor), as `train_step` returns.
+    """
+
+    kind = "training step"
+
+    def _state(self):
+        model = self.model
+        if not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        trainable = list(model.trainable_variables)
+        return self._variables([trainable, model.non_trainable_variables, model.optimizer.variables,
+                                model.metrics_variables]), len(trainable)
+
+    def _eager_step(self, batch):
+        return self.model.train_step(batch)
+
+    def _step(self, values, x, y, sample_weight):
+        import torch  # an optional dependency: this module is imported on every backend
+
+        model = self.model
+        variables, num_trainable = self._vars
+        trainable = values[:num_trainable]
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))) as scope:
+            y_pred = model(x, training=True)
+            loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+            batch_size = next(i for i in keras.tree.flatten(x) if i is not None).shape[0]
+            model._loss_tracker.update_state(loss, sample_weight=batch_size)
+            scaled = model.optimizer.scale_loss(loss)
+            grads = torch.autograd.grad(scaled, [scope.get_current_value(v) for v in variables[:num_trainable]],
+                                        allow_unused=True)
+            grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, trainable)]
+            with torch.no_grad():
+                model.optimizer.apply(grads, variables[:num_trainable])
+                logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+                new_values = [scope.get_current_value(v) for v in variables]
+        _write(values, new_values)
+        return logs
+
+
+class CompiledTestStep(_CompiledStep):
+    """`model.test_function` on PyTorch (`evaluate`, and validation in `fit`): forward, loss and metric
+    updates as one compiled graph per input signature, as Keras's `test_step`.
+
+    Returns:
+        The logs dict (metric name -> scalar tensor), as `test_step` returns.
+    """
+
+    kind = "evaluation step"
+
+    def _state(self):
+        model = self.model
+        return self._variables([model.trainable_variables, model.non_trainable_variables,
+                                model.metrics_variables]), 0
+
+    def _eager_step(self, batch):
+        import torch
+
+        with torch.no_grad():
+            return self.model.test_step(batch)
+
+    def _step(self, values, x, y, sample_weight):
+        model = self.model
+        variables, _ = self._vars
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))) as scope:
+            y_pred = model(x, training=False)
+            loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
+            batch_size = next(i for i in keras.tree.flatten(x) if i is not None).shape[0]
+            model._loss_tracker.update_state(loss, sample_weight=batch_size)
+            logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+            new_values = [scope.get_current_value(v) for v in variables]
+        _write(values, new_values)
+        return logs
+
+
+class CompiledPredictStep(_CompiledStep):
+    """`model.predict_function` on PyTorch: the forward pass (`training=False`) as one compiled graph
+    per input signature, as Keras's `predict_step`.
+
+    Returns:
+        The model's outputs for the batch.
+    """
+
+    kind = "prediction step"
+
+    def _state(self):
+        return self._variables([self.model.trainable_variables, self.model.non_trainable_variables]), 0
+
+    def _eager_step(self, batch):
+        import torch
+
+        with torch.no_grad():
+            return self.model.predict_step(batch)
+
+    def _step(self, values, x, y, sample_weight):
+        with keras.StatelessScope(state_mapping=list(zip(self._vars[0], values))):
+            return self.model(x, training=False)
+
+
+def _write(values, new_values):
+    """Copy each new value into its input tensor (the graph updates the variables in place)."""
+    import torch
+
+    with torch.no_grad():
+        for old, new in zip(values, new_values):
+            if new is not old:
+                old.copy_(new)
 
 
 def _signature(tree):

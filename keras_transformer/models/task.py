@@ -48,9 +48,10 @@ class Task(keras.Model):
         `jax.jit` on JAX, XLA on TensorFlow (also on a CPU, where Keras's own "auto" leaves it off), and
         on PyTorch one `torch.compile`d graph for forward, loss, backward and optimizer update
         (`keras_transformer.models.compiled_step`), once the model has trained eagerly for
-        `compiled_step.COMPILE_AFTER_SECONDS` (a short run never pays the compile).
+        `compiled_step.COMPILE_AFTER_SECONDS` (a short run never pays the compile). On PyTorch
+        `evaluate` and `predict` compile their steps the same way (forward, loss and metrics; forward).
         `jit_compile=True` compiles from the first step; `jit_compile=False` (or `run_eagerly=True`)
-        trains eagerly.
+        runs eagerly.
         """
         if optimizer == "auto":
             optimizer = keras.optimizers.AdamW(learning_rate=self.default_learning_rate, weight_decay=0.01)
@@ -75,12 +76,29 @@ class Task(keras.Model):
 
     def make_train_function(self, force=False):
         """On PyTorch, the task's compiled step (one graph) unless compiled with `jit_compile=False`."""
-        if not getattr(self, "_compiled_train_step", False) or (self.train_function is not None and not force):
+        if not self._compiled_step_applies(self.train_function, force):
             return super().make_train_function(force=force)
-        if self.steps_per_execution > 1:
-            return super().make_train_function(force=force)  # Keras raises its own error on PyTorch
         self.train_function = compiled_step.CompiledTrainStep(self, warmup_seconds=self._compile_after_seconds)
         return self.train_function
+
+    def make_test_function(self, force=False):
+        """On PyTorch, `evaluate`'s step compiled as the training step is (forward, loss, metrics)."""
+        if not self._compiled_step_applies(self.test_function, force):
+            return super().make_test_function(force=force)
+        self.test_function = compiled_step.CompiledTestStep(self, warmup_seconds=self._compile_after_seconds)
+        return self.test_function
+
+    def make_predict_function(self, force=False):
+        """On PyTorch, `predict`'s forward pass compiled as one graph."""
+        if not self._compiled_step_applies(self.predict_function, force):
+            return super().make_predict_function(force=force)
+        self.predict_function = compiled_step.CompiledPredictStep(self, warmup_seconds=self._compile_after_seconds)
+        return self.predict_function
+
+    def _compiled_step_applies(self, function, force):
+        # steps_per_execution > 1: Keras raises its own error on PyTorch.
+        return (getattr(self, "_compiled_train_step", False) and (function is None or force)
+                and self.steps_per_execution == 1)
 
     def compile_from_config(self, config):
         """Recompile from a `.keras` file, so `keras.saving.load_model` restores the optimizer state too.

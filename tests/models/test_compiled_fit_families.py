@@ -109,14 +109,22 @@ def _train(family, jit_compile):
     return task, recorder.losses, history.history, (x, y, w)
 
 
+def _dynamo_counts():
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_compiled_fit_matches_eager_fit(family, monkeypatch):
-    import torch
-
     eager, eager_losses, eager_history, _ = _train(family, jit_compile=False)
     assert not isinstance(eager.train_function, compiled_step.CompiledTrainStep)
     monkeypatch.setenv("KERAS_TRANSFORMER_TORCH_COMPILE_BACKEND", "aot_eager")
-    task, losses, history, (x, y, w) = _train(family, jit_compile=True)
+    graphs, breaks = _dynamo_counts()
+    task, losses, history, _ = _train(family, jit_compile=True)
+    # One graph for the 20 steps: Dynamo compiled one (a break or a recompile would make more) and
+    # broke nowhere (fullgraph=True would also raise on a break).
+    assert _dynamo_counts() == (graphs + 1, breaks)
     step = task.train_function
     # The compiled graph ran every step: Keras's eager train_step (eager_steps) never did.
     assert (step.compiled_steps, step.eager_steps) == (STEPS, 0), step._eager_reason
@@ -128,9 +136,34 @@ def test_compiled_fit_matches_eager_fit(family, monkeypatch):
     for variable, expected in zip(task.weights, eager.weights, strict=True):
         np.testing.assert_allclose(to_numpy(variable), to_numpy(expected), rtol=1e-4, atol=1e-5,
                                    err_msg=variable.path)
-    # One graph: Dynamo finds no break in it (explain runs it, on copies of the variables).
-    (graph,) = step.graphs.values()
-    batch = keras.tree.map_structure(lambda a: torch.as_tensor(a[:BATCH]), (x, y, w))
-    values = [v.value.detach().clone() for v in step._vars[0]]
-    explanation = torch._dynamo.explain(graph)(values, *batch)
-    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
+    assert len(step.graphs) == 1
+
+
+@pytest.mark.parametrize("family", ["bert_classifier", "llama"])  # `metrics`; `weighted_metrics`
+def test_compiled_evaluate_and_predict_match_eager(family, monkeypatch):
+    """`evaluate` (loss and metrics with and without sample_weight, over several batches) and `predict`
+    run through their own compiled graphs and give Keras's eager results. The forward pass of every
+    family is already in its training graph above; these two steps are the same for every family."""
+    monkeypatch.setenv("KERAS_TRANSFORMER_TORCH_COMPILE_BACKEND", "aot_eager")
+    results = []
+    for jit_compile in (False, True):
+        keras.utils.set_random_seed(0)
+        task, x, y, w = FAMILIES[family](np.random.default_rng(1), 3 * BATCH)
+        task.compile(jit_compile=jit_compile)
+        scores = task.evaluate(x, y, sample_weight=w, batch_size=BATCH, verbose=0, return_dict=True)
+        unweighted = task.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True)  # metrics reset between
+        predictions = to_numpy(task.predict(x, batch_size=BATCH, verbose=0))
+        results.append((scores, unweighted, predictions, task))
+    (eager_scores, eager_unweighted, eager_predictions, eager), (scores, unweighted, predictions, task) = results
+    assert not isinstance(eager.test_function, compiled_step.CompiledTestStep)
+    assert not isinstance(eager.predict_function, compiled_step.CompiledPredictStep)
+    # Every batch compiled: evaluate's with and without sample_weight are two graphs, predict's one.
+    test, predict = task.test_function, task.predict_function
+    assert (test.compiled_steps, test.eager_steps, len(test.graphs)) == (6, 0, 2), test._eager_reason
+    assert (predict.compiled_steps, predict.eager_steps, len(predict.graphs)) == (3, 0, 1), predict._eager_reason
+    assert sorted(scores) == sorted(eager_scores) and "loss" in scores
+    assert scores != unweighted  # sample_weight mattered
+    for name in scores:
+        np.testing.assert_allclose(scores[name], eager_scores[name], rtol=1e-5, err_msg=name)
+        np.testing.assert_allclose(unweighted[name], eager_unweighted[name], rtol=1e-5, err_msg=name)
+    np.testing.assert_allclose(predictions, eager_predictions, rtol=1e-5, atol=1e-5)
