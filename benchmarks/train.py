@@ -120,7 +120,7 @@ class KerasRow:
         self.run(2)
         for _ in range(200):  # ours on PyTorch: the default compiles after some seconds of eager steps
             step = getattr(self.model, STEP_FUNCTIONS[self.function])
-            if not isinstance(step, compiled_step._CompiledStep) or step.compiled_steps or step._eager_reason:
+            if not isinstance(step, compiled_step.CompiledStep) or step.compiled_steps or step._eager_reason:
                 return
             self.run(2)
 

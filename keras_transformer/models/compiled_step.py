@@ -37,8 +37,9 @@ MAX_SIGNATURES = 4
 COMPILE_AFTER_SECONDS = 10.0
 
 
-class _CompiledStep:
-    """One compiled graph per input signature for one of Keras's step functions (see the subclasses).
+class CompiledStep:
+    """Base of the compiled steps (`CompiledTrainStep`, `CompiledTestStep`, `CompiledPredictStep`, one file each):
+    one compiled graph per input signature for one of Keras's step functions.
 
     Args:
         model: a compiled `keras.Model` on the PyTorch backend.
@@ -185,112 +186,7 @@ class _CompiledStep:
         return self._compiled[key]
 
 
-class CompiledTrainStep(_CompiledStep):
-    """`model.train_function` on PyTorch: forward, loss, backward, optimizer update and metrics as one
-    compiled graph per input signature.
-
-    Args, call arguments and attributes: as `_CompiledStep` (`eager_steps` counts Keras's `train_step`).
-
-    Returns:
-        The logs dict (metric name -> scalar tensor), as `train_step` returns.
-    """
-
-    kind = "training step"
-
-    def _state(self):
-        model = self.model
-        if not model.optimizer.built:
-            model.optimizer.build(model.trainable_variables)
-        trainable = list(model.trainable_variables)
-        return self._variables([trainable, model.non_trainable_variables, model.optimizer.variables,
-                                model.metrics_variables]), len(trainable)
-
-    def _eager_step(self, batch):
-        return self.model.train_step(batch)
-
-    def _step(self, values, x, y, sample_weight):
-        import torch  # an optional dependency: this module is imported on every backend
-
-        model = self.model
-        variables, num_trainable = self._vars
-        trainable = values[:num_trainable]
-        with keras.StatelessScope(state_mapping=list(zip(variables, values))) as scope:
-            y_pred = model(x, training=True)
-            loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
-            batch_size = next(i for i in keras.tree.flatten(x) if i is not None).shape[0]
-            model._loss_tracker.update_state(loss, sample_weight=batch_size)
-            scaled = model.optimizer.scale_loss(loss)
-            grads = torch.autograd.grad(scaled, [scope.get_current_value(v) for v in variables[:num_trainable]],
-                                        allow_unused=True)
-            grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, trainable)]
-            with torch.no_grad():
-                model.optimizer.apply(grads, variables[:num_trainable])
-                logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-                new_values = [scope.get_current_value(v) for v in variables]
-        _write(values, new_values)
-        return logs
-
-
-class CompiledTestStep(_CompiledStep):
-    """`model.test_function` on PyTorch (`evaluate`, and validation in `fit`): forward, loss and metric
-    updates as one compiled graph per input signature, as Keras's `test_step`.
-
-    Returns:
-        The logs dict (metric name -> scalar tensor), as `test_step` returns.
-    """
-
-    kind = "evaluation step"
-
-    def _state(self):
-        model = self.model
-        return self._variables([model.trainable_variables, model.non_trainable_variables,
-                                model.metrics_variables]), 0
-
-    def _eager_step(self, batch):
-        import torch
-
-        with torch.no_grad():
-            return self.model.test_step(batch)
-
-    def _step(self, values, x, y, sample_weight):
-        model = self.model
-        variables, _ = self._vars
-        with keras.StatelessScope(state_mapping=list(zip(variables, values))) as scope:
-            y_pred = model(x, training=False)
-            loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
-            batch_size = next(i for i in keras.tree.flatten(x) if i is not None).shape[0]
-            model._loss_tracker.update_state(loss, sample_weight=batch_size)
-            logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-            new_values = [scope.get_current_value(v) for v in variables]
-        _write(values, new_values)
-        return logs
-
-
-class CompiledPredictStep(_CompiledStep):
-    """`model.predict_function` on PyTorch: the forward pass (`training=False`) as one compiled graph
-    per input signature, as Keras's `predict_step`.
-
-    Returns:
-        The model's outputs for the batch.
-    """
-
-    kind = "prediction step"
-
-    def _state(self):
-        return self._variables([self.model.trainable_variables, self.model.non_trainable_variables]), 0
-
-    def _eager_step(self, batch):
-        import torch
-
-        with torch.no_grad():
-            return self.model.predict_step(batch)
-
-    def _step(self, values, x, y, sample_weight):
-        with keras.StatelessScope(state_mapping=list(zip(self._vars[0], values))):
-            return self.model(x, training=False)
-
-
-def _write(values, new_values):
+def write(values, new_values):
     """Copy each new value into its input tensor (the graph updates the variables in place)."""
     import torch
 

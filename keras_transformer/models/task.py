@@ -8,6 +8,9 @@ from keras import ops
 
 from keras_transformer import presets
 from keras_transformer.models import compiled_step, quantization
+from keras_transformer.models.compiled_predict_step import CompiledPredictStep
+from keras_transformer.models.compiled_test_step import CompiledTestStep
+from keras_transformer.models.compiled_train_step import CompiledTrainStep
 from keras_transformer.models.backbone import Backbone, functional_setattr
 from keras_transformer.models.input_checks import check_finite, check_inputs
 from keras_transformer.models.preprocessor import Preprocessor
@@ -78,21 +81,21 @@ class Task(keras.Model):
         """On PyTorch, the task's compiled step (one graph) unless compiled with `jit_compile=False`."""
         if not self._compiled_step_applies(self.train_function, force):
             return super().make_train_function(force=force)
-        self.train_function = compiled_step.CompiledTrainStep(self, warmup_seconds=self._compile_after_seconds)
+        self.train_function = CompiledTrainStep(self, warmup_seconds=self._compile_after_seconds)
         return self.train_function
 
     def make_test_function(self, force=False):
         """On PyTorch, `evaluate`'s step compiled as the training step is (forward, loss, metrics)."""
         if not self._compiled_step_applies(self.test_function, force):
             return super().make_test_function(force=force)
-        self.test_function = compiled_step.CompiledTestStep(self, warmup_seconds=self._compile_after_seconds)
+        self.test_function = CompiledTestStep(self, warmup_seconds=self._compile_after_seconds)
         return self.test_function
 
     def make_predict_function(self, force=False):
         """On PyTorch, `predict`'s forward pass compiled as one graph."""
         if not self._compiled_step_applies(self.predict_function, force):
             return super().make_predict_function(force=force)
-        self.predict_function = compiled_step.CompiledPredictStep(self, warmup_seconds=self._compile_after_seconds)
+        self.predict_function = CompiledPredictStep(self, warmup_seconds=self._compile_after_seconds)
         return self.predict_function
 
     def _compiled_step_applies(self, function, force):

@@ -13,6 +13,7 @@ import pytest
 
 import keras_transformer as kt
 from keras_transformer.models import compiled_step
+from keras_transformer.models.compiled_train_step import CompiledTrainStep
 from tests.conftest import to_numpy
 
 VOCAB, LENGTH, BATCH, ROWS = 64, 8, 4, 20  # 5 steps per epoch
@@ -85,11 +86,11 @@ def test_auto_trains_eagerly_until_the_run_is_long_enough():
     lm.compile()
     _fit(lm, epochs=1)
     step = lm.train_function
-    assert isinstance(step, compiled_step.CompiledTrainStep)
+    assert isinstance(step, CompiledTrainStep)
     assert step.warmup_seconds == compiled_step.COMPILE_AFTER_SECONDS
     assert (step.eager_steps, step.compiled_steps) == (ROWS // BATCH, 0)
     with pytest.raises(ValueError, match="warmup_seconds.*Received: warmup_seconds=-1"):
-        compiled_step.CompiledTrainStep(lm, warmup_seconds=-1)
+        CompiledTrainStep(lm, warmup_seconds=-1)
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +100,7 @@ def eager_run():
     initial = [to_numpy(w) for w in lm.get_weights()]
     lm.compile(jit_compile=False)
     losses = _fit(lm, epochs=EPOCHS // 2) + _fit(lm, epochs=EPOCHS // 2)
-    assert not isinstance(lm.train_function, compiled_step.CompiledTrainStep)
+    assert not isinstance(lm.train_function, CompiledTrainStep)
     return initial, losses, _weights(lm)
 
 
@@ -234,7 +235,7 @@ def test_a_variable_the_step_does_not_map_makes_the_model_train_eagerly(caplog):
     inputs = keras.Input((3,))
     model = keras.Model(inputs, keras.layers.Dense(3)(Scale()(inputs)))
     model.compile(optimizer="adam", loss="mse", jit_compile=False)
-    model.train_function = step = compiled_step.CompiledTrainStep(model)
+    model.train_function = step = CompiledTrainStep(model)
     with caplog.at_level("WARNING", logger="keras_transformer"):
         model.fit(np.ones((8, 3), "float32"), np.zeros((8, 3), "float32"), batch_size=4, verbose=0)
     assert (step.compiled_steps, step.eager_steps) == (0, 2)

@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 import keras_transformer as kt
-from keras_transformer.models import compiled_step
+from keras_transformer.models.compiled_predict_step import CompiledPredictStep
+from keras_transformer.models.compiled_test_step import CompiledTestStep
+from keras_transformer.models.compiled_train_step import CompiledTrainStep
 from tests.conftest import to_numpy
 
 pytestmark = pytest.mark.skipif(keras.config.backend() != "torch",
@@ -118,7 +120,7 @@ def _dynamo_counts():
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_compiled_fit_matches_eager_fit(family, monkeypatch):
     eager, eager_losses, eager_history, _ = _train(family, jit_compile=False)
-    assert not isinstance(eager.train_function, compiled_step.CompiledTrainStep)
+    assert not isinstance(eager.train_function, CompiledTrainStep)
     monkeypatch.setenv("KERAS_TRANSFORMER_TORCH_COMPILE_BACKEND", "aot_eager")
     graphs, breaks = _dynamo_counts()
     task, losses, history, _ = _train(family, jit_compile=True)
@@ -155,8 +157,8 @@ def test_compiled_evaluate_and_predict_match_eager(family, monkeypatch):
         predictions = to_numpy(task.predict(x, batch_size=BATCH, verbose=0))
         results.append((scores, unweighted, predictions, task))
     (eager_scores, eager_unweighted, eager_predictions, eager), (scores, unweighted, predictions, task) = results
-    assert not isinstance(eager.test_function, compiled_step.CompiledTestStep)
-    assert not isinstance(eager.predict_function, compiled_step.CompiledPredictStep)
+    assert not isinstance(eager.test_function, CompiledTestStep)
+    assert not isinstance(eager.predict_function, CompiledPredictStep)
     # Every batch compiled: evaluate's with and without sample_weight are two graphs, predict's one.
     test, predict = task.test_function, task.predict_function
     assert (test.compiled_steps, test.eager_steps, len(test.graphs)) == (6, 0, 2), test._eager_reason
