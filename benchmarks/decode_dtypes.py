@@ -1,5 +1,5 @@
 """Decoding time per token by the model's dtype, against float32 in the same run: float32, bfloat16, the
-mixed_bfloat16 policy and int8 weights, and PyTorch's compiled step against its eager one.
+mixed_bfloat16 policy, int8 and int4 weights (`quantize()`), and PyTorch's compiled step against its eager one.
 
     KERAS_BACKEND=torch python benchmarks/decode_dtypes.py              # dtypes, eager steps (this CPU's default)
     KERAS_BACKEND=torch python benchmarks/decode_dtypes.py --compiled   # + the torch.compile'd step (inductor)
@@ -39,9 +39,9 @@ MODELS = {
 
 def build(family, variant):
     keras.utils.set_random_seed(0)
-    if variant == "int8":
+    if variant in ("int8", "int4"):
         lm = MODELS[family]("float32")
-        lm.quantize("int8")
+        lm.quantize(variant)
         return lm
     return MODELS[family](variant)
 
@@ -51,14 +51,23 @@ def main():
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compiled", action="store_true", help="also the torch.compile'd step (PyTorch)")
+    parser.add_argument("--variants", default="float32,bfloat16,mixed_bfloat16,int8,int4",
+                        help="comma-separated, float32 first (the ratios' reference)")
+    parser.add_argument("--families", default=",".join(MODELS), help="comma-separated, of " + ", ".join(MODELS))
     args = parser.parse_args()
-    variants = ["float32", "bfloat16", "mixed_bfloat16", "int8"]
+    variants = args.variants.split(",")
+    if variants[0] != "float32":
+        raise ValueError(f"--variants must start with float32 (the ratios' reference); got {args.variants!r}")
+    families = args.families.split(",")
+    unknown = sorted(set(families) - set(MODELS))
+    if unknown:
+        raise ValueError(f"--families: unknown {unknown}; known: {sorted(MODELS)}")
     modes = ["eager", "compiled"] if args.compiled and keras.config.backend() == "torch" else [None]
     prompt = [list(np.random.default_rng(0).integers(1, 8000, 16))]
     print(f"backend {keras.config.backend()}, {args.new} new tokens, batch 1; ms per token (ratio to float32)")
     print("| model | sampler | step | " + " | ".join(variants) + " |")
     print("|---|---|---|" + "---:|" * len(variants))
-    for family in MODELS:
+    for family in families:
         models = {variant: build(family, variant) for variant in variants}
         for sampler in ("greedy", "beam"):
             for mode in modes:

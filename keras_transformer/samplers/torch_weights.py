@@ -1,5 +1,5 @@
 """Weights arranged for the PyTorch kernels (`torch_kernels.py`): compute dtypes, and every projection as
-one `linear` product, float or Keras int8, alone or fused with others of the same input.
+one `linear` product, float or Keras int8 / int4, alone or fused with others of the same input.
 
 Axes: R decoded rows, T new tokens, D model width (a projection's input), O its outputs.
 """
@@ -11,10 +11,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def quantization(layer):
-    """None (float weights), "int8" (Keras's int8 weights without LoRA: the kernels' fast path), or another mode."""
+    """None (float weights), "int8" or "int4" (Keras's quantized weights without LoRA: the kernels' fast path),
+    or another mode."""
     mode = getattr(layer.dtype_policy, "quantization_mode", None)
-    if mode == "int8" and getattr(layer, "lora_enabled", False):
-        return "int8 with LoRA"
+    if mode in ("int8", "int4") and getattr(layer, "lora_enabled", False):
+        return f"{mode} with LoRA"
     return mode
 
 
@@ -47,19 +48,60 @@ def projection(layer, width, scale=1.0):
     """A Dense / EinsumDense as `_linear`'s (kernel (in, out), bias (out,) or None, divisor, quantizer), its
     outputs times `scale`. Float weights: the kernel in the compute dtype, no divisor. Keras int8 weights:
     the int8 values as float32, the dequantization divisor (out,) and the inputs' quantizer (value range,
-    epsilon), or None where only the weights are quantized; the products are Keras's int8 call's."""
+    epsilon), or None where only the weights are quantized; the products are Keras's int8 call's. Keras
+    int4 weights: see `_int4_projection`."""
     bias = None if layer.bias is None else weight(layer, layer.bias).reshape(-1) * scale
-    if quantization(layer) is None:
+    mode = quantization(layer)
+    if mode is None:
         return weight(layer, layer.kernel).reshape(width, -1) * scale, bias, None, None
+    if mode == "int4":
+        return _int4_projection(layer, width, scale, bias)
     kernel = value(layer._kernel).detach().float()  # e.g. (D, H, Dh) int8 values
     kernel_scale = value(layer.kernel_scale).detach().float()
     if hasattr(layer, "_adjust_scale_for_dequant"):  # an EinsumDense keeps its scale in its own layout
         kernel_scale = layer._adjust_scale_for_dequant(kernel_scale)
     divisor = torch.broadcast_to(kernel_scale, kernel.shape).reshape(width, -1)[0] / scale  # (out,): per output
+    return kernel.reshape(width, -1).contiguous(), bias, divisor, _inputs_quantizer(layer)
+
+
+def _inputs_quantizer(layer):
+    """The layer's inputs quantizer as (low, high, epsilon), or None (only the weights are quantized)."""
     quantizer = getattr(layer, "inputs_quantizer", None)
-    if quantizer is not None:
-        quantizer = (float(quantizer.value_range[0]), float(quantizer.value_range[1]), float(quantizer.epsilon))
-    return kernel.reshape(width, -1).contiguous(), bias, divisor, quantizer
+    if quantizer is None:
+        return None
+    return float(quantizer.value_range[0]), float(quantizer.value_range[1]), float(quantizer.epsilon)
+
+
+def _int4_projection(layer, width, scale, bias):
+    """`projection` of Keras int4 weights, unpacked once per call (two signed nibbles a byte, Keras's own
+    `unpack_int4`) into the form Keras's int4 call computes with:
+
+    - sub-channel (`quantize("int4")`'s default, groups of `block_size` inputs with a scale and a zero
+      point each): Keras dequantizes the whole kernel, (values - zero) * scale in float32, cast to the
+      compute dtype, then runs a float product; so the kernel is that float kernel, no divisor.
+    - per channel (block_size -1 / None), Dense: the int8 path's form, integer values and the divisor (out,).
+    - per channel, EinsumDense: Keras divides the values by the scale first, then takes a float product;
+      the same float kernel here (with an inputs quantizer, the int8 form: the same up to rounding).
+
+    Keras keeps the kernel as (rows, columns) = (the input axes, the output axes) flattened, packed along
+    the columns: for every projection here that is the (in, out) layout of `width` rows.
+    """
+    packed = value(layer._kernel).detach()  # (in, ceil(out / 2)) int8, two values a byte
+    columns = getattr(layer, "_int4_unpacked_column_size", None) or layer._orig_output_dim
+    values = keras.quantizers.unpack_int4(packed, columns, axis=-1)  # -> (in, out) int8 in [-8, 7]
+    kernel_scale = value(layer.kernel_scale).detach().float()
+    block_size = getattr(layer, "_int4_block_size", None)
+    dtype = compute_dtype(layer)
+    if block_size is not None and block_size > 0:
+        groups = value(layer.g_idx).detach().long()  # (in,): each input row's group
+        zero = value(layer.kernel_zero).detach().float()  # (n_groups, out)
+        kernel = ((values.float() - zero[groups]) * kernel_scale[groups]).to(dtype)  # dequantize_with_sz_map
+        return kernel.reshape(width, -1) * scale, bias, None, None
+    quantizer = _inputs_quantizer(layer)
+    if hasattr(layer, "_int4_unpacked_column_size") and quantizer is None:  # EinsumDense, weights only
+        kernel = values.to(dtype) / kernel_scale.to(dtype)  # (in, out) / (out,)
+        return kernel.reshape(width, -1) * scale, bias, None, None
+    return values.float().reshape(width, -1).contiguous(), bias, kernel_scale.reshape(-1) / scale, quantizer
 
 
 def fused(parts):

@@ -1,5 +1,5 @@
 """PyTorch's compiled decoding step (samplers/compile.py): one graph per step for every family, the same
-tokens as the eager step, and 16-bit models on the kernels' fast path.
+tokens as the eager step, and 16-bit, int8 and int4 models on the kernels' fast path.
 
 The compiled steps here use `torch.compile(backend="eager")` (`KERAS_TRANSFORMER_TORCH_COMPILE_BACKEND`):
 Dynamo captures the whole step as one graph (`fullgraph=True`: a graph break raises) and runs it op by
@@ -30,8 +30,8 @@ def _build(family, dtype="float32"):
     reference = FAMILIES[family]()
     if dtype == "float32":
         return reference
-    if dtype == "int8":
-        reference.quantize("int8")
+    if dtype in ("int8", "int4"):
+        reference.quantize(dtype)
         return reference
     if family == "transformer":
         raise ValueError("the transformer builder takes no dtype")
@@ -72,10 +72,10 @@ def test_compiled_step_is_one_graph_and_equals_eager(family, sampler, monkeypatc
 
 
 @pytest.mark.parametrize("family", ["gpt", "t5", "llama"])
-@pytest.mark.parametrize("dtype", ["bfloat16", "mixed_bfloat16", "int8"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "mixed_bfloat16", "int8", "int4"])
 def test_16_bit_and_int8_models_decode_on_the_kernels(family, dtype, monkeypatch):
     """The fast path is taken (every layer through a kernel), eager and compiled agree, and the tokens
-    follow the float32 model's at first (16-bit or 8-bit rounding may part them later)."""
+    follow the float32 model's at first (16-bit, 8-bit or 4-bit rounding may part them later)."""
     made = []
     original = torch_kernels.TorchKernels.__init__
 

@@ -67,7 +67,8 @@ MODELS = {
 ON_TORCH = keras.config.backend() == "torch"
 torch_only = pytest.mark.skipif(not ON_TORCH, reason="the kernels are PyTorch's; elsewhere Keras runs the layers")
 # Per compute dtype: how far the kernels' logits may be from Keras's (16-bit products round differently).
-TOLERANCES = {"float32": 2e-5, "bfloat16": 0.1, "mixed_bfloat16": 0.1, "int8": 1e-4}
+TOLERANCES = {"float32": 2e-5, "bfloat16": 0.1, "mixed_bfloat16": 0.1, "int8": 1e-4, "int4": 2e-5,
+              "int4_per_channel": 1e-4, "int4_per_channel_inputs": 1e-4, "bfloat16_int4": 0.1}
 
 
 def test_chosen_for_float_models_on_pytorch_only():
@@ -77,9 +78,13 @@ def test_chosen_for_float_models_on_pytorch_only():
     quantized = _gpt()
     quantized.quantize("int8")
     assert torch_kernels.supports(quantized) is ON_TORCH  # int8 weights: the kernels compute Keras's int8 call
-    quantized = _llama()
-    quantized.quantize("int4")
-    assert not torch_kernels.supports(quantized)  # int4 keeps Keras's calls
+    for build in (_gpt, _llama):  # int4 weights, in groups of inputs (Keras's default) or per output channel
+        for config in (None, keras.quantizers.Int4QuantizationConfig(block_size=-1)):
+            quantized = build()
+            quantized.quantize("int4", config=config)
+            assert torch_kernels.supports(quantized) is ON_TORCH
+    quantized.backbone.transformer_layers[0].feed_forward.output_dense.enable_lora(2)
+    assert not torch_kernels.supports(quantized)  # LoRA over quantized weights keeps Keras's calls
 
 
 def _cases():
@@ -90,6 +95,14 @@ def _cases():
     # int8 weights (Keras's int8 layers: inputs quantized per row, integer products), fused q/k/v and gate/up
     cases += [(name, "int8", static) for name in ("gpt", "t5_untied_gated", "llama_untied_window_partial",
                                                   "transformer_post_norm") for static in (False, True)]
+    # int4 weights: Keras's default groups of inputs (a zero point and a scale each: a float kernel), fused
+    # q/k/v and gate/up; per output channel (Dense: integer products and a divisor); a bfloat16 model's
+    cases += [(name, "int4", static) for name in ("gpt", "t5_untied_gated", "llama_untied_window_partial",
+                                                  "transformer_post_norm") for static in (False, True)]
+    cases += [(name, "int4_per_channel", static) for name in ("gpt_gated_silu", "llama_untied_window_partial")
+              for static in (False, True)]
+    cases += [("gpt_gated_silu", "int4_per_channel_inputs", False)]  # inputs quantized per row as well
+    cases += [("llama_untied_window_partial", "bfloat16_int4", static) for static in (False, True)]
     return cases
 
 
@@ -99,12 +112,18 @@ def test_logits_and_caches_match_keras(name, dtype, static):
     """Eager kernels (the index an int) and static ones (a compiled step's: the index a tensor, the whole
     cache read under a mask) against the Keras layers, prefill then one token per step."""
     keras.utils.set_random_seed(3)
-    if dtype in ("float32", "int8"):
+    if dtype in ("float32", "int8") or dtype.startswith("int4"):
         task = MODELS[name]()
-        if dtype == "int8":
-            task.quantize("int8")
     else:
-        task = _with_dtype(name, dtype)
+        task = _with_dtype(name, dtype.removesuffix("_int4"))
+    if dtype.startswith("int") or dtype.endswith("_int4"):
+        mode = "int8" if dtype == "int8" else "int4"
+        config = None
+        if dtype.startswith("int4_per_channel"):
+            inputs = keras.quantizers.AbsMaxQuantizer(axis=-1) if dtype.endswith("_inputs") else None
+            config = keras.quantizers.Int4QuantizationConfig(block_size=-1, activation_quantizer=inputs)
+        task.quantize(mode, config=config)
+        assert mode in {layer.dtype_policy.quantization_mode for layer in task._flatten_layers()}
     import torch
 
     rng = np.random.default_rng(0)
