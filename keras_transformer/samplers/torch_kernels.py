@@ -16,7 +16,7 @@ RMS norm, learned or sinusoidal positions, relative position bias, tied or separ
 gets the fast step, and a new layer type needs one kernel here, never a model copy.
 
 Attention lives in `torch_attention.py`, the arranged weights and the one product every projection
-runs (float, int8 or int4, fused or alone) in `torch_weights.py`. The decoding tests hold every family's
+runs (float, int8 or int4, LoRA or not, fused or alone) in `torch_weights.py`. The decoding tests hold every family's
 kernel step to its Keras step, logits and caches.
 """
 
@@ -33,16 +33,19 @@ from keras_transformer.samplers.torch_weights import (
 )
 
 
+_QUANTIZATIONS = (None, "int8", "int4", "int8 with LoRA", "int4 with LoRA")  # `quantization()`s the kernels run
+
+
 def supports(task):
     """Whether the kernels may run `task`: PyTorch, a step that takes `call_layer`, a float compute dtype
-    in every layer (float32, bfloat16, float16, or a mixed policy), and float, int8 or int4 weights (LoRA
-    over quantized weights keeps Keras's calls)."""
+    in every layer (float32, bfloat16, float16, or a mixed policy), and float, int8 or int4 weights, with
+    or without LoRA (other quantization modes keep Keras's calls)."""
     if keras.config.backend() != "torch" or not isinstance(task, keras.Model):
         return False
     if "call_layer" not in inspect.signature(task.call_with_cache).parameters:
         return False
     return all(
-        layer.compute_dtype in DTYPES and quantization(layer) in (None, "int8", "int4") for layer in task._flatten_layers()
+        layer.compute_dtype in DTYPES and quantization(layer) in _QUANTIZATIONS for layer in task._flatten_layers()
     )
 
 

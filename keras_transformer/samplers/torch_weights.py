@@ -1,5 +1,6 @@
 """Weights arranged for the PyTorch kernels (`torch_kernels.py`): compute dtypes, and every projection as
-one `linear` product, float or Keras int8 / int4, alone or fused with others of the same input.
+one `linear` product, float or Keras int8 / int4 (with or without LoRA), alone or fused with others of the
+same input.
 
 Axes: R decoded rows, T new tokens, D model width (a projection's input), O its outputs.
 """
@@ -11,8 +12,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def quantization(layer):
-    """None (float weights), "int8" or "int4" (Keras's quantized weights without LoRA: the kernels' fast path),
-    or another mode."""
+    """None (float weights, LoRA merged by the layer's `kernel`), "int8" or "int4" (Keras's quantized
+    weights), "int8 with LoRA" or "int4 with LoRA", or another mode (float8, GPTQ, ...: Keras's calls)."""
     mode = getattr(layer.dtype_policy, "quantization_mode", None)
     if mode in ("int8", "int4") and getattr(layer, "lora_enabled", False):
         return f"{mode} with LoRA"
@@ -45,23 +46,44 @@ def mark_static(arranged):
 
 
 def projection(layer, width, scale=1.0):
-    """A Dense / EinsumDense as `_linear`'s (kernel (in, out), bias (out,) or None, divisor, quantizer), its
-    outputs times `scale`. Float weights: the kernel in the compute dtype, no divisor. Keras int8 weights:
-    the int8 values as float32, the dequantization divisor (out,) and the inputs' quantizer (value range,
-    epsilon), or None where only the weights are quantized; the products are Keras's int8 call's. Keras
-    int4 weights: see `_int4_projection`."""
+    """A Dense / EinsumDense as `linear`'s (kernel (in, out), bias (out,) or None, divisor, quantizer, LoRA),
+    its outputs times `scale`. Float weights: the kernel in the compute dtype (a float layer's LoRA merged
+    into it), no divisor. Keras int8 weights: the int8 values as float32, the dequantization divisor (out,)
+    and the inputs' quantizer (value range, epsilon), or None where only the weights are quantized; the
+    products are Keras's int8 call's. Keras int4 weights: see `_int4_projection`. LoRA over quantized
+    weights: its own low-rank product (`_lora`), added as Keras's quantized calls add it."""
     bias = None if layer.bias is None else weight(layer, layer.bias).reshape(-1) * scale
     mode = quantization(layer)
     if mode is None:
-        return weight(layer, layer.kernel).reshape(width, -1) * scale, bias, None, None
+        return weight(layer, layer.kernel).reshape(width, -1) * scale, bias, None, None, None
+    lora = None
+    if mode.endswith(" with LoRA"):
+        mode, lora = mode.removesuffix(" with LoRA"), _lora(layer, width, scale)
     if mode == "int4":
-        return _int4_projection(layer, width, scale, bias)
+        return _int4_projection(layer, width, scale, bias) + (lora,)
     kernel = value(layer._kernel).detach().float()  # e.g. (D, H, Dh) int8 values
     kernel_scale = value(layer.kernel_scale).detach().float()
     if hasattr(layer, "_adjust_scale_for_dequant"):  # an EinsumDense keeps its scale in its own layout
         kernel_scale = layer._adjust_scale_for_dequant(kernel_scale)
     divisor = torch.broadcast_to(kernel_scale, kernel.shape).reshape(width, -1)[0] / scale  # (out,): per output
-    return kernel.reshape(width, -1).contiguous(), bias, divisor, _inputs_quantizer(layer)
+    return kernel.reshape(width, -1).contiguous(), bias, divisor, _inputs_quantizer(layer), lora
+
+
+def _lora(layer, width, scale):
+    """LoRA over quantized weights as (A (in, m r), B (m r, out)), B times alpha / rank and `scale`.
+
+    Keras's factors: A has the kernel's shape with the last axis r, B (r, the kernel's last axis). An
+    EinsumDense kernel (D, H, Dh) has A (D, H, r): each of the m = H heads its own r columns, all sharing
+    B, so B goes on the diagonal m times: x @ A -> (H r), then each head's r through B -> (H Dh).
+    """
+    a = weight(layer, layer.lora_kernel_a)  # kernel.shape[:-1] + (r,)
+    b = weight(layer, layer.lora_kernel_b) * (layer.lora_alpha / layer.lora_rank * scale)  # (r, last)
+    rank = a.shape[-1]
+    a = a.reshape(width, -1)  # -> (in, m r)
+    copies = a.shape[1] // rank
+    if copies > 1:
+        b = torch.block_diag(*[b] * copies)  # -> (m r, m last)
+    return a.contiguous(), b.contiguous()
 
 
 def _inputs_quantizer(layer):
@@ -105,21 +127,30 @@ def _int4_projection(layer, width, scale, bias):
 
 
 def fused(parts):
-    """Projections of one input side by side: (kernel (in, sum out), bias, divisor, quantizer) (see `_projection`)."""
-    kernels, biases, divisors, quantizers = zip(*parts)
+    """Projections of one input side by side: (kernel (in, sum out), bias, divisor, quantizer, LoRA) (see
+    `projection`). LoRA factors, where any part has them: A side by side (in, sum r), B block-diagonal
+    (sum r, sum out), a part without LoRA taking no rows of B."""
+    kernels, biases, divisors, quantizers, loras = zip(*parts)
     if len(set(quantizers)) > 1 or len({d is None for d in divisors}) > 1 or len({b is None for b in biases}) > 1:
         raise ValueError("Projections fused into one product must share their quantization and biases.")
+    lora = None
+    if any(factors is not None for factors in loras):
+        empty = [(k.new_zeros((k.shape[0], 0)), k.new_zeros((0, k.shape[1]))) for k in kernels]
+        loras = [factors if factors is not None else none for factors, none in zip(loras, empty)]
+        lora = (torch.cat([a for a, _ in loras], dim=1).contiguous(), torch.block_diag(*[b for _, b in loras]))
     return (
         torch.cat(kernels, dim=1).contiguous(),
         None if biases[0] is None else torch.cat(biases),
         None if divisors[0] is None else torch.cat(divisors),
         quantizers[0],
+        lora,
     )
 
 
-def linear(x, kernel, bias, divisor=None, quantizer=None):
-    """x (..., in) through a `_projection`: x @ kernel + bias; int8 weights as Keras's int8 call computes them
-    (inputs quantized per row, the integer product, then divided by both scales)."""
+def linear(x, kernel, bias, divisor=None, quantizer=None, lora=None):
+    """x (..., in) through a `projection`: x @ kernel + bias; int8 weights as Keras's int8 call computes them
+    (inputs quantized per row, the integer product, then divided by both scales); LoRA's (x @ A) @ B added
+    before the bias, from the inputs as they came."""
     if divisor is None:
         y = x @ kernel  # (..., in) x (in, out)
     else:
@@ -131,4 +162,6 @@ def linear(x, kernel, bias, divisor=None, quantizer=None):
             scale = high / (x32.abs().amax(dim=-1, keepdim=True) + epsilon)  # (..., 1)
             y = (torch.clamp(torch.round(x32 * scale), low, high) @ kernel) / (scale * divisor)
         y = y.to(x.dtype)
+    if lora is not None:
+        y = y + (x @ lora[0]) @ lora[1]  # (..., in) x (in, r) x (r, out)
     return y if bias is None else y + bias

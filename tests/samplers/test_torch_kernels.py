@@ -68,7 +68,8 @@ ON_TORCH = keras.config.backend() == "torch"
 torch_only = pytest.mark.skipif(not ON_TORCH, reason="the kernels are PyTorch's; elsewhere Keras runs the layers")
 # Per compute dtype: how far the kernels' logits may be from Keras's (16-bit products round differently).
 TOLERANCES = {"float32": 2e-5, "bfloat16": 0.1, "mixed_bfloat16": 0.1, "int8": 1e-4, "int4": 2e-5,
-              "int4_per_channel": 1e-4, "int4_per_channel_inputs": 1e-4, "bfloat16_int4": 0.1}
+              "int4_per_channel": 1e-4, "int4_per_channel_inputs": 1e-4, "bfloat16_int4": 0.1, "int8_lora": 1e-4,
+              "int4_lora": 2e-5}
 
 
 def test_chosen_for_float_models_on_pytorch_only():
@@ -83,8 +84,8 @@ def test_chosen_for_float_models_on_pytorch_only():
             quantized = build()
             quantized.quantize("int4", config=config)
             assert torch_kernels.supports(quantized) is ON_TORCH
-    quantized.backbone.transformer_layers[0].feed_forward.output_dense.enable_lora(2)
-    assert not torch_kernels.supports(quantized)  # LoRA over quantized weights keeps Keras's calls
+    quantized.backbone.enable_lora(2)
+    assert torch_kernels.supports(quantized) is ON_TORCH  # LoRA over int4 weights (QLoRA): its own product
 
 
 def _cases():
@@ -103,6 +104,9 @@ def _cases():
               for static in (False, True)]
     cases += [("gpt_gated_silu", "int4_per_channel_inputs", False)]  # inputs quantized per row as well
     cases += [("llama_untied_window_partial", "bfloat16_int4", static) for static in (False, True)]
+    # LoRA over quantized weights (QLoRA), on some of the fused q/k/v and gate/up projections only
+    cases += [(name, dtype, static) for name in ("t5_untied_gated", "llama_untied_window_partial")
+              for dtype in ("int8_lora", "int4_lora") for static in (False, True)]
     return cases
 
 
@@ -112,18 +116,25 @@ def test_logits_and_caches_match_keras(name, dtype, static):
     """Eager kernels (the index an int) and static ones (a compiled step's: the index a tensor, the whole
     cache read under a mask) against the Keras layers, prefill then one token per step."""
     keras.utils.set_random_seed(3)
-    if dtype in ("float32", "int8") or dtype.startswith("int4"):
+    if dtype == "float32" or dtype.startswith("int"):
         task = MODELS[name]()
     else:
         task = _with_dtype(name, dtype.removesuffix("_int4"))
     if dtype.startswith("int") or dtype.endswith("_int4"):
-        mode = "int8" if dtype == "int8" else "int4"
+        mode = "int8" if dtype.startswith("int8") else "int4"
         config = None
         if dtype.startswith("int4_per_channel"):
             inputs = keras.quantizers.AbsMaxQuantizer(axis=-1) if dtype.endswith("_inputs") else None
             config = keras.quantizers.Int4QuantizationConfig(block_size=-1, activation_quantizer=inputs)
         task.quantize(mode, config=config)
         assert mode in {layer.dtype_policy.quantization_mode for layer in task._flatten_layers()}
+    if dtype.endswith("_lora"):
+        task.backbone.enable_lora(2, target_names=("query", "value", "gate", "attention_output"))
+        factors = [layer.lora_kernel_b for layer in task._flatten_layers() if getattr(layer, "lora_enabled", False)]
+        assert factors
+        lora_rng = np.random.default_rng(1)
+        for b in factors:  # B starts at zero (no update): random, so that a wrong LoRA product shows
+            b.assign(lora_rng.normal(0, 0.5, b.shape).astype("float32"))
     import torch
 
     rng = np.random.default_rng(0)
