@@ -3,6 +3,7 @@ mixed_bfloat16 policy, int8 and int4 weights (`quantize()`), and PyTorch's compi
 
     KERAS_BACKEND=torch python benchmarks/decode_dtypes.py              # dtypes, eager steps (this CPU's default)
     KERAS_BACKEND=torch python benchmarks/decode_dtypes.py --compiled   # + the torch.compile'd step (inductor)
+    KERAS_BACKEND=torch python benchmarks/decode_dtypes.py --int4-forms # int4 weights: unpacked once or per step
 
 Models: the generate benchmark's GPT (4 layers, d 256, 4 heads, d_ff 1024, vocabulary 8000) and a Llama of
 the same size (4 layers, d 256, 4 heads, 2 key/value heads, SwiGLU 768), random weights. Prompts of 16
@@ -46,6 +47,42 @@ def build(family, variant):
     return MODELS[family](variant)
 
 
+def int4_forms(repeats, rows=1, steps=20):
+    """ms for one step's projections of the Llama (every Dense / EinsumDense, one token, `rows` rows): float32
+    weights; int4 weights unpacked and dequantized once per call (the kernels' form); and unpacked and
+    dequantized at every step (the packed weights' memory only, an extra pass over every weight a step)."""
+    import torch
+
+    from keras_transformer.samplers.torch_weights import linear, projection, quantization
+
+    def projections(variant):
+        layers = [layer for layer in build("llama", variant)._flatten_layers()
+                  if isinstance(layer, (keras.layers.Dense, keras.layers.EinsumDense))]
+        assert all(quantization(layer) == (None if variant == "float32" else variant) for layer in layers)
+        widths = [(layer._kernel if variant == "int4" else layer.kernel).shape[0] for layer in layers]
+        return list(zip(layers, widths))
+
+    forms = {
+        "float32": (projections("float32"), True),
+        "int4, unpacked once per call": (projections("int4"), True),
+        "int4, unpacked every step": (projections("int4"), False),
+    }
+    best = dict.fromkeys(forms, float("inf"))
+    with torch.no_grad():
+        cached = {name: [projection(layer, width) for layer, width in layers] for name, (layers, _) in forms.items()}
+        inputs = {name: [torch.randn(rows, 1, width) for _, width in layers] for name, (layers, _) in forms.items()}
+        for _ in range(repeats):
+            for name, (layers, once) in forms.items():
+                start = time.perf_counter()
+                for _ in range(steps):
+                    for (layer, width), x, arranged in zip(layers, inputs[name], cached[name]):
+                        linear(x, *(arranged if once else projection(layer, width)))
+                best[name] = min(best[name], (time.perf_counter() - start) / steps)
+    print(f"one step's projections of the Llama, {rows} row(s): ms (ratio to float32)")
+    for name in forms:
+        print(f"| {name} | {1000 * best[name]:.3f} ({best[name] / best['float32']:.2f}) |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--new", type=int, default=64)
@@ -54,7 +91,11 @@ def main():
     parser.add_argument("--variants", default="float32,bfloat16,mixed_bfloat16,int8,int4",
                         help="comma-separated, float32 first (the ratios' reference)")
     parser.add_argument("--families", default=",".join(MODELS), help="comma-separated, of " + ", ".join(MODELS))
+    parser.add_argument("--int4-forms", action="store_true",
+                        help="(PyTorch) only int4 projections unpacked once per call vs at every step")
     args = parser.parse_args()
+    if args.int4_forms:
+        return int4_forms(args.repeats)
     variants = args.variants.split(",")
     if variants[0] != "float32":
         raise ValueError(f"--variants must start with float32 (the ratios' reference); got {args.variants!r}")
