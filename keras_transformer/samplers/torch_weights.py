@@ -69,6 +69,20 @@ def projection(layer, width, scale=1.0):
     return kernel.reshape(width, -1).contiguous(), bias, divisor, _inputs_quantizer(layer), lora
 
 
+def unpack_int4(packed, columns):
+    """(rows, ceil(columns / 2)) int8, two signed 4-bit values a byte (the low nibble first, as Keras's
+    `pack_int4` along the last axis) -> (rows, columns) int8 in [-8, 7], contiguous.
+
+    Keras's own `unpack_int4` gives the same values, but through many small ops (slow enough, once per
+    call, to cost more than the steps it serves) and transposed, a layout that the few-row products read
+    slowly.
+    """
+    low = torch.bitwise_right_shift(torch.bitwise_left_shift(packed, 4), 4)  # int8 shifts: sign-extended
+    high = torch.bitwise_right_shift(packed, 4)
+    values = torch.stack([low, high], dim=-1).reshape(packed.shape[0], -1)  # (rows, packed, 2) -> (rows, 2 packed)
+    return values[:, :columns].contiguous()
+
+
 def _lora(layer, width, scale):
     """LoRA over quantized weights as (A (in, m r), B (m r, out)), B times alpha / rank and `scale`.
 
@@ -95,8 +109,8 @@ def _inputs_quantizer(layer):
 
 
 def _int4_projection(layer, width, scale, bias):
-    """`projection` of Keras int4 weights, unpacked once per call (two signed nibbles a byte, Keras's own
-    `unpack_int4`) into the form Keras's int4 call computes with:
+    """`projection` of Keras int4 weights, unpacked once per call (two signed nibbles a byte, `unpack_int4`)
+    into the form Keras's int4 call computes with:
 
     - sub-channel (`quantize("int4")`'s default, groups of `block_size` inputs with a scale and a zero
       point each): Keras dequantizes the whole kernel, (values - zero) * scale in float32, cast to the
@@ -110,9 +124,7 @@ def _int4_projection(layer, width, scale, bias):
     """
     packed = value(layer._kernel).detach()  # (in, ceil(out / 2)) int8, two values a byte
     columns = getattr(layer, "_int4_unpacked_column_size", None) or layer._orig_output_dim
-    # -> (in, out) int8 in [-8, 7]; contiguous (Keras's unpacking returns it transposed, (1, in) strides, and
-    # every product below would keep that layout, read at a fraction of the speed at a few rows)
-    values = keras.quantizers.unpack_int4(packed, columns, axis=-1).contiguous()
+    values = unpack_int4(packed, columns)  # -> (in, out) int8 in [-8, 7]
     kernel_scale = value(layer.kernel_scale).detach().float()
     block_size = getattr(layer, "_int4_block_size", None)
     dtype = compute_dtype(layer)

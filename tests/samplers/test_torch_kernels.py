@@ -211,3 +211,25 @@ def test_every_layer_of_a_step_has_a_kernel():
             task.call_with_cache(torch.ones((2, 1), dtype=torch.int32), cache, torch.tensor(0), *args,
                                  call_layer=kernels)
         assert kernels.through_keras == set(), name
+
+
+@torch_only
+@pytest.mark.parametrize("columns", [7, 8])
+def test_int4_unpacking_equals_keras(columns):
+    """The kernels' nibble unpacking against Keras's `pack_int4` / `unpack_int4`: every byte value, odd and
+    even column counts."""
+    import torch
+
+    from keras_transformer.samplers.torch_weights import unpack_int4
+
+    values = np.random.default_rng(0).integers(-8, 8, (300, columns)).astype("int8")
+    packed, _, _ = keras.quantizers.pack_int4(values, axis=-1)  # (300, ceil(columns / 2))
+    packed = torch.as_tensor(to_numpy(packed))
+    every_byte = torch.arange(-128, 128, dtype=torch.int8).reshape(64, 4)  # (64, 4) -> 8 columns
+    for tensor, width, expected in ((packed, columns, values), (every_byte, 8, None)):
+        unpacked = unpack_int4(tensor, width)
+        assert unpacked.dtype == torch.int8 and unpacked.is_contiguous()
+        reference = to_numpy(keras.quantizers.unpack_int4(tensor, width, axis=-1))
+        np.testing.assert_array_equal(unpacked.numpy(), reference)
+        if expected is not None:
+            np.testing.assert_array_equal(unpacked.numpy(), expected)
