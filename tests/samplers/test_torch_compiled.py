@@ -30,8 +30,10 @@ def _build(family, dtype="float32"):
     reference = FAMILIES[family]()
     if dtype == "float32":
         return reference
-    if dtype in ("int8", "int4"):
-        reference.quantize(dtype)
+    if dtype in ("int8", "int4", "int4_lora"):
+        reference.quantize(dtype.removesuffix("_lora"))
+        if dtype.endswith("_lora"):
+            reference.backbone.enable_lora(2)  # QLoRA; B starts at zero, so the tokens are the int4 model's
         return reference
     if family == "transformer":
         raise ValueError("the transformer builder takes no dtype")
@@ -72,7 +74,7 @@ def test_compiled_step_is_one_graph_and_equals_eager(family, sampler, monkeypatc
 
 
 @pytest.mark.parametrize("family", ["gpt", "t5", "llama"])
-@pytest.mark.parametrize("dtype", ["bfloat16", "mixed_bfloat16", "int8", "int4"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "mixed_bfloat16", "int8", "int4", "int4_lora"])
 def test_16_bit_and_int8_models_decode_on_the_kernels(family, dtype, monkeypatch):
     """The fast path is taken (every layer through a kernel), eager and compiled agree, and the tokens
     follow the float32 model's at first (16-bit, 8-bit or 4-bit rounding may part them later)."""
