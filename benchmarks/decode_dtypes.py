@@ -50,7 +50,8 @@ def build(family, variant):
 def int4_forms(repeats, rows=1, steps=20):
     """ms for one step's projections of the Llama (every Dense / EinsumDense, one token, `rows` rows): float32
     weights; int4 weights unpacked and dequantized once per call (the kernels' form); and unpacked and
-    dequantized at every step (the packed weights' memory only, an extra pass over every weight a step)."""
+    dequantized at every step (the packed weights' memory only, an extra pass over every weight a step); and
+    the once-per-call arranging of every projection's weights (what the kernels pay per `generate` call)."""
     import torch
 
     from keras_transformer.samplers.torch_weights import linear, projection, quantization
@@ -68,7 +69,13 @@ def int4_forms(repeats, rows=1, steps=20):
         "int4, unpacked every step": (projections("int4"), False),
     }
     best = dict.fromkeys(forms, float("inf"))
+    arrange = dict.fromkeys(("float32", "int4, unpacked once per call"), float("inf"))
     with torch.no_grad():
+        for _ in range(repeats):
+            for name in arrange:
+                start = time.perf_counter()
+                [projection(layer, width) for layer, width in forms[name][0]]
+                arrange[name] = min(arrange[name], time.perf_counter() - start)
         cached = {name: [projection(layer, width) for layer, width in layers] for name, (layers, _) in forms.items()}
         inputs = {name: [torch.randn(rows, 1, width) for _, width in layers] for name, (layers, _) in forms.items()}
         for _ in range(repeats):
@@ -81,6 +88,9 @@ def int4_forms(repeats, rows=1, steps=20):
     print(f"one step's projections of the Llama, {rows} row(s): ms (ratio to float32)")
     for name in forms:
         print(f"| {name} | {1000 * best[name]:.3f} ({best[name] / best['float32']:.2f}) |")
+    print("arranging every projection's weights, once per call: ms")
+    for name in arrange:
+        print(f"| {name} | {1000 * arrange[name]:.3f} |")
 
 
 def main():

@@ -83,6 +83,24 @@ def unpack_int4(packed, columns):
     return values[:, :columns].contiguous()
 
 
+def _dequantize_groups(values, zero, scale, groups, block_size):
+    """Keras's `dequantize_with_sz_map` (group axis 0) in float32: (values - zero[g]) * scale[g], values
+    (in, out) int8, zero and scale (n_groups, out), groups (in,) each row's group. Where the groups are
+    Keras's blocks of `block_size` consecutive rows (as `quantize` makes them) and fill the rows, the same
+    arithmetic broadcast over a (n_groups, block_size, out) view: no gathered (in, out) zeros and scales."""
+    rows, count = values.shape[0], zero.shape[0]
+    blocks = rows == count * block_size or count == 1
+    if blocks and torch.equal(groups, torch.arange(rows, device=groups.device) // block_size):
+        view = values.view(count, rows // count, -1).float()  # (in, out) -> (n_groups, rows a group, out)
+        return view.sub_(zero[:, None]).mul_(scale[:, None]).view(rows, -1)  # -> (in, out)
+    return (values.float() - zero[groups]) * scale[groups]
+
+
+def _scaled(kernel, scale):
+    """kernel times `scale`, skipped (no pass over the weights) where it is 1."""
+    return kernel if scale == 1.0 else kernel * scale
+
+
 def _lora(layer, width, scale):
     """LoRA over quantized weights as (A (in, m r), B (m r, out)), B times alpha / rank and `scale`.
 
@@ -131,12 +149,12 @@ def _int4_projection(layer, width, scale, bias):
     if block_size is not None and block_size > 0:
         groups = value(layer.g_idx).detach().long()  # (in,): each input row's group
         zero = value(layer.kernel_zero).detach().float()  # (n_groups, out)
-        kernel = ((values.float() - zero[groups]) * kernel_scale[groups]).to(dtype)  # dequantize_with_sz_map
-        return kernel.reshape(width, -1) * scale, bias, None, None
+        kernel = _dequantize_groups(values, zero, kernel_scale, groups, block_size).to(dtype)
+        return _scaled(kernel.reshape(width, -1), scale), bias, None, None
     quantizer = _inputs_quantizer(layer)
     if hasattr(layer, "_int4_unpacked_column_size") and quantizer is None:  # EinsumDense, weights only
         kernel = values.to(dtype) / kernel_scale.to(dtype)  # (in, out) / (out,)
-        return kernel.reshape(width, -1) * scale, bias, None, None
+        return _scaled(kernel.reshape(width, -1), scale), bias, None, None
     return values.float().reshape(width, -1).contiguous(), bias, kernel_scale.reshape(-1) / scale, quantizer
 
 

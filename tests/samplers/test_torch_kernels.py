@@ -68,7 +68,7 @@ ON_TORCH = keras.config.backend() == "torch"
 torch_only = pytest.mark.skipif(not ON_TORCH, reason="the kernels are PyTorch's; elsewhere Keras runs the layers")
 # Per compute dtype: how far the kernels' logits may be from Keras's (16-bit products round differently).
 TOLERANCES = {"float32": 2e-5, "bfloat16": 0.1, "mixed_bfloat16": 0.1, "int8": 1e-4, "int4": 2e-5,
-              "int4_per_channel": 1e-4, "int4_per_channel_inputs": 1e-4, "bfloat16_int4": 0.1, "int8_lora": 1e-4,
+              "int4_per_channel": 1e-4, "int4_block_8": 2e-5, "int4_block_6": 2e-5, "int4_per_channel_inputs": 1e-4, "bfloat16_int4": 0.1, "int8_lora": 1e-4,
               "int4_lora": 2e-5}
 
 
@@ -103,6 +103,8 @@ def _cases():
     cases += [(name, "int4_per_channel", static) for name in ("gpt_gated_silu", "llama_untied_window_partial")
               for static in (False, True)]
     cases += [("gpt_gated_silu", "int4_per_channel_inputs", False)]  # inputs quantized per row as well
+    # several groups along the inputs (width 16 and 24): blocks that fill the rows, and ones that do not
+    cases += [("gpt_gated_silu", "int4_block_8", False), ("gpt_gated_silu", "int4_block_6", False)]
     cases += [("llama_untied_window_partial", "bfloat16_int4", static) for static in (False, True)]
     # LoRA over quantized weights (QLoRA), on some of the fused q/k/v and gate/up projections only
     cases += [(name, dtype, static) for name in ("t5_untied_gated", "llama_untied_window_partial")
@@ -126,6 +128,8 @@ def test_logits_and_caches_match_keras(name, dtype, static):
         if dtype.startswith("int4_per_channel"):
             inputs = keras.quantizers.AbsMaxQuantizer(axis=-1) if dtype.endswith("_inputs") else None
             config = keras.quantizers.Int4QuantizationConfig(block_size=-1, activation_quantizer=inputs)
+        if dtype.startswith("int4_block_"):
+            config = keras.quantizers.Int4QuantizationConfig(block_size=int(dtype.rsplit("_", 1)[1]))
         task.quantize(mode, config=config)
         assert mode in {layer.dtype_policy.quantization_mode for layer in task._flatten_layers()}
     if dtype.endswith("_lora"):
