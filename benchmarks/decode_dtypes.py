@@ -49,9 +49,9 @@ def build(family, variant):
 
 def int4_forms(repeats, rows=1, steps=20):
     """ms for one step's projections of the Llama (every Dense / EinsumDense, one token, `rows` rows): float32
-    weights; int4 weights unpacked and dequantized once per call (the kernels' form); and unpacked and
+    weights; int4 weights unpacked and dequantized once and kept (the kernels' form); and unpacked and
     dequantized at every step (the packed weights' memory only, an extra pass over every weight a step); and
-    the once-per-call arranging of every projection's weights (what the kernels pay per `generate` call)."""
+    the arranging of every projection's weights (what the kernels pay once, and again after a weight changes)."""
     import torch
 
     from keras_transformer.samplers.torch_weights import linear, projection, quantization
@@ -65,11 +65,11 @@ def int4_forms(repeats, rows=1, steps=20):
 
     forms = {
         "float32": (projections("float32"), True),
-        "int4, unpacked once per call": (projections("int4"), True),
+        "int4, unpacked once (kept)": (projections("int4"), True),
         "int4, unpacked every step": (projections("int4"), False),
     }
     best = dict.fromkeys(forms, float("inf"))
-    arrange = dict.fromkeys(("float32", "int4, unpacked once per call"), float("inf"))
+    arrange = dict.fromkeys(("float32", "int4, unpacked once (kept)"), float("inf"))
     with torch.no_grad():
         for _ in range(repeats):
             for name in arrange:
@@ -88,7 +88,7 @@ def int4_forms(repeats, rows=1, steps=20):
     print(f"one step's projections of the Llama, {rows} row(s): ms (ratio to float32)")
     for name in forms:
         print(f"| {name} | {1000 * best[name]:.3f} ({best[name] / best['float32']:.2f}) |")
-    print("arranging every projection's weights, once per call: ms")
+    print("arranging every projection's weights (once, and after a weight changes): ms")
     for name in arrange:
         print(f"| {name} | {1000 * arrange[name]:.3f} |")
 
@@ -102,7 +102,7 @@ def main():
                         help="comma-separated, float32 first (the ratios' reference)")
     parser.add_argument("--families", default=",".join(MODELS), help="comma-separated, of " + ", ".join(MODELS))
     parser.add_argument("--int4-forms", action="store_true",
-                        help="(PyTorch) only int4 projections unpacked once per call vs at every step")
+                        help="(PyTorch) only: int4 projections unpacked once vs at every step")
     args = parser.parse_args()
     if args.int4_forms:
         return int4_forms(args.repeats)
