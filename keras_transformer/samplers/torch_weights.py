@@ -73,9 +73,8 @@ def unpack_int4(packed, columns):
     """(rows, ceil(columns / 2)) int8, two signed 4-bit values a byte (the low nibble first, as Keras's
     `pack_int4` along the last axis) -> (rows, columns) int8 in [-8, 7], contiguous.
 
-    Keras's own `unpack_int4` gives the same values, but through many small ops (slow enough, once per
-    call, to cost more than the steps it serves) and transposed, a layout that the few-row products read
-    slowly.
+    Keras's own `unpack_int4` gives the same values, but through many small ops (far slower; see
+    benchmarks/RESULTS.md, int4) and transposed, a layout that the few-row products read slowly.
     """
     low = torch.bitwise_right_shift(torch.bitwise_left_shift(packed, 4), 4)  # int8 shifts: sign-extended
     high = torch.bitwise_right_shift(packed, 4)
@@ -127,8 +126,8 @@ def _inputs_quantizer(layer):
 
 
 def _int4_projection(layer, width, scale, bias):
-    """`projection` of Keras int4 weights, unpacked once per call (two signed nibbles a byte, `unpack_int4`)
-    into the form Keras's int4 call computes with:
+    """`projection` of Keras int4 weights, unpacked once (two signed nibbles a byte, `unpack_int4`; the
+    kernels keep what this returns) into the form Keras's int4 call computes with:
 
     - sub-channel (`quantize("int4")`'s default, groups of `block_size` inputs with a scale and a zero
       point each): Keras dequantizes the whole kernel, (values - zero) * scale in float32, cast to the
