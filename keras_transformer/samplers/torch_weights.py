@@ -159,11 +159,13 @@ def _int4_projection(layer, width, scale, bias):
 
 def fused(parts):
     """Projections of one input side by side: (kernel (in, sum out), bias, divisor, quantizer, LoRA) (see
-    `projection`). LoRA factors, where any part has them: A side by side (in, sum r), B block-diagonal
+    `projection`), or ([the parts], None, None, None, None) where they differ in quantization or biases. LoRA factors, where any part has them: A side by side (in, sum r), B block-diagonal
     (sum r, sum out), a part without LoRA taking no rows of B."""
     kernels, biases, divisors, quantizers, loras = zip(*parts)
     if len(set(quantizers)) > 1 or len({d is None for d in divisors}) > 1 or len({b is None for b in biases}) > 1:
-        raise ValueError("Projections fused into one product must share their quantization and biases.")
+        # Quantized differently (a model quantized in part) or biased in part: one product each, side by
+        # side (`linear` takes the list).
+        return list(parts), None, None, None, None
     lora = None
     if any(factors is not None for factors in loras):
         empty = [(k.new_zeros((k.shape[0], 0)), k.new_zeros((0, k.shape[1]))) for k in kernels]
@@ -181,7 +183,10 @@ def fused(parts):
 def linear(x, kernel, bias, divisor=None, quantizer=None, lora=None):
     """x (..., in) through a `projection`: x @ kernel + bias; int8 weights as Keras's int8 call computes them
     (inputs quantized per row, the integer product, then divided by both scales); LoRA's (x @ A) @ B added
-    before the bias, from the inputs as they came."""
+    before the bias, from the inputs as they came. A list of projections as `kernel` (parts `fused` could not
+    join): each applied, their outputs side by side."""
+    if isinstance(kernel, list):
+        return torch.cat([linear(x, *part) for part in kernel], dim=-1)
     if divisor is None:
         y = x @ kernel  # (..., in) x (in, out)
     else:

@@ -69,7 +69,7 @@ torch_only = pytest.mark.skipif(not ON_TORCH, reason="the kernels are PyTorch's;
 # Per compute dtype: how far the kernels' logits may be from Keras's (16-bit products round differently).
 TOLERANCES = {"float32": 2e-5, "bfloat16": 0.1, "mixed_bfloat16": 0.1, "int8": 1e-4, "int4": 2e-5,
               "int4_per_channel": 1e-4, "int4_block_8": 2e-5, "int4_block_6": 2e-5, "int4_per_channel_inputs": 1e-4, "bfloat16_int4": 0.1, "int8_lora": 1e-4,
-              "int4_lora": 2e-5}
+              "int4_lora": 2e-5, "int8_partial": 1e-4}
 
 
 def test_chosen_for_float_models_on_pytorch_only():
@@ -109,6 +109,8 @@ def _cases():
     # LoRA over quantized weights (QLoRA), on some of the fused q/k/v and gate/up projections only
     cases += [(name, dtype, static) for name in ("t5_untied_gated", "llama_untied_window_partial")
               for dtype in ("int8_lora", "int4_lora") for static in (False, True)]
+    # a model quantized in part (the query and the gate only): q/k/v and gate/up cannot share one product
+    cases += [("llama_untied_window_partial", "int8_partial", static) for static in (False, True)]
     return cases
 
 
@@ -122,7 +124,13 @@ def test_logits_and_caches_match_keras(name, dtype, static):
         task = MODELS[name]()
     else:
         task = _with_dtype(name, dtype.removesuffix("_int4"))
-    if dtype.startswith("int") or dtype.endswith("_int4"):
+    if dtype == "int8_partial":
+        for layer in task._flatten_layers():
+            if layer.name in ("query", "gate"):
+                layer.quantize("int8")
+        modes = {layer.name: layer.dtype_policy.quantization_mode for layer in task._flatten_layers()}
+        assert modes["query"] == modes["gate"] == "int8" and modes["key"] is None and modes["intermediate"] is None
+    elif dtype.startswith("int") or dtype.endswith("_int4"):
         mode = "int8" if dtype.startswith("int8") else "int4"
         config = None
         if dtype.startswith("int4_per_channel"):
