@@ -19,6 +19,7 @@ from keras_transformer.models.compiled_predict_step import CompiledPredictStep
 from keras_transformer.models.compiled_test_step import CompiledTestStep
 from keras_transformer.models.compiled_train_step import CompiledTrainStep
 from tests.conftest import to_numpy
+from tests.models.test_compiled_fit import _StepLosses
 
 pytestmark = pytest.mark.skipif(keras.config.backend() != "torch",
                                 reason="the compiled train step is PyTorch's (JAX jits, TensorFlow uses XLA)")
@@ -88,17 +89,6 @@ FAMILIES = {
         vocabulary_size=V, num_layers=1, num_decoder_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32,
         max_sequence_length=S, dropout=0.0)),
 }
-
-
-class _StepLosses(keras.callbacks.Callback):
-    """The running mean loss Keras reports after every step."""
-
-    def __init__(self):
-        super().__init__()
-        self.losses = []
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.losses.append(float(logs["loss"]))
 
 
 def _train(family, jit_compile):
