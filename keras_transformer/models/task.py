@@ -8,10 +8,10 @@ from keras import ops
 
 from keras_transformer import presets
 from keras_transformer.models import compiled_step, quantization
+from keras_transformer.models.backbone import Backbone, functional_setattr
 from keras_transformer.models.compiled_predict_step import CompiledPredictStep
 from keras_transformer.models.compiled_test_step import CompiledTestStep
 from keras_transformer.models.compiled_train_step import CompiledTrainStep
-from keras_transformer.models.backbone import Backbone, functional_setattr
 from keras_transformer.models.input_checks import check_finite, check_inputs
 from keras_transformer.models.preprocessor import Preprocessor
 

@@ -108,8 +108,9 @@ def _torch_kernels(task, length):
     """The task's `TorchKernels` for static length `length` (None: eager steps), kept across calls; their
     arranged weights are refreshed when a variable was written since the last call (training, `assign`,
     loading weights: every in-place write bumps the tensor's version counter)."""
-    version = sum(variable.value._version for variable in task.variables)
-    _functions(task)  # empties the kernels too where the variables are other objects
+    variables = task.variables  # walks every layer: read once per call
+    version = sum(variable.value._version for variable in variables)
+    _functions(task, variables)  # empties the kernels too where the variables are other objects
     made = task.__dict__["_generate_kernels"]
     kernels, seen = made.get(length, (None, None))
     if kernels is None:
@@ -207,10 +208,10 @@ def compiled(task, key, build, step=False):
     return functions[key]
 
 
-def _functions(task):
+def _functions(task, variables=None):
     """The task's compiled functions by key (and its PyTorch kernels by length); emptied when its variables
     are other objects (LoRA enabled or merged, weights quantized)."""
-    variables = tuple(map(id, getattr(task, "variables", ())))
+    variables = tuple(map(id, getattr(task, "variables", ()) if variables is None else variables))
     if task.__dict__.get("_generate_variables") != variables:
         object.__setattr__(task, "_generate_functions", {})
         object.__setattr__(task, "_generate_kernels", {})
