@@ -173,8 +173,9 @@ def _peer_generate(model, prompt, **kwargs):
     return out[0].tolist()
 
 
-@pytest.mark.parametrize("name,num_beams", [("llama", 1), ("llama", 4)])
+@pytest.mark.parametrize("name,num_beams", [(name, 1) for name in CAUSAL] + [("llama", 4)])
 def test_causal_generate_matches(build, name, num_beams):
+    """Greedy on every causal layout (Qwen2 and Mistral past their window of 4), beam-4 on Llama."""
     c = build(name)
     rng = np.random.default_rng(1)
     prompts = [rng.integers(1, c.ours.backbone.vocabulary_size, n).tolist() for n in (6, 3)]
