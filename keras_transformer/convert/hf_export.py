@@ -12,8 +12,8 @@ The folder is written by `transformers` itself: the model's config class and mod
 (on the `meta` device, so no memory is spent on random weights), given our weights, and saved with
 `save_pretrained` (config.json, generation_config.json, model.safetensors or shards with
 model.safetensors.index.json); the tokenizer by `PreTrainedTokenizerFast.save_pretrained`
-(tokenizer.json, tokenizer_config.json, the chat template). `transformers` and `torch` are
-therefore needed to export, not to train or to convert in.
+(tokenizer.json, tokenizer_config.json with the chat template; see hf_tokenizer.py). `transformers`
+and `torch` are therefore needed to export, not to train or to convert in.
 
 Supported tasks: GPTCausalLM (GPT2LMHeadModel), LlamaCausalLM (LlamaForCausalLM, Qwen2ForCausalLM
 or MistralForCausalLM, by which biases and window it has), BertMaskedLM (BertForMaskedLM),
@@ -25,17 +25,16 @@ Example:
 >>> # vllm serve out/gpt_hf
 """
 
+import json
 import logging
 import os
 from pathlib import Path
 
 import keras
 import numpy as np
-import tokenizers
-from tokenizers.processors import TemplateProcessing
 
 from keras_transformer import presets
-from keras_transformer.convert import hf_bert, hf_gpt2, hf_llama, hf_t5
+from keras_transformer.convert import hf_bert, hf_gpt2, hf_llama, hf_t5, hf_tokenizer
 from keras_transformer.convert.options import ACTIVATIONS
 from keras_transformer.models.lora import lora_layers
 from keras_transformer.models.quantization import quantization_mode
@@ -98,8 +97,10 @@ def export_hugging_face(task, path, overwrite=False, dtype=None, max_shard_size=
 
     def write(tmp):
         hf_model.save_pretrained(tmp, max_shard_size=max_shard_size)
+        if family is _t5 and not task.backbone.tie_embedding_weights:
+            _mark_t5_head_untied(tmp)
         if task.preprocessor is not None:
-            _hf_tokenizer(task, transformers).save_pretrained(tmp)
+            hf_tokenizer.save_tokenizer(task, transformers, tmp)
 
     presets._atomic_dir(path, overwrite, write)
     return path
@@ -292,6 +293,16 @@ def _import_requirements():
     return torch, transformers
 
 
+def _mark_t5_head_untied(directory):
+    """transformers 5 writes every T5 config with tie_word_embeddings=true (v1.1's own, unscaled head is
+    scale_decoder_outputs=false), which transformers 4 reads as v1.0's tied, scaled head. false is what T5
+    v1.1 checkpoints say, and transformers 5 reads it as the same model."""
+    file = Path(directory) / "config.json"
+    config = json.loads(file.read_text(encoding="utf-8"))
+    config["tie_word_embeddings"] = False
+    file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
 # --- weights ----------------------------------------------------------------
 
 
@@ -377,48 +388,6 @@ def _export_weights(task, hf_config, shapes, values=None):
     converter = _FAMILIES[type(task).__name__][1]
     converter.load_weights(task, recorder, hf_config)
     return recorder.arrays(), recorder.tied
-
-
-# --- tokenizer ----------------------------------------------------------------
-
-
-def _hf_tokenizer(task, transformers):
-    """Our tokenizer as a `PreTrainedTokenizerFast` that adds what our preprocessor adds to one text.
-
-    Our `tokenize` adds no special token and the preprocessor adds them; a serving engine has only
-    the tokenizer, so its post-processor adds them instead: the start token of a causal LM (when the
-    preprocessor adds one), T5's end token after an input, BERT's [CLS] ... [SEP].
-    """
-    tokenizer = task.preprocessor.tokenizer
-    backend = tokenizers.Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
-    template = _post_processor(task, tokenizer)
-    if template is not None:
-        backend.post_processor = template
-    special = {role: token for role, token in tokenizer.special_tokens.items() if token is not None}
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=backend, model_max_length=task.backbone.max_sequence_length, **special
-    )
-    if tokenizer.chat_template is not None:
-        fast.chat_template = tokenizer.chat_template
-    return fast
-
-
-def _post_processor(task, tokenizer):
-    name = type(task).__name__
-
-    def template(single, pair, tokens):
-        return TemplateProcessing(single=single, pair=pair, special_tokens=[(t, tokenizer.token_to_id(t)) for t in tokens])
-
-    if name in ("GPTCausalLM", "LlamaCausalLM"):
-        bos = tokenizer.special_tokens["bos_token"]
-        if not task.preprocessor.add_start_token or bos is None:
-            return None
-        return template(f"{bos} $A", f"{bos} $A {bos} $B:1", [bos])
-    if name == "T5Seq2SeqLM":
-        eos = tokenizer.special_tokens["eos_token"]
-        return template(f"$A {eos}", f"$A {eos} $B:1 {eos}:1", [eos])
-    cls, sep = tokenizer.special_tokens["cls_token"], tokenizer.special_tokens["sep_token"]
-    return template(f"{cls} $A {sep}", f"{cls} $A {sep} $B:1 {sep}:1", [cls, sep])
 
 
 __all__ = ["DEFAULT_MAX_SHARD_SIZE", "DTYPES", "FORMAT", "export_hugging_face"]

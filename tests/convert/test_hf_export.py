@@ -17,7 +17,7 @@ import transformers
 from safetensors import safe_open
 
 from keras_transformer import cli
-from keras_transformer.convert import hf_export
+from keras_transformer.convert import hf_export, hf_tokenizer
 from keras_transformer.models import (
     BertClassifier, BertMaskedLM, BertTextClassifierPreprocessor, GPTCausalLM, LlamaBackbone, LlamaCausalLM, T5Seq2SeqLM, TransformerSeq2SeqLM,
 )
@@ -158,12 +158,26 @@ def test_folder_is_what_save_pretrained_writes(case):
     reference = c.out.parent / "reference"
     if not reference.exists():
         c.peer.save_pretrained(reference)
-    ours_config, their_config = (json.loads((d / "config.json").read_text()) for d in (c.out, reference))
-    assert ours_config["architectures"] == their_config["architectures"]
-    assert ours_config["model_type"] == their_config["model_type"]
     assert {p.name for p in reference.iterdir()} <= {p.name for p in c.out.iterdir()}
+    for file in ("config.json", "generation_config.json"):
+        if (reference / file).exists():
+            _assert_same_config(name, *(json.loads((d / file).read_text()) for d in (c.out, reference)))
     assert sorted(_tensors(c.out)) == sorted(_tensors(reference))
     assert (c.out / "tokenizer.json").is_file() and (c.out / "tokenizer_config.json").is_file()
+
+
+def _assert_same_config(name, ours, theirs):
+    """Every entry of transformers' own config.json (or generation_config.json) is ours, but for what
+    differs by design: special-token ids are our tokenizer's (it pads with its end token; Qwen2's has
+    no start token), a default may be spelt out (n_inner, head_dim, n_positions), and T5 v1.1 says
+    tie_word_embeddings=false as its checkpoints do (transformers 4 reads true as v1.0's tied head)."""
+    by_design = {"pad_token_id", "bos_token_id"} | ({"tie_word_embeddings"} if name == "t5_v1_1" else set())
+    for key in sorted(set(ours) | set(theirs)):
+        if key in by_design or (key in ("n_inner", "head_dim", "n_positions") and theirs.get(key) is None):
+            continue
+        assert ours.get(key, "missing") == theirs.get(key, "missing"), key
+    if name == "t5_v1_1" and "architectures" in ours:  # config.json
+        assert ours["tie_word_embeddings"] is False and ours["scale_decoder_outputs"] is False
 
 
 def _peer_generate(model, prompt, **kwargs):
@@ -261,6 +275,11 @@ def test_tokenizer_agrees(case):
         if token is not None:  # a role we leave empty may get the class's default (Qwen2Tokenizer's unk)
             assert getattr(theirs, role) == token, role
             assert theirs.convert_tokens_to_ids(token) == tokenizer.token_to_id(token)
+    config = json.loads((c.out / "tokenizer_config.json").read_text())
+    # The class every transformers release has (5 also reads it as its TokenizersBackend); the special tokens by name.
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert {role: config.get(role) for role in tokenizer.special_tokens} == {
+        role: token for role, token in tokenizer.special_tokens.items()}
     with_special = theirs(texts)["input_ids"]
     if name in CAUSAL:
         assert with_special == c.ours.preprocessor.generate_preprocess(texts)
@@ -280,6 +299,8 @@ def test_chat_template_agrees(build):
     text = theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert text == tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     assert text.startswith("<s>user: ")  # the template ran, with the special tokens filled in
+    # In tokenizer_config.json, where every transformers release reads it (older ones know no chat_template.jinja).
+    assert json.loads((c.out / "tokenizer_config.json").read_text())["chat_template"] == CHAT_TEMPLATE
     assert theirs(text, add_special_tokens=False)["input_ids"] == tokenizer.tokenize([text])[0]
 
 
@@ -443,7 +464,7 @@ def test_interrupted_export_leaves_nothing(build, tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(hf_export, "_hf_tokenizer", fail)  # after the weights are written
+    monkeypatch.setattr(hf_tokenizer, "save_tokenizer", fail)  # after the weights are written
     with pytest.raises(KeyboardInterrupt):
         c.ours.export(tmp_path / "out", format="huggingface")
     assert list(tmp_path.iterdir()) == []
