@@ -200,19 +200,24 @@ _FAMILIES = {
 }
 
 
+_SUPPORTED = (
+    f"format='huggingface' exports the tasks {sorted(_FAMILIES)} (GPT as GPT2LMHeadModel; Llama, Qwen2 and Mistral "
+    "layouts; BERT masked LM and classifier; T5)"
+)
+
+
 def _family(task):
     name = type(task).__name__
     if name not in _FAMILIES:
-        raise ValueError(
-            f"No Hugging Face class for a {name}: format='huggingface' exports the tasks {sorted(_FAMILIES)} "
-            f"(GPT, Llama/Qwen2/Mistral, BERT, T5). Received: task of type {name}"
-        )
+        raise ValueError(f"No Hugging Face class for a {name}: {_SUPPORTED}. Received: task of type {name}. "
+                         "Nothing was written.")
     return _FAMILIES[name][0]
 
 
 def _unsupported(task, option, why):
     return ValueError(
-        f"Cannot export this {type(task).__name__} to the Hugging Face format: {option} ({why}). Nothing was written."
+        f"Cannot export this {type(task).__name__} to the Hugging Face format: {option} ({why}); {_SUPPORTED}. "
+        "Nothing was written."
     )
 
 

@@ -8,6 +8,7 @@ bit for bit. Axes: B batch, T length, V vocabulary.
 
 import json
 import logging
+import re
 import sys
 
 import numpy as np
@@ -416,16 +417,24 @@ def test_int4_model_is_refused(build, tmp_path):
     _assert_refused(lm, tmp_path / "q", r"int4.*quantize=None")
 
 
-def test_unsupported_family_is_refused(tmp_path):
+SUPPORTED = r"\['BertClassifier', 'BertMaskedLM', 'GPTCausalLM', 'LlamaCausalLM', 'T5Seq2SeqLM'\]"
+
+
+def test_unsupported_family_is_refused(tmp_path, capsys):
+    """The preset transformer_base, through the command line: exit status 2, the error names the families."""
+    target = tmp_path / "t"
+    assert cli.main(["export", "transformer_base", str(target), "--format", "huggingface"]) == 2
+    error = capsys.readouterr().err
+    assert re.search(r"No Hugging Face class for a TransformerSeq2SeqLM.*" + SUPPORTED, error), error
+    assert list(tmp_path.iterdir()) == []
     # The class alone decides (checked before anything is read), so an unbuilt instance will do.
-    task = TransformerSeq2SeqLM.__new__(TransformerSeq2SeqLM)
-    _assert_refused(task, tmp_path / "t", r"GPTCausalLM.*TransformerSeq2SeqLM")
+    _assert_refused(TransformerSeq2SeqLM.__new__(TransformerSeq2SeqLM), target, "TransformerSeq2SeqLM.*" + SUPPORTED)
 
 
 def test_layout_without_a_hugging_face_class_is_refused(tmp_path):
     backbone = LlamaBackbone(vocabulary_size=50, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16,
                              attention_bias=True, sliding_window=4)  # Llama's biases with Mistral's window
-    _assert_refused(LlamaCausalLM(backbone), tmp_path / "l", r"sliding_window=4")
+    _assert_refused(LlamaCausalLM(backbone), tmp_path / "l", r"sliding_window=4.*" + SUPPORTED)
 
 
 def test_bad_options_are_refused(build, tmp_path):
