@@ -1,0 +1,219 @@
+"""Export to the Hugging Face format: options (shards, dtype, no tokenizer), weights in other states
+(LoRA, int8, int4), bad input and the trained presets. The cases are hf_export_cases.py's.
+"""
+
+import json
+import logging
+import re
+import sys
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from keras_transformer import cli, export
+from keras_transformer.convert import hf_export, hf_tokenizer
+from keras_transformer.models import GPTCausalLM, LlamaBackbone, LlamaCausalLM, TransformerSeq2SeqLM
+from keras_transformer.models.lora import enable_lora
+from tests.convert.hf_export_cases import ATOL, assert_same_weights, build, logits_pair, tensors  # noqa: F401 (build)
+
+
+# --- options --------------------------------------------------------------------
+
+
+def test_sharded_export_loads(build, tmp_path):
+    c = build("gpt2")
+    out = c.ours.export(tmp_path / "sharded", format="huggingface", max_shard_size="20KB")
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert not (out / "model.safetensors").exists() and len(set(index["weight_map"].values())) > 1
+    assert {p.name for p in out.glob("model-*.safetensors")} == set(index["weight_map"].values())
+    exported = tensors(out)
+    assert set(exported) == set(index["weight_map"])
+    for key, tensor in tensors(c.out).items():
+        assert torch.equal(tensor, exported[key]), key
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    mine, peer = logits_pair("gpt2", c.ours, theirs)
+    np.testing.assert_allclose(mine, peer, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_dtype_is_chosen(build, tmp_path, dtype):
+    c = build("qwen2")
+    out = c.ours.export(tmp_path / dtype, format="huggingface", dtype=dtype)
+    assert json.loads((out / "config.json").read_text())["dtype"] == dtype
+    exported, full = tensors(out), tensors(c.out)
+    for key, tensor in exported.items():
+        assert tensor.dtype == getattr(torch, dtype), key
+        assert torch.equal(tensor, full[key].to(getattr(torch, dtype))), key  # rounded once, from float32
+
+
+def test_dtype_is_kept(build, tmp_path):
+    """A bfloat16 model exports bfloat16 weights unless told otherwise."""
+    c = build("gpt2")
+    backbone = type(c.ours.backbone).from_config({**c.ours.backbone.get_config(), "dtype": "bfloat16"})
+    lm = GPTCausalLM(backbone)
+    lm.set_weights(c.ours.get_weights())  # rounded to bfloat16 once
+    out = lm.export(tmp_path / "bf16", format="huggingface")
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    full = tensors(c.out)
+    for key, tensor in tensors(out).items():
+        assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, full[key].to(torch.bfloat16)), key
+
+
+def test_task_without_preprocessor(build, tmp_path):
+    """No tokenizer files, no special-token ids (not GPT-2's defaults, outside this vocabulary)."""
+    c = build("gpt2")
+    out = GPTCausalLM(c.ours.backbone).export(tmp_path / "bare", format="huggingface")
+    assert not (out / "tokenizer.json").exists() and not (out / "tokenizer_config.json").exists()
+    config = json.loads((out / "config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (None, None, None)
+    for key, tensor in tensors(out).items():
+        assert torch.equal(tensor, tensors(c.out)[key]), key
+
+
+def test_lora_is_merged(build, tmp_path):
+    c = build("gpt2")
+    lm = GPTCausalLM.from_preset(c.source)
+    enable_lora(lm.backbone, rank=2)
+    rng = np.random.default_rng(4)
+    for variable in lm.backbone.weights:
+        if "lora_kernel" in variable.path:
+            variable.assign(rng.normal(scale=0.3, size=variable.shape).astype("float32"))
+    out = lm.export(tmp_path / "lora", format="huggingface")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    mine, peer = logits_pair("gpt2", lm, theirs)
+    np.testing.assert_allclose(mine, peer, atol=ATOL, rtol=0)
+    plain, _ = logits_pair("gpt2", c.ours, theirs)
+    assert np.abs(plain - peer).max() > 1e-2  # the factors changed the exported weights
+    assert any("lora_kernel" in v.path for v in lm.backbone.weights)  # the model keeps its LoRA
+
+
+# --- bad input -----------------------------------------------------------------
+
+
+def _assert_refused(task, target, match, **options):
+    with pytest.raises(ValueError, match=match):
+        task.export(target, format="huggingface", **options)
+    assert not target.exists()
+    assert list(target.parent.iterdir()) == []  # no temporary folder either
+
+
+def test_int8_model_exports_dequantized(build, tmp_path, caplog):
+    """Each quantized kernel comes out within half an int8 step of the float model's (Keras's abs-max int8:
+    one step is max|column| / 127 per output column); every other tensor is exact."""
+    c = build("gpt2")
+    lm = GPTCausalLM.from_preset(c.source)
+    lm.quantize("int8")
+    with caplog.at_level(logging.WARNING, logger=hf_export.__name__):
+        out = lm.export(tmp_path / "int8", format="huggingface")
+    assert "dequantized to float32" in caplog.text
+    full, quantized = tensors(c.out), 0
+    for key, tensor in tensors(out).items():
+        reference = full[key]
+        if key.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):  # GPT-2's (in, out) projections
+            half_step = reference.abs().amax(dim=0, keepdim=True) / 254
+            assert torch.all((tensor - reference).abs() <= half_step * 1.001 + 1e-7), key
+            assert not torch.equal(tensor, reference), key  # the int8 rounding is there
+            quantized += 1
+        else:
+            assert torch.equal(tensor, reference), key
+    assert quantized == 4 * c.ours.backbone.num_layers  # attention c_attn, c_proj; mlp c_fc, c_proj
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    mine, peer = logits_pair("gpt2", c.ours, theirs)  # the float model's logits, near
+    assert np.abs(mine - peer).max() < 0.1 * np.abs(mine).max()
+
+
+def test_int4_model_is_refused(build, tmp_path):
+    c = build("gpt2")
+    lm = GPTCausalLM.from_preset(c.source)
+    lm.quantize("int4")
+    _assert_refused(lm, tmp_path / "q", r"int4.*quantize=None")
+
+
+SUPPORTED = r"\['BertClassifier', 'BertMaskedLM', 'GPTCausalLM', 'LlamaCausalLM', 'T5Seq2SeqLM'\]"
+
+
+def test_unsupported_family_is_refused(tmp_path, capsys):
+    """The preset transformer_base, through the command line: exit status 2, the error names the families."""
+    target = tmp_path / "t"
+    assert cli.main(["export", "transformer_base", str(target), "--format", "huggingface"]) == 2
+    error = capsys.readouterr().err
+    assert re.search(r"No Hugging Face class for a TransformerSeq2SeqLM.*" + SUPPORTED, error), error
+    assert list(tmp_path.iterdir()) == []
+    # The class alone decides (checked before anything is read), so an unbuilt instance will do.
+    _assert_refused(TransformerSeq2SeqLM.__new__(TransformerSeq2SeqLM), target, "TransformerSeq2SeqLM.*" + SUPPORTED)
+
+
+def test_layout_without_a_hugging_face_class_is_refused(tmp_path):
+    backbone = LlamaBackbone(vocabulary_size=50, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16,
+                             attention_bias=True, sliding_window=4)  # Llama's biases with Mistral's window
+    _assert_refused(LlamaCausalLM(backbone), tmp_path / "l", r"sliding_window=4.*" + SUPPORTED)
+
+
+def test_bad_options_are_refused(build, tmp_path):
+    c = build("gpt2")
+    _assert_refused(c.ours, tmp_path / "d", r"dtype='int8'", dtype="int8")
+    _assert_refused(c.ours, tmp_path / "s", r"max_shard_size=0", max_shard_size=0)
+    with pytest.raises(ValueError, match=r"quantize=None"):
+        c.ours.export(tmp_path / "q", format="huggingface", quantize="int8")
+    assert not (tmp_path / "q").exists()
+
+
+def test_missing_transformers_names_the_install(build, tmp_path, monkeypatch):
+    c = build("gpt2")
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
+    with pytest.raises(ImportError, match=r"needs `transformers` and `torch`.*pip install transformers"):
+        c.ours.export(tmp_path / "out", format="huggingface")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_folder_needs_overwrite(build, tmp_path):
+    c = build("gpt2")
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "keep.txt").write_text("mine")
+    with pytest.raises(ValueError, match="overwrite=True"):
+        c.ours.export(target, format="huggingface")
+    assert [p.name for p in target.iterdir()] == ["keep.txt"]
+    c.ours.export(target, format="huggingface", overwrite=True)
+    assert not (target / "keep.txt").exists() and (target / "config.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_interrupted_export_leaves_nothing(build, tmp_path, monkeypatch):
+    c = build("gpt2")
+
+    def fail(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hf_tokenizer, "save_tokenizer", fail)  # after the weights are written
+    with pytest.raises(KeyboardInterrupt):
+        c.ours.export(tmp_path / "out", format="huggingface")
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- the trained presets --------------------------------------------------------
+
+PRESETS = {"gpt_stdlib": "AutoModelForCausalLM", "llama_stdlib": "AutoModelForCausalLM",
+           "bert_stdlib": "AutoModelForMaskedLM", "t5_reverse": "AutoModelForSeq2SeqLM"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_trained_presets_export(preset, tmp_path, capsys):
+    """transformers loads each trained preset's export with our logits, and it reads back exactly; gpt_stdlib
+    goes through `keras-transformer export PRESET OUT --format huggingface`."""
+    ours = export.load_preset_task(preset)
+    out = tmp_path / "out"
+    if preset == "gpt_stdlib":
+        assert cli.main(["export", preset, str(out), "--format", "huggingface"]) == 0
+        assert "huggingface" in capsys.readouterr().out
+    else:
+        ours.export(out, format="huggingface")
+    theirs = getattr(transformers, PRESETS[preset]).from_pretrained(out, attn_implementation="eager").eval()
+    name = {"gpt_stdlib": "gpt2", "llama_stdlib": "llama", "bert_stdlib": "bert", "t5_reverse": "t5"}[preset]
+    mine, peer = logits_pair(name, ours, theirs)
+    np.testing.assert_allclose(mine, peer, atol=ATOL, rtol=0)
+    assert np.std(peer) > 0.1
+    assert_same_weights(ours, type(ours).from_preset(out))
