@@ -72,9 +72,10 @@ def test_task_without_preprocessor(build, tmp_path):
         assert torch.equal(tensor, tensors(c.out)[key]), key
 
 
-def test_lora_is_merged(build, tmp_path):
-    c = build("gpt2")
-    lm = GPTCausalLM.from_preset(c.source)
+@pytest.mark.parametrize("name", ["gpt2", "llama"])  # GPT-2's fused c_attn; Llama's grouped key/value heads
+def test_lora_is_merged(build, tmp_path, name):
+    c = build(name)
+    lm = type(c.ours).from_preset(c.source)
     enable_lora(lm.backbone, rank=2)
     rng = np.random.default_rng(4)
     for variable in lm.backbone.weights:
@@ -82,9 +83,9 @@ def test_lora_is_merged(build, tmp_path):
             variable.assign(rng.normal(scale=0.3, size=variable.shape).astype("float32"))
     out = lm.export(tmp_path / "lora", format="huggingface")
     theirs = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-    mine, peer = logits_pair("gpt2", lm, theirs)
+    mine, peer = logits_pair(name, lm, theirs)
     np.testing.assert_allclose(mine, peer, atol=ATOL, rtol=0)
-    plain, _ = logits_pair("gpt2", c.ours, theirs)
+    plain, _ = logits_pair(name, c.ours, theirs)
     assert np.abs(plain - peer).max() > 1e-2  # the factors changed the exported weights
     assert any("lora_kernel" in v.path for v in lm.backbone.weights)  # the model keeps its LoRA
 
@@ -129,6 +130,31 @@ def test_int4_model_is_refused(build, tmp_path):
     lm = GPTCausalLM.from_preset(c.source)
     lm.quantize("int4")
     _assert_refused(lm, tmp_path / "q", r"int4.*quantize=None")
+
+
+def test_int8_model_with_lora_is_refused(build, tmp_path):
+    """LoRA over int8 kernels: no float kernel to merge into without choosing a rounding; refused by name."""
+    c = build("gpt2")
+    lm = GPTCausalLM.from_preset(c.source)
+    lm.quantize("int8")
+    enable_lora(lm.backbone, rank=2)
+    _assert_refused(lm, tmp_path / "q", r"LoRA on int8 weights.*quantize=None")
+
+
+def test_command_line_options(build, tmp_path):
+    """--dtype and --max-shard-size reach the export; they are refused with another format."""
+    c = build("gpt2")
+    c.ours.save_to_preset(tmp_path / "preset")
+    out = tmp_path / "out"
+    command = ["export", str(tmp_path / "preset"), str(out), "--format", "huggingface"]
+    assert cli.main(command + ["--dtype", "float16", "--max-shard-size", "20000"]) == 0
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    exported = tensors(out)
+    for key, tensor in tensors(c.out).items():
+        assert torch.equal(exported[key], tensor.to(torch.float16)), key
+    assert cli.main(["export", str(tmp_path / "preset"), str(tmp_path / "onnx"), "--dtype", "float16"]) == 2
+    assert not (tmp_path / "onnx").exists()
 
 
 SUPPORTED = r"\['BertClassifier', 'BertMaskedLM', 'GPTCausalLM', 'LlamaCausalLM', 'T5Seq2SeqLM'\]"
