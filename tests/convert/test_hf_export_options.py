@@ -217,6 +217,11 @@ def test_interrupted_export_leaves_nothing(build, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         c.ours.export(tmp_path / "out", format="huggingface")
     assert list(tmp_path.iterdir()) == []
+    (tmp_path / "out").mkdir()  # an interrupted overwrite keeps the old folder as it was
+    (tmp_path / "out" / "keep.txt").write_text("mine")
+    with pytest.raises(KeyboardInterrupt):
+        c.ours.export(tmp_path / "out", format="huggingface", overwrite=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and [p.name for p in (tmp_path / "out").iterdir()] == ["keep.txt"]
 
 
 # --- the trained presets --------------------------------------------------------
