@@ -97,8 +97,7 @@ def export_hugging_face(task, path, overwrite=False, dtype=None, max_shard_size=
 
     def write(tmp):
         hf_model.save_pretrained(tmp, max_shard_size=max_shard_size)
-        if family is _t5 and not task.backbone.tie_embedding_weights:
-            _mark_t5_head_untied(tmp)
+        _add_transformers4_keys(tmp, task, family)
         if task.preprocessor is not None:
             hf_tokenizer.save_tokenizer(task, transformers, tmp)
 
@@ -298,13 +297,23 @@ def _import_requirements():
     return torch, transformers
 
 
-def _mark_t5_head_untied(directory):
-    """transformers 5 writes every T5 config with tie_word_embeddings=true (v1.1's own, unscaled head is
-    scale_decoder_outputs=false), which transformers 4 reads as v1.0's tied, scaled head. false is what T5
-    v1.1 checkpoints say, and transformers 5 reads it as the same model."""
+def _add_transformers4_keys(directory, task, family):
+    """config.json also in the spelling transformers 4 reads (vLLM, SGLang and TGI may pin it), each entry
+    equal to what transformers 5 wrote and read back by 5 as the same model:
+    - `torch_dtype` beside `dtype` (releases before 4.56 read only `torch_dtype`);
+    - Llama, Qwen2, Mistral: `rope_theta` and `rope_scaling` beside `rope_parameters` (4 reads only those);
+    - T5 v1.1 (its own, unscaled head): tie_word_embeddings=false, as its checkpoints say. transformers 5
+      writes true with scale_decoder_outputs=false, which 4 reads as v1.0's tied, scaled head.
+    """
     file = Path(directory) / "config.json"
     config = json.loads(file.read_text(encoding="utf-8"))
-    config["tie_word_embeddings"] = False
+    config["torch_dtype"] = config["dtype"]
+    if family is _llama:
+        scaling = dict(config["rope_parameters"])
+        config["rope_theta"] = scaling.pop("rope_theta")
+        config["rope_scaling"] = None if scaling["rope_type"] == "default" else scaling
+    if family is _t5 and not task.backbone.tie_embedding_weights:
+        config["tie_word_embeddings"] = False
     file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 

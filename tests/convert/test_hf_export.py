@@ -47,14 +47,23 @@ def test_folder_is_what_save_pretrained_writes(case):
 def _assert_same_config(name, ours, theirs):
     """Every entry of transformers' own config.json (or generation_config.json) is ours, but for what
     differs by design: special-token ids are our tokenizer's (it pads with its end token; Qwen2's has
-    no start token), a default may be spelt out (n_inner, head_dim, n_positions), and T5 v1.1 says
-    tie_word_embeddings=false as its checkpoints do (transformers 4 reads true as v1.0's tied head)."""
-    by_design = {"pad_token_id", "bos_token_id"} | ({"tie_word_embeddings"} if name == "t5_v1_1" else set())
+    no start token), a default may be spelt out (n_inner, head_dim, n_positions), and the entries
+    transformers 4 reads instead of 5's (torch_dtype, rope_theta, rope_scaling; T5 v1.1's
+    tie_word_embeddings=false, which 4 reads as its own head), equal to 5's."""
+    transformers4 = {"torch_dtype", "rope_theta", "rope_scaling"} | ({"tie_word_embeddings"} if name == "t5_v1_1" else set())
     for key in sorted(set(ours) | set(theirs)):
-        if key in by_design or (key in ("n_inner", "head_dim", "n_positions") and theirs.get(key) is None):
+        if key in {"pad_token_id", "bos_token_id"} | transformers4 or (
+                key in ("n_inner", "head_dim", "n_positions") and theirs.get(key) is None):
             continue
         assert ours.get(key, "missing") == theirs.get(key, "missing"), key
-    if name == "t5_v1_1" and "architectures" in ours:  # config.json
+    if "architectures" not in ours:  # generation_config.json
+        return
+    assert ours["torch_dtype"] == theirs["dtype"]
+    if "rope_parameters" in theirs:
+        rope = dict(theirs["rope_parameters"])
+        assert ours["rope_theta"] == rope.pop("rope_theta")
+        assert ours["rope_scaling"] == (None if rope["rope_type"] == "default" else rope)
+    if name == "t5_v1_1":
         assert ours["tie_word_embeddings"] is False and ours["scale_decoder_outputs"] is False
 
 
