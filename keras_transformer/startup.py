@@ -5,11 +5,15 @@ before absl::InitializeLog()") straight to file descriptor 2 before any log leve
 `TF_CPP_MIN_LOG_LEVEL` alone does not hide them. The command line and the demo import Keras inside
 `quiet_startup()`, which points descriptor 2 at the null device for that import only (Python
 errors raised by the import still print) and sets `TF_CPP_MIN_LOG_LEVEL=3` unless it is set.
+Under the JAX or PyTorch backend Keras imports TensorFlow later, on first use, when it is installed
+(`keras.utils.set_random_seed` seeds it too): `import_keras_quietly` also makes that import quiet.
 
 To see the lines again: `KERAS_TRANSFORMER_VERBOSE=1 keras-transformer ...` (or `make demo`).
 """
 
 import contextlib
+import importlib.abc
+import importlib.util
 import os
 import sys
 
@@ -42,8 +46,40 @@ def quiet_startup():
 
 
 def import_keras_quietly():
-    """Import Keras (and the backend it loads) without the frameworks' startup lines; returns `keras`."""
+    """Import Keras (and the backend it loads) without the frameworks' startup lines; returns `keras`.
+
+    TensorFlow, when Keras loads it later (another backend seeding it, or its data utilities), loads
+    quietly too."""
+    if not verbose() and "tensorflow" not in sys.modules and not any(
+            isinstance(finder, _QuietTensorFlowImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _QuietTensorFlowImport())
     with quiet_startup():
         import keras
 
     return keras
+
+
+class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
+    """Runs the `import tensorflow` that loads it inside `quiet_startup()`, whoever imports it and when."""
+
+    def __init__(self):
+        self._finding = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "tensorflow" or self._finding:
+            return None
+        self._finding = True  # the search below asks the other finders, and this one again
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self._finding = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def quiet_exec_module(module):
+            with quiet_startup():
+                exec_module(module)
+
+        spec.loader.exec_module = quiet_exec_module  # this spec's own loader object: only this import
+        return spec

@@ -57,3 +57,22 @@ def test_verbose_brings_the_startup_log_back():
     if result.stderr == "":
         pytest.skip("this TensorFlow build prints no startup lines, so there is nothing to bring back")
     assert "gpt_stdlib" in result.stdout
+
+
+LATER_TENSORFLOW = (
+    "import sys\n"
+    "from keras_transformer import startup\n"
+    "keras = startup.import_keras_quietly()\n"
+    "keras.utils.set_random_seed(0)\n"  # seeds TensorFlow too where it is installed: loads it under JAX/PyTorch
+    "print('TENSORFLOW', 'tensorflow' in sys.modules)\n"
+)
+
+
+def test_tensorflow_loaded_later_prints_no_startup_log():
+    """Under JAX or PyTorch, Keras imports TensorFlow on first use (`make demo`'s `set_random_seed`): that
+    import is quiet too (it printed TensorFlow's C++ startup lines between the demo's stages)."""
+    result = _run(["-c", LATER_TENSORFLOW], KERAS_TRANSFORMER_VERBOSE="0")
+    assert result.returncode == 0, result.stderr
+    if "TENSORFLOW True" not in result.stdout:
+        pytest.skip("TensorFlow is not installed: Keras loads no TensorFlow later")
+    assert result.stderr == ""
