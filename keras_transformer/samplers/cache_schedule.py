@@ -16,8 +16,8 @@ from keras_transformer.samplers.loop_state import present
 CHUNK = 128
 # TensorFlow's XLA keeps every chunk's loop state apart (JAX reuses it): each width adds a copy of
 # the cache at that width. A cache larger than this grows through two widths only, the first and L,
-# where the copies cost more memory than the narrower attention saves time (RESULTS, "TensorFlow's
-# smollm2_135m peak RSS").
+# where the copies cost more memory than the narrower attention saves time (benchmarks/RESULTS.md,
+# "TensorFlow's peak memory").
 TENSORFLOW_CHUNKED_CACHE_BYTES = 128 * 2**20
 
 
@@ -67,7 +67,7 @@ def widen(state, width):
 # Compiled XLA loops carry each layer's keys and values as (R * Hkv, S, Dh), the shape XLA gives
 # the operands of the batched attention products; the model reads and writes (R, Hkv, S, Dh) views
 # of them. Carried as (R, Hkv, S, Dh), XLA on CPU turned each in-place cache write into a copy of
-# the whole buffer at every step (RESULTS, "cache layout"). PyTorch carries the model's own shape:
+# the whole buffer at every step (benchmarks/RESULTS.md, "cache layout"). PyTorch carries the model's own shape:
 # there a reshape is a view.
 
 

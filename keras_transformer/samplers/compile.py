@@ -13,7 +13,7 @@ graph and replayed (`mode="reduce-overhead"`). A decoder-only model's prefill is
 one graph per input shape. The kernels are kept per task and length across calls (`_torch_kernels`), so
 later calls reuse the graphs. Compiling pays on a GPU, where an eager step is one
 launch per operation; on a CPU it costs seconds per bucket for a fraction of a millisecond per step
-(RESULTS, "PyTorch compiled decoding step"), so the default there stays eager.
+(benchmarks/RESULTS.md, "The compiled step on this CPU"), so the default there stays eager.
 `KERAS_TRANSFORMER_TORCH_COMPILE=1` (or `0`) forces the choice, and
 `KERAS_TRANSFORMER_TORCH_COMPILE_BACKEND` names another `torch.compile` backend (default "inductor"; the
 tests use "eager", which captures the one graph and runs it op by op, generating no code).

@@ -86,7 +86,7 @@ def nucleus(probabilities, top_p, iterations=40):
     A token is in the nucleus iff the tokens strictly more likely than it hold less than
     top_p. That is every token with probability >= tau, tau the largest threshold whose
     tokens still hold top_p, found by bisection (XLA's sort over V on CPU costs far more than these
-    masked sums: RESULTS, "top-p by bisection"). Exact unless two probabilities differ by less than
+    masked sums: benchmarks/RESULTS.md, "top-p by bisection"). Exact unless two probabilities differ by less than
     max_probability * 2**-iterations.
     """
     low = ops.zeros_like(probabilities[:, :1])  # (R, 1): mass(p >= low) >= top_p

@@ -29,7 +29,7 @@ def first_argmax(x):
     """x (R, V) -> (R,) int32 index of each row's first maximum (a NaN counts as the maximum, as in argmax).
 
     Where XLA compiles the loop, the index of the first entry equal to the row's max: two vectorised
-    reductions, where XLA on CPU runs `argmax` as a scalar (value, index) reduction (see RESULTS,
+    reductions, where XLA on CPU runs `argmax` as a scalar (value, index) reduction (benchmarks/RESULTS.md,
     "first_argmax"). PyTorch keeps its one argmax kernel (`compile.native_argmax`).
     """
     if compile_lib.native_argmax():

@@ -74,7 +74,7 @@ def unpack_int4(packed, columns):
     `pack_int4` along the last axis) -> (rows, columns) int8 in [-8, 7], contiguous.
 
     Keras's own `unpack_int4` gives the same values, but through many small ops (far slower; see
-    benchmarks/RESULTS.md, int4) and transposed, a layout that the few-row products read slowly.
+    benchmarks/RESULTS.md, "int4 weights") and transposed, a layout that the few-row products read slowly.
     """
     low = torch.bitwise_right_shift(torch.bitwise_left_shift(packed, 4), 4)  # int8 shifts: sign-extended
     high = torch.bitwise_right_shift(packed, 4)
