@@ -53,3 +53,25 @@ def test_no_measurement_in_the_source():
     found = [f"{path.relative_to(ROOT)}: {match.group(0)!r}" for path in SOURCES
              for match in MEASUREMENT.finditer(_text(path))]
     assert found == []
+
+
+# A path into the repository named in a docstring, comment or doc: `samplers/decode_loop.py`,
+# `keras_transformer/export/onnx.py`, `docs/deployment.md`. Paths under an example's output
+# directory (`out/gpt_onnx/serve.py`) name files an export writes, not repository files.
+NAMED_PATH = re.compile(r"(?<![\w/.])((?:[\w.]+/)+[\w.]+\.(?:py|md))\b")
+DOCS = [ROOT / "README.md", ROOT / "export" / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+
+
+def test_named_files_exist():
+    """A renamed or split module leaves no docstring or doc pointing at its old file."""
+    roots = {path.name for path in ROOT.iterdir() if path.is_dir()} | {
+        path.name for path in (ROOT / "keras_transformer").iterdir() if path.is_dir()}
+    missing = []
+    for path in SOURCES + DOCS:
+        for name in sorted(set(NAMED_PATH.findall(path.read_text(encoding="utf-8")))):
+            if name.split("/")[0] not in roots:
+                continue
+            if not any(candidate.exists() for candidate in (ROOT / name, ROOT / "keras_transformer" / name,
+                                                             path.parent / name)):
+                missing.append(f"{path.relative_to(ROOT)}: {name}")
+    assert missing == []

@@ -1,7 +1,7 @@
 """Reading a bundle directory: its JSON files, ONNX Runtime sessions, tokenizer and chat template.
 
 The chat template module is the package's own `keras_transformer/tokenizers/chat_template.py`:
-an export copies that file into the bundle (`keras_transformer/export/bundle.py`), so the bundle
+an export copies that file into the bundle (`keras_transformer/export/onnx.py`, `SHARED_FILES`), so the bundle
 and the Keras tokenizer render and validate chat messages with the same code.
 """
 

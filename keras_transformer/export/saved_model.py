@@ -23,7 +23,7 @@ Signatures (all also callable as `loaded.<name>(...)`; the first is `serving_def
                    -> {"token_ids", "padding_mask"} as above and "scores" (B,) float32, the
                    hypothesis' sum of log-probabilities / length ** length_penalty.
 
-The `generate` signatures run the Keras decoding loop itself (`samplers/sampler.py`'s
+The `generate` signatures run the Keras decoding loop itself (`samplers/decode_loop.py`'s
 `trace_prepare` and `trace_run`, the code `lm.generate` compiles on every backend), traced
 here under TensorFlow with the batch dynamic: the same samplers, logits processors (repetition
 penalty, min_new_tokens; the end token stops a row) and noise (a hash of (seed, step, row),

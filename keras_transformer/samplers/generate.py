@@ -34,7 +34,7 @@ def generate(
 ):
     """Generate from a causal LM (continue prompts) or a seq2seq LM (transduce sources).
 
-    See `CausalLM.generate` for the arguments and return values.
+    See `LanguageModel.generate` (models/language_model.py) for the arguments and return values.
     """
     sampler = get(sampler if sampler is not None else getattr(task, "sampler", None) or "greedy")
     _check_int("max_new_tokens", max_new_tokens, 1)

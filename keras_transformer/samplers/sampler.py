@@ -4,8 +4,8 @@ Axes: R decoded rows, L token buffer length, V vocabulary.
 
 A sampler only chooses tokens: `get_next_token` picks one per row from processed logits, and the
 loop hooks below say how a choice updates the loop state. The loop itself is `decode_loop.py`, the
-logits processors `processors.py`, the cache schedule `cache_schedule.py`, and the one module that
-asks which backend runs is `compile.py`.
+logits processors `processors.py`, the cache schedule `cache_schedule.py`, and the backend switch
+(which compiler, which device, whether PyTorch's kernels run) is `compile.py`: this file has no backend check.
 """
 
 import numpy as np

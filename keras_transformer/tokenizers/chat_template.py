@@ -14,7 +14,7 @@ The rendered string already holds every special token the template writes (e.g. 
 `bos_token`): it is tokenized with no special token added (`Tokenizer.tokenize`).
 
 This file is the one implementation of chat templates and of chat-message checks: the Keras
-tokenizer imports it, an ONNX export copies it into the bundle (`keras_transformer/export/bundle.py`),
+tokenizer imports it, an ONNX export copies it into the bundle (`keras_transformer/export/onnx.py`, `SHARED_FILES`),
 where the Keras-free runner and server import it. It therefore imports nothing from Keras or
 keras_transformer (the standard library, and jinja2 when a template renders).
 """
