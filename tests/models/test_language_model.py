@@ -1,0 +1,27 @@
+"""`generate`'s signature is written once, by `LanguageModel`: no task overrides it, and the decoding function
+it calls (`samplers.generate`, a floor below the models) takes the same arguments with the same defaults."""
+
+import inspect
+
+import keras_transformer  # noqa: F401  (loads every family, so that every task class exists)
+from keras_transformer import samplers
+from keras_transformer.models.language_model import LanguageModel
+
+
+def _subclasses(cls):
+    return {cls} | {sub for direct in cls.__subclasses__() for sub in _subclasses(direct)}
+
+
+def test_no_task_writes_its_own_generate():
+    tasks = {cls.__name__ for cls in _subclasses(LanguageModel)}
+    assert {"CausalLM", "Seq2SeqLM", "GPTCausalLM", "LlamaCausalLM", "T5Seq2SeqLM", "TransformerSeq2SeqLM"} <= tasks
+    assert sorted(cls.__name__ for cls in _subclasses(LanguageModel) - {LanguageModel} if "generate" in vars(cls)) == []
+
+
+def test_the_decoding_function_takes_the_same_arguments():
+    def arguments(function, skip):
+        return [(p.name, p.default, p.kind) for p in list(inspect.signature(function).parameters.values())[skip:]]
+
+    # LanguageModel.generate(self, inputs, ...) and samplers.generate(task, inputs, ...)
+    assert arguments(LanguageModel.generate, 1) == arguments(samplers.generate, 1)
+    assert len(arguments(samplers.generate, 1)) == 10  # inputs and the nine options
