@@ -192,3 +192,77 @@ def test_no_source_file_is_longer_than_450_lines():
     assert len(files) > 50 and any(path.parts[-3:-1] == ("export", "runtime") for path in files)  # both trees read
     lengths = {str(path.relative_to(ROOT)): len(path.read_text(encoding="utf-8").splitlines()) for path in files}
     assert sorted(f"{name}: {count} lines" for name, count in lengths.items() if count > 450) == []
+
+
+def test_the_cache_module_is_self_contained():
+    """layers/kv_cache.py (every cache layout, and a backbone's L-layer cache forms) needs only the mask helpers,
+    which need nothing of ours: samplers and models take their cache code from it, nothing else."""
+    assert sorted({target for target, _, _ in IMPORTS["keras_transformer.layers.kv_cache"]}) == [
+        "keras_transformer.layers.masks"]
+    assert IMPORTS["keras_transformer.layers.masks"] == []
+    # The cache helpers are defined there and nowhere else.
+    defined = {name: [module for module, path in MODULES.items()
+                      if any(isinstance(node, ast.FunctionDef) and node.name == name
+                             for node in ast.parse(path.read_text()).body)]
+               for name in ("split_cache", "layer_cache_of", "like_cache", "cache_keys", "as_cache")}
+    assert defined == {name: ["keras_transformer.layers.kv_cache"] for name in defined}
+
+
+def _imported_names(prefix, source_module):
+    """{(importer, imported module, name)} for `from <source_module...> import name` in modules under `prefix`."""
+    found = set()
+    for module, path in MODULES.items():
+        if module != prefix and not module.startswith(prefix + "."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module and (
+                    node.module == source_module or node.module.startswith(source_module + ".")):
+                found |= {(module, node.module, alias.name) for alias in node.names}
+            elif isinstance(node, ast.Import):
+                found |= {(module, alias.name, None) for alias in node.names
+                          if alias.name == source_module or alias.name.startswith(source_module + ".")}
+    return found
+
+
+@pytest.mark.parametrize("prefix", ["keras_transformer.export", "keras_transformer.convert"])
+def test_export_uses_the_samplers_public_entry_points(prefix):
+    """Export and convert import decoding from the `keras_transformer.samplers` package's `__all__` only:
+    no private module (`samplers.decode_loop`, ...), no private name (`_...`)."""
+    init = MODULES["keras_transformer.samplers"]
+    public = next(ast.literal_eval(node.value) for node in ast.parse(init.read_text()).body
+                  if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "__all__")
+    used = _imported_names(prefix, "keras_transformer.samplers")
+    assert sorted(f"{module}: {source}" for module, source, _ in used if source != "keras_transformer.samplers") == []
+    assert sorted(f"{module}: {name}" for module, _, name in used if name not in public) == []
+
+
+# The bundle runtime (export/runtime/, copied into every bundle) runs without Keras: the standard library,
+# these packages, its own files and the chat template the export copies next to them.
+RUNTIME_PACKAGES = {"numpy", "onnxruntime", "tokenizers", "jinja2", "starlette", "uvicorn", "prometheus_client"}
+
+
+def _top_level_imports(path):
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names.add(node.module)
+    return names
+
+
+def test_the_bundle_runtime_imports_no_framework():
+    import sys
+
+    runtime = ROOT / "export" / "runtime"
+    own = {path.stem for path in runtime.glob("*.py")} | {"chat_template"}
+    outside = {}
+    for path in sorted(runtime.glob("*.py")) + [MODULES["keras_transformer.tokenizers.chat_template"]]:
+        for name in _top_level_imports(path):
+            top = name.split(".")[0]
+            # bundle_files.py falls back to the package's chat template when run from the repository itself.
+            fallback = path.name == "bundle_files.py" and name == "keras_transformer.tokenizers"
+            if top not in own | RUNTIME_PACKAGES | set(sys.stdlib_module_names) and not fallback:
+                outside.setdefault(path.name, []).append(name)
+    assert outside == {}
+    assert {"numpy", "onnxruntime"} <= set().union(*(_top_level_imports(p) for p in runtime.glob("*.py")))

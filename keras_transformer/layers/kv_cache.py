@@ -19,6 +19,10 @@ layer projects and does not ask who called it; the cache kinds:
 A layer's cache may also be given in the plain public forms, a (keys, values) pair or one
 stacked (B, 2, Hkv, S, Dh) tensor; `as_cache` wraps them and `KVCache.like` returns the
 updated cache in the form it came.
+
+A backbone's cache holds L layers' caches, stacked or as a list: `layer_cache_of`, `like_cache`,
+`split_cache` and `cache_keys` (at the end) read and write that form, so that a family's step and the
+decoding loop need nothing else to handle caches.
 """
 
 from keras import ops
@@ -250,6 +254,32 @@ def _check_step_call(kind, attention_mask, return_scores, use_causal_mask):
         )
 
 
+# --- a backbone's cache: L layers ---------------------------------------------
+# A backbone's cache is one (B, L, 2, Hkv, S, Dh) tensor, or a list of L per-layer caches:
+# (keys, values) pairs of (B, Hkv, S, Dh) buffers or cache objects (above).
+# `generate` carries the list: each layer then writes its own two buffers in place and the
+# attention products read them directly, where a stacked form costs XLA a slice copy of every
+# layer's keys and values at each step (and a restack of the whole cache). A layer returns its
+# cache in the form it came.
+
+
 def split_cache(cache):
     """(B, L, 2, Hkv, S, Dh) -> list of L (keys, values) pairs of (B, Hkv, S, Dh): the form `generate` carries."""
     return [(cache[:, i, 0], cache[:, i, 1]) for i in range(cache.shape[1])]
+
+
+def layer_cache_of(cache, i):
+    """Layer i's cache: from a list of per-layer caches, or a stacked (B, L, 2, Hkv, S, Dh) tensor."""
+    return cache[i] if isinstance(cache, (list, tuple)) else cache[:, i]
+
+
+def cache_keys(layer_cache):
+    """A layer's cache in any form -> keys (B, Hkv, S, Dh) (a beam cache's first slot: its positions are what count)."""
+    return as_cache(layer_cache).keys
+
+
+def like_cache(layer_caches, cache):
+    """L per-layer caches -> the form of `cache`: a list, or stacked (B, L, 2, Hkv, S, Dh)."""
+    if isinstance(cache, (list, tuple)):
+        return list(layer_caches)
+    return ops.stack(layer_caches, axis=1)

@@ -4,7 +4,6 @@ import keras
 
 from keras_transformer import presets
 from keras_transformer.distribution import megatron_layout_map
-from keras_transformer.layers.kv_cache import as_cache
 from keras_transformer.models import lora, quantization
 from keras_transformer.models.input_checks import check_inputs
 
@@ -132,29 +131,3 @@ def call_layer(layer, *args, **kwargs):
     loop passes `samplers.torch_kernels.TorchKernels`, plain-PyTorch kernels chosen by layer type.
     """
     return layer(*args, **kwargs)
-
-
-# --- key/value caches ---------------------------------------------------------
-# A backbone's cache is one (B, L, 2, Hkv, S, Dh) tensor, or a list of L per-layer caches:
-# (keys, values) pairs of (B, Hkv, S, Dh) buffers or cache objects (`layers/kv_cache.py`).
-# `generate` carries the list: each layer then writes its own two buffers in place and the
-# attention products read them directly, where a stacked form costs XLA a slice copy of every
-# layer's keys and values at each step (and a restack of the whole cache). A layer returns its
-# cache in the form it came.
-
-
-def layer_cache_of(cache, i):
-    """Layer i's cache: from a list of per-layer caches, or a stacked (B, L, 2, Hkv, S, Dh) tensor."""
-    return cache[i] if isinstance(cache, (list, tuple)) else cache[:, i]
-
-
-def cache_keys(layer_cache):
-    """A layer's cache in any form -> keys (B, Hkv, S, Dh) (a beam cache's first slot: its positions are what count)."""
-    return as_cache(layer_cache).keys
-
-
-def like_cache(layer_caches, cache):
-    """L per-layer caches -> the form of `cache`: a list, or stacked (B, L, 2, Hkv, S, Dh)."""
-    if isinstance(cache, (list, tuple)):
-        return list(layer_caches)
-    return keras.ops.stack(layer_caches, axis=1)

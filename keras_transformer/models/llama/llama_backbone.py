@@ -11,7 +11,8 @@ Dh head size, D model width, V vocabulary.
 import keras
 
 from keras_transformer.layers import TransformerDecoderBlock
-from keras_transformer.models.backbone import Backbone, call_layer, check_positive_ints, layer_cache_of, like_cache
+from keras_transformer.layers.kv_cache import layer_cache_of, like_cache
+from keras_transformer.models.backbone import Backbone, call_layer, check_positive_ints
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

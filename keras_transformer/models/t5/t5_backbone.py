@@ -8,7 +8,8 @@ D model width, V vocabulary.
 import keras
 
 from keras_transformer.layers import RelativePositionBias, TransformerDecoderBlock, TransformerEncoderBlock
-from keras_transformer.models.backbone import call_layer, check_positive_ints, cache_keys, layer_cache_of, like_cache
+from keras_transformer.layers.kv_cache import cache_keys, layer_cache_of, like_cache
+from keras_transformer.models.backbone import call_layer, check_positive_ints
 from keras_transformer.models.seq2seq_backbone import Seq2SeqBackbone
 
 

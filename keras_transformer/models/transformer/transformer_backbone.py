@@ -9,7 +9,8 @@ import math
 import keras
 
 from keras_transformer.layers import PositionalEmbedding, TransformerDecoderBlock, TransformerEncoderBlock
-from keras_transformer.models.backbone import call_layer, check_positive_ints, layer_cache_of, like_cache
+from keras_transformer.layers.kv_cache import layer_cache_of, like_cache
+from keras_transformer.models.backbone import call_layer, check_positive_ints
 from keras_transformer.models.seq2seq_backbone import Seq2SeqBackbone
 
 
