@@ -4,7 +4,8 @@ runtime that runs a step without Keras.
 A runtime (`samplers/torch_kernels.py` for PyTorch, `export/onnx_kernels.py` for ONNX graphs) defines a
 function `_<name>(kernels, layer, *call arguments)` per name and binds them with `bind(globals())`. A new
 layer type that decoding steps use is one entry here plus one function per runtime: `bind` refuses a
-runtime that lacks it, and tests/samplers/test_kernel_table.py checks every runtime against the table.
+runtime that lacks it, and tests/samplers/test_kernel_table.py, generated from the table, holds every
+runtime's kernel to the Keras layer's numbers.
 """
 
 import keras
