@@ -17,9 +17,6 @@ except ModuleNotFoundError as error:  # export/runtime/ itself (before an export
         raise
     from keras_transformer.tokenizers import chat_template
 
-# The special-token roles a chat template reads as variables (`bos_token`, ...), as in transformers.
-SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-
 
 def read_json(path):
     """A bundle's JSON file as a dict; a missing one means the directory is not a bundle."""
@@ -59,5 +56,5 @@ def read_chat_template(bundle_dir):
     """-> (the chat template or None, {special-token role: string}) from the bundle's tokenizer files."""
     config_path = os.path.join(bundle_dir, "tokenizer_config.json")
     config = read_json(config_path) if os.path.isfile(config_path) else {}
-    special = {name: config[name] for name in SPECIAL_TOKEN_NAMES if isinstance(config.get(name), str)}
+    special = {name: config[name] for name in chat_template.SPECIAL_TOKEN_NAMES if isinstance(config.get(name), str)}
     return chat_template.read_chat_template(bundle_dir, config), special

@@ -25,6 +25,9 @@ import json
 import os
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
+# The roles a special token can play, the names of Hugging Face's `tokenizer_config.json` keys: a template
+# reads each token's string under its role (`bos_token`, ...). The one list, for the tokenizer and the bundle.
+SPECIAL_TOKEN_NAMES = ("pad_token", "bos_token", "eos_token", "unk_token", "mask_token", "cls_token", "sep_token")
 # Older jinja2 releases have known sandbox escapes (transformers refuses them too).
 _MIN_JINJA2 = (3, 1, 6)
 

@@ -4,16 +4,7 @@
 token's id, and registers the tokens as special with the wrapped `tokenizers.Tokenizer`.
 """
 
-# The roles a special token can play; the names match Hugging Face's `tokenizer_config.json` keys.
-SPECIAL_TOKEN_NAMES = (
-    "pad_token",
-    "bos_token",
-    "eos_token",
-    "unk_token",
-    "mask_token",
-    "cls_token",
-    "sep_token",
-)
+from keras_transformer.tokenizers.chat_template import SPECIAL_TOKEN_NAMES  # the roles, written once
 
 __all__ = ["SPECIAL_TOKEN_NAMES", "check_special_token_names", "register_special_tokens"]
 
