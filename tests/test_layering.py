@@ -266,3 +266,14 @@ def test_the_bundle_runtime_imports_no_framework():
                 outside.setdefault(path.name, []).append(name)
     assert outside == {}
     assert {"numpy", "onnxruntime"} <= set().union(*(_top_level_imports(p) for p in runtime.glob("*.py")))
+
+
+def test_the_bundle_runtime_has_no_import_cycle():
+    """export/runtime/'s files import each other by plain name (they lie side by side in a bundle): one job per
+    file, each importing only files below it (docs/architecture.md draws them)."""
+    runtime = ROOT / "export" / "runtime"
+    own = {path.stem for path in runtime.glob("*.py")}
+    graph = {path.stem: sorted({name.split(".")[0] for name in _top_level_imports(path)} & own - {path.stem})
+             for path in runtime.glob("*.py")}
+    assert graph["generate"] and graph["serve"]  # the graph is read
+    assert _cycles(graph) == []
