@@ -3,7 +3,6 @@
 import os
 
 import keras
-import numpy as np
 from keras import ops
 
 from keras_transformer import presets
@@ -14,6 +13,7 @@ from keras_transformer.models.compiled_test_step import CompiledTestStep
 from keras_transformer.models.compiled_train_step import CompiledTrainStep
 from keras_transformer.models.input_checks import check_finite, check_inputs
 from keras_transformer.models.preprocessor import Preprocessor
+from keras_transformer.models.raw_inputs import PreprocessedDataset, first_leaf_is_text, is_dataset
 
 # The writers `Task.export` calls, by format ("onnx", "tf_saved_model", "huggingface"): keras_transformer.export
 # registers them when it is imported, and the models package imports it last. Export builds on the models,
@@ -148,7 +148,7 @@ class Task(keras.Model):
         return super().predict(x, batch_size=batch_size, **kwargs)
 
     def _is_raw(self, x):
-        return self.preprocessor is not None and _first_leaf_is_text(x)
+        return self.preprocessor is not None and first_leaf_is_text(x)
 
     def _preprocessor_kwargs(self):
         """Extra keyword arguments for each preprocessor call (a classifier passes its num_classes)."""
@@ -165,8 +165,8 @@ class Task(keras.Model):
             check_inputs(self, *batch)  # e.g. a tokenizer with more ids than the model
             return batch
 
-        if _is_dataset(x):
-            return _PreprocessedDataset(x, preprocess), None, None
+        if is_dataset(x):
+            return PreprocessedDataset(x, preprocess), None, None
         return preprocess(x, y, sample_weight)
 
     # --- presets ----------------------------------------------------------
@@ -308,56 +308,6 @@ def transposed_embedding(backbone):
 
 def _is_local(filepath, suffix):
     return isinstance(filepath, (str, os.PathLike)) and "://" not in str(filepath) and str(filepath).endswith(suffix)
-
-
-def _first_leaf_is_text(x):
-    if isinstance(x, (str, bytes)):
-        return True
-    if isinstance(x, np.ndarray):
-        return x.dtype.kind in "USO" and x.size > 0 and isinstance(x.reshape(-1)[0], (str, bytes))
-    if isinstance(x, (list, tuple)):
-        return len(x) > 0 and _first_leaf_is_text(x[0])
-    if _is_dataset(x):
-        return True  # datasets given to a task with a preprocessor are expected to hold text
-    return False
-
-
-def _is_dataset(x):
-    if isinstance(x, keras.utils.PyDataset):
-        return True
-    return type(x).__module__.startswith("tensorflow") and hasattr(x, "as_numpy_iterator")
-
-
-class _PreprocessedDataset(keras.utils.PyDataset):
-    """Batches of raw text (tf.data or PyDataset) -> preprocessed numpy batches."""
-
-    def __init__(self, source, preprocess):
-        super().__init__()
-        if isinstance(source, keras.utils.PyDataset):
-            self._batches = source
-        else:  # tf.data.Dataset: read once into host memory (notebook-scale text data)
-            self._batches = list(source.as_numpy_iterator())
-            if self._batches and not isinstance(self._batches[0], tuple) and np.ndim(self._batches[0]) == 0:
-                raise ValueError(
-                    "The tf.data.Dataset yields single strings: batch it first, e.g. `dataset.batch(16)`."
-                )
-        self._preprocess = preprocess
-
-    def __len__(self):
-        return len(self._batches)
-
-    def __getitem__(self, index):
-        batch = self._batches[index]
-        if isinstance(batch, tuple):  # (x, y) or (x, y, sample_weight); seq2seq: (sources, targets)
-            return _drop_none(self._preprocess(*batch))
-        return _drop_none(self._preprocess(batch))
-
-
-def _drop_none(batch):
-    x, y, w = batch
-    if w is not None:
-        return x, y, w
-    return (x, y) if y is not None else (x,)
 
 
 def _task_class_of(base, preset, allow_pickle=False):
