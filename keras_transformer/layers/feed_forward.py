@@ -4,7 +4,6 @@ Axes: B batch, T sequence length, D model width, F intermediate width.
 """
 
 import keras
-from keras import ops
 
 _ACTIVATIONS = {
     "relu": keras.activations.relu,

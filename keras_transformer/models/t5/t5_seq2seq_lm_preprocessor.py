@@ -4,7 +4,7 @@ import numpy as np
 
 from keras_transformer import presets
 from keras_transformer.models.input_checks import weigh
-from keras_transformer.models.preprocessor import Preprocessor, as_string_list
+from keras_transformer.models.preprocessor import Preprocessor
 
 
 @presets.register_preprocessor
