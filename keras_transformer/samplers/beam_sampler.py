@@ -113,22 +113,27 @@ class BeamSampler(Sampler):
         accepting = ops.logical_and(active, ops.logical_not(full)) if self.early_stopping is True else active
         rank = ops.arange(num_candidates, dtype="int32")[None, :]  # (1, C)
         new_valid = finishes & (rank < K) & accepting[:, None] & (top_scores > NEG / 2)
-        length = ops.cast(ops.maximum(generated, 1), "float32")[:, None]  # (B, 1)
-        new_scores = ops.where(new_valid, top_scores / length**self.length_penalty, 2 * NEG)
-        beam_tokens = ops.reshape(rows.tokens, (B, K, L))
-        candidate_tokens = ops.take_along_axis(beam_tokens, top_beam[:, :, None], axis=1)  # (B, C, L)
-        positions = ops.arange(L, dtype="int32")[None, None, :]
-        candidate_tokens = ops.where(positions == i, top_token[:, :, None], candidate_tokens)
-        merged_scores = ops.concatenate([beams.finished_scores, new_scores], axis=1)  # (B, K + C)
-        finished_scores, keep = ops.top_k(merged_scores, K)  # (B, K), sorted best first
-        merged_valid = ops.concatenate([beams.finished_valid, new_valid], axis=1)
-        merged_tokens = ops.concatenate([beams.finished_tokens, candidate_tokens], axis=1)  # (B, K + C, L)
-        merged_ends = ops.concatenate(
-            [beams.finished_ends, ops.full((B, num_candidates), 1, "int32") * (i + 1)], axis=1
-        )
-        finished_valid = ops.take_along_axis(merged_valid, keep, axis=1)
-        finished_tokens = ops.take_along_axis(merged_tokens, keep[:, :, None], axis=1)
-        finished_ends = ops.take_along_axis(merged_ends, keep, axis=1)
+        # Steps that run op by op (PyTorch eager) leave the store as it is when no candidate finishes,
+        # as most steps: a dozen ops fewer per step. A compiled loop cannot branch on a tensor.
+        finished_tokens, finished_scores = beams.finished_tokens, beams.finished_scores
+        finished_valid, finished_ends = beams.finished_valid, beams.finished_ends
+        if not ctx.options.eager_rows or bool(ops.convert_to_numpy(ops.any(new_valid))):
+            length = ops.cast(ops.maximum(generated, 1), "float32")[:, None]  # (B, 1)
+            new_scores = ops.where(new_valid, top_scores / length**self.length_penalty, 2 * NEG)
+            beam_tokens = ops.reshape(rows.tokens, (B, K, L))
+            candidate_tokens = ops.take_along_axis(beam_tokens, top_beam[:, :, None], axis=1)  # (B, C, L)
+            positions = ops.arange(L, dtype="int32")[None, None, :]
+            candidate_tokens = ops.where(positions == i, top_token[:, :, None], candidate_tokens)
+            merged_scores = ops.concatenate([beams.finished_scores, new_scores], axis=1)  # (B, K + C)
+            finished_scores, keep = ops.top_k(merged_scores, K)  # (B, K), sorted best first
+            merged_valid = ops.concatenate([beams.finished_valid, new_valid], axis=1)
+            merged_tokens = ops.concatenate([beams.finished_tokens, candidate_tokens], axis=1)  # (B, K + C, L)
+            merged_ends = ops.concatenate(
+                [beams.finished_ends, ops.full((B, num_candidates), 1, "int32") * (i + 1)], axis=1
+            )
+            finished_valid = ops.take_along_axis(merged_valid, keep, axis=1)
+            finished_tokens = ops.take_along_axis(merged_tokens, keep[:, :, None], axis=1)
+            finished_ends = ops.take_along_axis(merged_ends, keep, axis=1)
 
         # Running beams: the best K candidates that did not finish.
         running = ops.where(finishes, top_scores + NEG, top_scores)
