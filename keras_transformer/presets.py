@@ -338,7 +338,8 @@ def _backbone_spec(backbone):
     return {"class_name": type(backbone).__name__, "config": config}
 
 
-def _write_json(path, data):
+def write_json(path, data):
+    """`data` as indented, key-sorted JSON: every JSON file this library writes (presets, bundles, SavedModels)."""
     Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
@@ -366,9 +367,9 @@ def save_backbone(backbone, preset_dir, overwrite=True, extra=None, quantization
             **_quantization_entry(quantization),
             **(extra or {}),
         }
-        _write_json(tmp / CONFIG_FILE, config)
+        write_json(tmp / CONFIG_FILE, config)
         backbone.save_weights(str(tmp / BACKBONE_WEIGHTS_FILE))
-        _write_json(tmp / METADATA_FILE, _metadata(backbone))
+        write_json(tmp / METADATA_FILE, _metadata(backbone))
 
     _atomic_dir(preset_dir, overwrite, write)
 
@@ -394,10 +395,10 @@ def save_task(task, preset_dir, overwrite=True, quantization=None):
                 "config": task.preprocessor.get_config(),
             }
             task.preprocessor.tokenizer.save(tmp)
-        _write_json(tmp / CONFIG_FILE, config)
+        write_json(tmp / CONFIG_FILE, config)
         task.backbone.save_weights(str(tmp / BACKBONE_WEIGHTS_FILE))
         _save_weights_without_optimizer(task, tmp / TASK_WEIGHTS_FILE)
-        _write_json(tmp / METADATA_FILE, _metadata(task))
+        write_json(tmp / METADATA_FILE, _metadata(task))
 
     _atomic_dir(preset_dir, overwrite, write)
 

@@ -18,11 +18,11 @@ weights are the same files.
 Runs under the TensorFlow backend (see `keras_transformer.export`).
 """
 
-import json
 import shutil
 from pathlib import Path
 
 from keras_transformer.export import graphs as graph_lib
+from keras_transformer.presets import write_json
 from keras_transformer.export.onnx_converter import OPSET, convert
 from keras_transformer.samplers import LENGTH_BUCKET
 from keras_transformer.tokenizers import chat_template
@@ -86,13 +86,13 @@ def write_onnx_bundle(task, directory):
                       "num_key_value_heads, sequence, head_dim) in a decode(r) graph with position_ids, "
                       "which writes them in place, and in the cross_key_values it reads",
         }
-    _write_json(directory / BUNDLE_FILE, bundle)
+    write_json(directory / BUNDLE_FILE, bundle)
     if task.preprocessor is not None:
         task.preprocessor.tokenizer.save(directory)
     if kind == "encoder":
-        _write_json(directory / "preprocessor_config.json", _encoder_preprocessing(task))
+        write_json(directory / "preprocessor_config.json", _encoder_preprocessing(task))
     else:
-        _write_json(directory / GENERATION_CONFIG_FILE, generation_config(task))
+        write_json(directory / GENERATION_CONFIG_FILE, generation_config(task))
     for name in RUNTIME_FILES:
         shutil.copyfile(runtime_dir() / name, directory / name)
     for name, source in SHARED_FILES.items():
@@ -164,6 +164,3 @@ def _save(model, path):
     else:
         onnx.save(model, str(path))
 
-
-def _write_json(path, data):
-    Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

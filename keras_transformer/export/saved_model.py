@@ -47,7 +47,8 @@ Runs under the TensorFlow backend (see `keras_transformer.export`).
 import keras
 
 from keras_transformer.export import graphs as graph_lib
-from keras_transformer.export.onnx import GENERATION_CONFIG_FILE, _write_json, generation_config
+from keras_transformer.presets import write_json
+from keras_transformer.export.onnx import GENERATION_CONFIG_FILE, generation_config
 from keras_transformer.samplers import (
     PREFILL_BUCKET, BeamSampler, DecodeOptions, GreedySampler, RandomSampler, cache_widths, keep_nucleus, keep_top_k,
     sample_categorical, trace_prepare, trace_run,
@@ -106,7 +107,7 @@ def write_saved_model(task, directory):
     if task.preprocessor is not None:
         task.preprocessor.tokenizer.save(directory)
     if config is not None:
-        _write_json(f"{directory}/{GENERATION_CONFIG_FILE}", config)
+        write_json(f"{directory}/{GENERATION_CONFIG_FILE}", config)
 
 
 class _ServedRandomSampler(RandomSampler):

@@ -159,7 +159,8 @@ def _int4_projection(layer, width, scale, bias):
 
 def fused(parts):
     """Projections of one input side by side: (kernel (in, sum out), bias, divisor, quantizer, LoRA) (see
-    `projection`), or ([the parts], None, None, None, None) where they differ in quantization or biases. LoRA factors, where any part has them: A side by side (in, sum r), B block-diagonal
+    `projection`), or ([the parts], None, None, None, None) where they differ in quantization or biases.
+    LoRA factors, where any part has them: A side by side (in, sum r), B block-diagonal
     (sum r, sum out), a part without LoRA taking no rows of B."""
     kernels, biases, divisors, quantizers, loras = zip(*parts)
     if len(set(quantizers)) > 1 or len({d is None for d in divisors}) > 1 or len({b is None for b in biases}) > 1:
