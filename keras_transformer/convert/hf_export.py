@@ -314,7 +314,7 @@ def _add_transformers4_keys(directory, task, family):
         config["rope_scaling"] = None if scaling["rope_type"] == "default" else scaling
     if family is _t5 and not task.backbone.tie_embedding_weights:
         config["tie_word_embeddings"] = False
-    file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    presets.write_json(file, config)
 
 
 # --- weights ----------------------------------------------------------------
