@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import keras_transformer as kt  # noqa: E402
-from keras_transformer.samplers import compile as compile_lib  # noqa: E402
+from keras_transformer.decoding import compile as compile_lib  # noqa: E402
 
 MODELS = {
     "gpt": lambda dtype: kt.models.GPTCausalLM(kt.models.GPTBackbone(
@@ -54,7 +54,7 @@ def int4_forms(repeats, rows=1, steps=20):
     the arranging of every projection's weights (what the kernels pay once, and again after a weight changes)."""
     import torch
 
-    from keras_transformer.samplers.torch_weights import linear, projection, quantization
+    from keras_transformer.kernels.torch_weights import linear, projection, quantization
 
     def projections(variant):
         layers = [layer for layer in build("llama", variant)._flatten_layers()

@@ -6,7 +6,7 @@ memory-bandwidth floor beside each: ours, keras-hub and (on PyTorch) transformer
 
 Rows (tokens/s over all rows; 16 random prompt tokens, `--new` new tokens, no stop token; greedy and
 beam-4; batch 1 and 8; float32 and bfloat16):
-- ours: `LlamaCausalLM` on this backend (PyTorch: the compiled step on CUDA, see samplers/compile.py);
+- ours: `LlamaCausalLM` on this backend (PyTorch: the compiled step on CUDA, see decoding/compile.py);
 - keras-hub: `LlamaCausalLM` of the same shape on this backend (its own random weights; the work is the same);
 - PyTorch only: transformers' `LlamaForCausalLM` eager, and with `cache_implementation="static"` and its
   forward under `torch.compile(mode="reduce-overhead")` (transformers' compiled `generate`), batch 1.

@@ -24,6 +24,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from keras_transformer.decoding import compile as compile_lib  # noqa: E402
 from keras_transformer.models import GPTBackbone, GPTCausalLM  # noqa: E402
 from keras_transformer.samplers import RandomSampler  # noqa: E402
 
@@ -67,7 +68,7 @@ def main():
         if window_tokens >= args.window or total >= args.tokens:
             seconds = time.perf_counter() - window_start
             gc.collect()
-            traces = sum(f.traces for f in lm.__dict__.get("_generate_functions", {}).values())
+            traces = sum(f.traces for f in compile_lib.compiled_cache(lm).functions.values())
             print(f"{window:>6} {window_tokens:>7} {window_calls:>5} {seconds:>8.2f} {window_tokens / seconds:>9.1f} "
                   f"{process.memory_info().rss / 2**20:>8.0f} {traces:>6}", flush=True)
             window, window_tokens, window_calls = window + 1, 0, 0

@@ -55,7 +55,7 @@ def test_no_measurement_in_the_source():
     assert found == []
 
 
-# A path into the repository named in a docstring, comment or doc: `samplers/decode_loop.py`,
+# A path into the repository named in a docstring, comment or doc: `decoding/decode_loop.py`,
 # `keras_transformer/export/onnx.py`, `docs/deployment.md`. Paths under an example's output
 # directory (`out/gpt_onnx/serve.py`) name files an export writes, not repository files.
 NAMED_PATH = re.compile(r"(?<![\w/.])((?:[\w.]+/)+[\w.]+\.(?:py|md))\b")

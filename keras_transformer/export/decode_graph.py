@@ -31,8 +31,8 @@ the next norm takes it), feed-forward biases inside FastGelu/BiasGelu.
 
 import numpy as np
 
-from keras_transformer.export import onnx_kernels
-from keras_transformer.export.onnx_values import Unsupported, Value
+from keras_transformer.kernels import onnx_kernels
+from keras_transformer.kernels.onnx_values import Unsupported, Value
 from keras_transformer.models.seq2seq_lm import Seq2SeqLM
 
 OPSET_IMPORTS = (("", 17), ("com.microsoft", 1))

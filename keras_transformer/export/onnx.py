@@ -24,7 +24,7 @@ from pathlib import Path
 from keras_transformer.export import graphs as graph_lib
 from keras_transformer.presets import write_json
 from keras_transformer.export.onnx_converter import OPSET, convert
-from keras_transformer.samplers import LENGTH_BUCKET
+from keras_transformer.decoding import LENGTH_BUCKET
 from keras_transformer.tokenizers import chat_template
 
 BUNDLE_FILE = "bundle.json"

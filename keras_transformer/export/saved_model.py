@@ -23,7 +23,7 @@ Signatures (all also callable as `loaded.<name>(...)`; the first is `serving_def
                    -> {"token_ids", "padding_mask"} as above and "scores" (B,) float32, the
                    hypothesis' sum of log-probabilities / length ** length_penalty.
 
-The `generate` signatures run the Keras decoding loop itself (`samplers/decode_loop.py`'s
+The `generate` signatures run the Keras decoding loop itself (`decoding/decode_loop.py`'s
 `trace_prepare` and `trace_run`, the code `lm.generate` compiles on every backend), traced
 here under TensorFlow with the batch dynamic: the same samplers, logits processors (repetition
 penalty, min_new_tokens; the end token stops a row) and noise (a hash of (seed, step, row),
@@ -49,9 +49,11 @@ import keras
 from keras_transformer.export import graphs as graph_lib
 from keras_transformer.presets import write_json
 from keras_transformer.export.onnx import GENERATION_CONFIG_FILE, generation_config
+from keras_transformer.decoding import (
+    PREFILL_BUCKET, DecodeOptions, LoopInputs, PrefillInputs, cache_widths, trace_prepare, trace_run,
+)
 from keras_transformer.samplers import (
-    PREFILL_BUCKET, BeamSampler, DecodeOptions, GreedySampler, RandomSampler, cache_widths, keep_nucleus, keep_top_k,
-    sample_categorical, trace_prepare, trace_run,
+    BeamSampler, GreedySampler, RandomSampler, keep_nucleus, keep_top_k, sample_categorical,
 )
 
 # Beams of the `generate_beam` signature when the task's own sampler is not a beam search.
@@ -244,9 +246,7 @@ class _ServedLoop:
         start = scalars["start"]
 
         def prepare(prefill):
-            inputs = {"prompt_token_ids": tokens, "prefill_token_ids": tokens[:, :prefill]}
-            if encoder is not None:
-                inputs.update(encoder)
+            inputs = PrefillInputs(prompt_token_ids=tokens, prefill_token_ids=tokens[:, :prefill], **(encoder or {}))
             return lambda: trace_prepare(self.task, inputs)
 
         if len(members) == 1:
@@ -255,17 +255,17 @@ class _ServedLoop:
             index = tf.reduce_sum(tf.cast(tf.constant(members) < scalars["prefill"], tf.int32))
             prepared = tf.switch_case(index, [prepare(prefill) for prefill in members])
 
-        inputs = {
-            "token_ids": rows,
-            "prompt_lengths": tf.repeat(scalars["lengths"], K),  # (R,)
-            "start": start,
-            "max_new_tokens": scalars["max_new_tokens"],
-            "min_new_tokens": scalars["min_new_tokens"],
-            "repetition_penalty": scalars["repetition_penalty"],
-            "seen": _seen(rows, start, self.task.backbone.vocabulary_size),  # (R, V) the tokens before step `start`
-        }
+        inputs = LoopInputs(
+            token_ids=rows,
+            prompt_lengths=tf.repeat(scalars["lengths"], K),  # (R,)
+            start=start,
+            max_new_tokens=scalars["max_new_tokens"],
+            min_new_tokens=scalars["min_new_tokens"],
+            repetition_penalty=scalars["repetition_penalty"],
+            seen=_seen(rows, start, self.task.backbone.vocabulary_size),  # (R, V) the tokens before step `start`
+        )
         if isinstance(sampler, RandomSampler):  # the loop hashes (seed, step, row) into its noise
-            inputs["seed"] = scalars["seed"]
+            inputs = inputs._replace(seed=scalars["seed"])
         options = DecodeOptions(stop_token_ids=self.stop_ids, pad_id=self.pad, repetition=True)
         outputs = trace_run(self.task, sampler, options, inputs, prepared)
         if K == 1:

@@ -74,7 +74,7 @@ class CausalLM(LanguageModel):
         outputs = super()._generate(prompts, options)
         if chat is None:
             return outputs
-        return_dict = options["return_dict"]
+        return_dict = options.return_dict
         replies = self._chat_replies(prompts, outputs["outputs"] if return_dict else outputs)
         replies = replies[0] if chat[0] else replies
         return {**outputs, "outputs": replies} if return_dict else replies

@@ -179,7 +179,7 @@ class CompiledStep:
                          "`compile(jit_compile=False)` runs eagerly)", type(model).__name__, self.kind)
         import torch
 
-        # The same switch as the decoding loop's (samplers/compile.py), e.g. "aot_eager" to debug.
+        # The same switch as the decoding loop's (decoding/compile.py), e.g. "aot_eager" to debug.
         backend = os.environ.get("KERAS_TRANSFORMER_TORCH_COMPILE_BACKEND", "inductor")
         self.graphs[key] = graph
         self._compiled[key] = torch.compile(graph, fullgraph=True, dynamic=False, backend=backend)

@@ -1,10 +1,10 @@
 """LanguageModel: the base of the tasks that generate tokens (CausalLM, Seq2SeqLM).
 
 It holds what both share, once: the sampler `compile` sets, and the one `generate` signature and
-its documentation. The decoding itself is `keras_transformer.samplers.generate`.
+its documentation. The decoding itself is `keras_transformer.decoding.generate`.
 """
 
-from keras_transformer import samplers
+from keras_transformer import decoding, samplers
 from keras_transformer.models.task import Task
 
 
@@ -12,7 +12,7 @@ class LanguageModel(Task):
     """A task that generates tokens with `generate` (see `CausalLM`, `Seq2SeqLM`).
 
     Subclasses may override `_generate(inputs, options)` to prepare the inputs or shape the
-    results (CausalLM renders chat messages there); `options` are `generate`'s keyword arguments.
+    results (CausalLM renders chat messages there); `options` is a `decoding.GenerateOptions`.
     """
 
     def compile(self, *args, sampler=None, **kwargs):
@@ -92,7 +92,7 @@ class LanguageModel(Task):
         >>> lm.generate([{"role": "user", "content": "Hello!"}])  # a preset with a chat template
         >>> t5.generate(["1 2 3", "3 2 1"], max_new_tokens=8, sampler="beam")  # a Seq2SeqLM
         """
-        options = dict(
+        options = decoding.GenerateOptions(
             max_new_tokens=max_new_tokens, sampler=sampler, stop_token_ids=stop_token_ids,
             min_new_tokens=min_new_tokens, repetition_penalty=repetition_penalty,
             no_repeat_ngram_size=no_repeat_ngram_size, streamer=streamer, return_dict=return_dict,
@@ -101,5 +101,5 @@ class LanguageModel(Task):
         return self._generate(inputs, options)
 
     def _generate(self, inputs, options):
-        """`generate` with its keyword arguments in `options`."""
-        return samplers.generate(self, inputs, **options)
+        """`generate` with its keyword arguments as a `decoding.GenerateOptions`."""
+        return decoding.generate_with(self, inputs, options)

@@ -1,25 +1,41 @@
 """Samplers for `generate`: greedy, random (temperature / top-k / top-p) and beam search.
 
-The decoding core behind them, one job per module: `sampler.py` (the base: token choice only),
-`decode_options.py` (the frozen static settings), `processors.py` (logits processors),
-`cache_schedule.py` (cache widths and layout), `loop_state.py` (the loop's typed state),
-`decode_loop.py` (prefill and step, written once),
-`compile.py` (the one backend switch), `decode.py` (runs it), `generate.py` (inputs and outputs).
-`trace_prepare` / `trace_run` are the loop for callers that trace it themselves (the SavedModel export).
+What a user passes to `generate(sampler=...)` or `compile(sampler=...)`, one job per module:
+`sampler.py` (the base: token choice only), `greedy_sampler.py`, `random_sampler.py`, `beam_sampler.py`,
+`registry.py` (samplers by name), `processors.py` (logits processors), `noise.py` (the per-step noise),
+`rows.py` (a column of the token buffer). The decoding engine that runs them is `keras_transformer.decoding`;
+it imports the samplers, never the reverse.
 """
 
+import importlib
+import warnings
+
 from keras_transformer.samplers.beam_sampler import BeamSampler
-from keras_transformer.samplers.cache_schedule import cache_widths
-from keras_transformer.samplers.decode_loop import trace_prepare, trace_run
-from keras_transformer.samplers.decode_options import DecodeOptions
-from keras_transformer.samplers.generate import LENGTH_BUCKET, PREFILL_BUCKET, generate
 from keras_transformer.samplers.greedy_sampler import GreedySampler
 from keras_transformer.samplers.random_sampler import RandomSampler, keep_nucleus, keep_top_k, sample_categorical
 from keras_transformer.samplers.registry import deserialize, get, serialize
 from keras_transformer.samplers.sampler import Sampler
 
 __all__ = [
-    "BeamSampler", "DecodeOptions", "GreedySampler", "LENGTH_BUCKET", "PREFILL_BUCKET", "RandomSampler", "Sampler",
-    "cache_widths", "deserialize", "generate", "get", "keep_nucleus", "keep_top_k", "sample_categorical",
-    "serialize", "trace_prepare", "trace_run",
+    "BeamSampler", "GreedySampler", "RandomSampler", "Sampler", "deserialize", "get", "keep_nucleus", "keep_top_k",
+    "sample_categorical", "serialize",
 ]
+
+# The decoding engine's names, which this package exported before the engine got its own package: still
+# readable here, with a DeprecationWarning that says where they live now. Read by name on first use (not
+# imported), so that the samplers never import the engine above them.
+_MOVED_TO_DECODING = (
+    "DecodeOptions", "LENGTH_BUCKET", "PREFILL_BUCKET", "cache_widths", "generate", "trace_prepare", "trace_run",
+)
+
+
+def __getattr__(name):
+    if name not in _MOVED_TO_DECODING:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"`keras_transformer.samplers.{name}` moved to `keras_transformer.decoding.{name}`; "
+        "the old name will be removed in a future release.",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module("keras_transformer.decoding"), name)

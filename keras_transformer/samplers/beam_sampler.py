@@ -4,15 +4,25 @@ Axes: B inputs, K beams, C candidates per input, R = B * K rows, L token buffer,
 """
 
 import numbers
+from typing import Any, NamedTuple
 
 import keras
 from keras import ops
 
-from keras_transformer.samplers.decode_loop import reorder_rows
-from keras_transformer.samplers.loop_state import BeamState
 from keras_transformer.samplers.processors import NEG, is_stop_token
 from keras_transformer.samplers.rows import column, write_column
 from keras_transformer.samplers.sampler import Sampler
+
+
+class BeamState(NamedTuple):
+    """Beam search's own part of the loop state: the running beams' scores and the best finished hypotheses."""
+
+    beam_scores: Any  # (B, K) float32: log-probability of each running beam
+    done: Any  # (B,) bool
+    finished_tokens: Any  # (B, K, L) int32, best first
+    finished_scores: Any  # (B, K) float32: length-normalised scores
+    finished_valid: Any  # (B, K) bool
+    finished_ends: Any  # (B, K) int32: the position after each hypothesis
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -93,7 +103,7 @@ class BeamSampler(Sampler):
         )
 
     def _step(self, i, scores, state, ctx):
-        B, K, L, V = ctx.batch_size, self.num_beams, ctx.length, scores.shape[-1]
+        B, K, V = ctx.batch_size, self.num_beams, scores.shape[-1]
         rows, beams = state.rows, state.sampler
         lengths = ops.reshape(ctx.prompt_lengths, (B, K))[:, 0]  # (B,)
         generated = i + 1 - lengths  # (B,) new tokens including this one
@@ -115,25 +125,11 @@ class BeamSampler(Sampler):
         new_valid = finishes & (rank < K) & accepting[:, None] & (top_scores > NEG / 2)
         # Steps that run op by op (PyTorch eager) leave the store as it is when no candidate finishes,
         # as most steps: a dozen ops fewer per step. A compiled loop cannot branch on a tensor.
-        finished_tokens, finished_scores = beams.finished_tokens, beams.finished_scores
-        finished_valid, finished_ends = beams.finished_valid, beams.finished_ends
+        store = (beams.finished_tokens, beams.finished_scores, beams.finished_valid, beams.finished_ends)
         if not ctx.options.eager_rows or bool(ops.convert_to_numpy(ops.any(new_valid))):
-            length = ops.cast(ops.maximum(generated, 1), "float32")[:, None]  # (B, 1)
-            new_scores = ops.where(new_valid, top_scores / length**self.length_penalty, 2 * NEG)
-            beam_tokens = ops.reshape(rows.tokens, (B, K, L))
-            candidate_tokens = ops.take_along_axis(beam_tokens, top_beam[:, :, None], axis=1)  # (B, C, L)
-            positions = ops.arange(L, dtype="int32")[None, None, :]
-            candidate_tokens = ops.where(positions == i, top_token[:, :, None], candidate_tokens)
-            merged_scores = ops.concatenate([beams.finished_scores, new_scores], axis=1)  # (B, K + C)
-            finished_scores, keep = ops.top_k(merged_scores, K)  # (B, K), sorted best first
-            merged_valid = ops.concatenate([beams.finished_valid, new_valid], axis=1)
-            merged_tokens = ops.concatenate([beams.finished_tokens, candidate_tokens], axis=1)  # (B, K + C, L)
-            merged_ends = ops.concatenate(
-                [beams.finished_ends, ops.full((B, num_candidates), 1, "int32") * (i + 1)], axis=1
-            )
-            finished_valid = ops.take_along_axis(merged_valid, keep, axis=1)
-            finished_tokens = ops.take_along_axis(merged_tokens, keep[:, :, None], axis=1)
-            finished_ends = ops.take_along_axis(merged_ends, keep, axis=1)
+            candidates = (top_scores, top_beam, top_token, new_valid)
+            store = self._merge_finished(beams, rows.tokens, candidates, i, generated, ctx)
+        finished_tokens, finished_scores, finished_valid, finished_ends = store
 
         # Running beams: the best K candidates that did not finish.
         running = ops.where(finishes, top_scores + NEG, top_scores)
@@ -141,26 +137,15 @@ class BeamSampler(Sampler):
         next_beam = ops.take_along_axis(top_beam, pick, axis=1)
         next_token = ops.take_along_axis(top_token, pick, axis=1)
 
-        # Is the input done? (Hugging Face's early-stopping rules.)
-        if self.early_stopping == "never" and self.length_penalty > 0:
-            best_length = ops.cast(ctx.max_new_tokens, "float32")
-        else:
-            best_length = ops.cast(ops.maximum(generated, 1), "float32")
-        best_possible = beam_scores[:, 0] / best_length**self.length_penalty
-        all_valid = ops.all(finished_valid, axis=1)
-        worst = ops.where(all_valid, ops.amin(finished_scores, axis=1), NEG)
-        done = ops.logical_or(at_limit, best_possible <= worst)
-        if self.early_stopping is True:
-            done = ops.logical_or(done, all_valid)
+        done = self._is_done(beam_scores, finished_scores, finished_valid, generated, at_limit, ctx)
         done = ops.where(active, done, beams.done)
 
         # Reorder the rows after the chosen beams; inputs not active this step stay in place.
         keep_beam = ops.broadcast_to(ops.arange(K, dtype="int32")[None, :], (B, K))
         next_beam = ops.where(active[:, None], ops.cast(next_beam, "int32"), keep_beam)
         flat = ops.reshape(ops.arange(B, dtype="int32")[:, None] * K + next_beam, (B * K,))  # (R,)
-        options = ctx.options  # the model has written positions [0, i): op by op, only those are reordered
-        rows = reorder_rows(rows, flat, filled=i if options.eager_rows else None, flat=options.flat_cache)
-        prompt_token = ops.reshape(column(rows.tokens, i, options.gather_columns), (B, K))
+        rows = ctx.reorder_rows(rows, flat, i)  # the model has written positions [0, i)
+        prompt_token = ops.reshape(column(rows.tokens, i, ctx.options.gather_columns), (B, K))
         token = ops.where(in_prompt[:, None], prompt_token, ops.where(active[:, None], next_token, ctx.pad_id))
         rows = rows._replace(tokens=write_column(rows.tokens, i, ops.reshape(token, (B * K,))))
         return state._replace(rows=rows, sampler=BeamState(
@@ -171,6 +156,47 @@ class BeamSampler(Sampler):
             finished_valid=finished_valid,
             finished_ends=finished_ends,
         ))
+
+    def _merge_finished(self, beams, tokens, candidates, i, generated, ctx):
+        """The store of finished hypotheses with this step's finishing candidates merged in, best K kept.
+
+        tokens: (R, L) the rows' buffers; candidates: (scores (B, C), beam (B, C), token (B, C), new_valid (B, C)).
+        Returns (finished_tokens (B, K, L), finished_scores (B, K), finished_valid (B, K), finished_ends (B, K)).
+        """
+        top_scores, top_beam, top_token, new_valid = candidates
+        B, K, L = ctx.batch_size, self.num_beams, ctx.length
+        num_candidates = top_scores.shape[1]
+        length = ops.cast(ops.maximum(generated, 1), "float32")[:, None]  # (B, 1)
+        new_scores = ops.where(new_valid, top_scores / length**self.length_penalty, 2 * NEG)
+        beam_tokens = ops.reshape(tokens, (B, K, L))
+        candidate_tokens = ops.take_along_axis(beam_tokens, top_beam[:, :, None], axis=1)  # (B, C, L)
+        positions = ops.arange(L, dtype="int32")[None, None, :]
+        candidate_tokens = ops.where(positions == i, top_token[:, :, None], candidate_tokens)
+        merged_scores = ops.concatenate([beams.finished_scores, new_scores], axis=1)  # (B, K + C)
+        finished_scores, keep = ops.top_k(merged_scores, K)  # (B, K), sorted best first
+        merged_valid = ops.concatenate([beams.finished_valid, new_valid], axis=1)
+        merged_tokens = ops.concatenate([beams.finished_tokens, candidate_tokens], axis=1)  # (B, K + C, L)
+        merged_ends = ops.concatenate(
+            [beams.finished_ends, ops.full((B, num_candidates), 1, "int32") * (i + 1)], axis=1
+        )
+        finished_valid = ops.take_along_axis(merged_valid, keep, axis=1)
+        finished_tokens = ops.take_along_axis(merged_tokens, keep[:, :, None], axis=1)
+        finished_ends = ops.take_along_axis(merged_ends, keep, axis=1)
+        return finished_tokens, finished_scores, finished_valid, finished_ends
+
+    def _is_done(self, beam_scores, finished_scores, finished_valid, generated, at_limit, ctx):
+        """(B,) whether each input is done, by Hugging Face's early-stopping rules."""
+        if self.early_stopping == "never" and self.length_penalty > 0:
+            best_length = ops.cast(ctx.max_new_tokens, "float32")
+        else:
+            best_length = ops.cast(ops.maximum(generated, 1), "float32")
+        best_possible = beam_scores[:, 0] / best_length**self.length_penalty
+        all_valid = ops.all(finished_valid, axis=1)
+        worst = ops.where(all_valid, ops.amin(finished_scores, axis=1), NEG)
+        done = ops.logical_or(at_limit, best_possible <= worst)
+        if self.early_stopping is True:
+            done = ops.logical_or(done, all_valid)
+        return done
 
     def _is_running(self, state):
         return ops.logical_not(ops.all(state.sampler.done))

@@ -2,7 +2,7 @@
 
 import keras
 
-from keras_transformer.samplers.rows import first_argmax
+from keras_transformer.kernels.loop_ops import first_argmax
 from keras_transformer.samplers.sampler import Sampler
 
 

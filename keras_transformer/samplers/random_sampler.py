@@ -6,9 +6,9 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_transformer.kernels.loop_ops import first_argmax
 from keras_transformer.samplers.noise import seed_to_int32
 from keras_transformer.samplers.processors import NEG
-from keras_transformer.samplers.rows import first_argmax
 from keras_transformer.samplers.sampler import Sampler
 
 

@@ -3,18 +3,28 @@
 Axes: R decoded rows, L token buffer length, V vocabulary.
 
 A sampler only chooses tokens: `get_next_token` picks one per row from processed logits, and the
-loop hooks below say how a choice updates the loop state. The loop itself is `decode_loop.py`, the
-logits processors `processors.py`, the cache schedule `cache_schedule.py`, and the backend switch
-(which compiler, which device, whether PyTorch's kernels run) is `compile.py`: this file has no backend check.
+loop hooks below say how a choice updates the loop state. The hooks read the call's settings from `ctx`,
+the engine's `StepContext` (keras_transformer/decoding/step_context.py), and know nothing else of the engine:
+the loop (`decoding/decode_loop.py`), the cache schedule and the backend switch (`decoding/compile.py`)
+import the samplers, never the reverse. This file has no backend check.
 """
+
+from typing import Any, NamedTuple
 
 import numpy as np
 from keras import ops
 
-from keras_transformer.samplers.loop_state import TokenState, present
 from keras_transformer.samplers.noise import noise_grid, uniform_noise
 from keras_transformer.samplers.processors import is_stop_token
 from keras_transformer.samplers.rows import column, write_column
+
+
+class TokenState(NamedTuple):
+    """A one-token-per-row sampler's own part of the loop state (greedy, random)."""
+
+    done: Any  # (R,) bool: the row stopped, or reached its limit
+    emitted: Any  # (R,) int32: the token the row produced at the last step, -1 where none
+
 
 class Sampler:
     """Base of the samplers: picks each row's next token from its (processed) logits.
@@ -95,10 +105,7 @@ class Sampler:
         return ops.logical_not(ops.all(state.sampler.done))
 
     def _outputs(self, state):
-        outputs = {"token_ids": state.rows.tokens}  # (R, L)
-        if present(state.rows.logits):
-            outputs["logits"] = state.rows.logits  # (R, L, V)
-        return outputs
+        return {"token_ids": state.rows.tokens}  # (R, L)
 
     def _trace_key(self):
         """What the compiled loop depends on: the config without the seed (an input of the loop)."""

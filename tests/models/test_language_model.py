@@ -1,10 +1,10 @@
 """`generate`'s signature is written once, by `LanguageModel`: no task overrides it, and the decoding function
-it calls (`samplers.generate`, a floor below the models) takes the same arguments with the same defaults."""
+it calls (`decoding.generate`, a floor below the models) takes the same arguments with the same defaults."""
 
 import inspect
 
 import keras_transformer  # noqa: F401  (loads every family, so that every task class exists)
-from keras_transformer import samplers
+from keras_transformer import decoding
 from keras_transformer.models.language_model import LanguageModel
 
 
@@ -22,6 +22,6 @@ def test_the_decoding_function_takes_the_same_arguments():
     def arguments(function, skip):
         return [(p.name, p.default, p.kind) for p in list(inspect.signature(function).parameters.values())[skip:]]
 
-    # LanguageModel.generate(self, inputs, ...) and samplers.generate(task, inputs, ...)
-    assert arguments(LanguageModel.generate, 1) == arguments(samplers.generate, 1)
-    assert len(arguments(samplers.generate, 1)) == 10  # inputs and the nine options
+    # LanguageModel.generate(self, inputs, ...) and decoding.generate(task, inputs, ...)
+    assert arguments(LanguageModel.generate, 1) == arguments(decoding.generate, 1)
+    assert len(arguments(decoding.generate, 1)) == 10  # inputs and the nine options

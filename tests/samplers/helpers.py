@@ -7,7 +7,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_transformer import samplers
+from keras_transformer import decoding
 from tests.conftest import to_numpy
 from tests.layers.helpers import randomize_weights
 
@@ -38,7 +38,7 @@ class BigramLM:
         return ops.take(ops.convert_to_tensor(self.table), token_ids, axis=0), cache  # (R, T) -> (R, T, V)
 
     def generate(self, inputs, **kwargs):
-        return samplers.generate(self, inputs, **kwargs)
+        return decoding.generate(self, inputs, **kwargs)
 
 
 def bigram_greedy(table, prompt, max_new_tokens, stop_token_ids=(), min_new_tokens=0, repetition_penalty=1.0,
@@ -165,7 +165,8 @@ def exhaustive_beam(table, vocabulary_size, stop_token_id, length_penalty, steps
 
 def compiled_functions(task):
     """The compiled generation functions cached on a task (for retrace counting)."""
-    return dict(task.__dict__.get("_generate_functions", {}))
+    cache = task.__dict__.get("_compiled_decoding")
+    return dict(cache.functions) if cache is not None else {}
 
 
 def is_eager_backend():

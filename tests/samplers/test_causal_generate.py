@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from keras_transformer.samplers import BeamSampler, RandomSampler
-from keras_transformer.samplers.generate import LENGTH_BUCKET
+from keras_transformer.decoding.generate import LENGTH_BUCKET
 from tests.conftest import to_numpy
 from tests.samplers.helpers import causal_logits, compiled_functions, is_eager_backend
 

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_transformer import samplers
+from keras_transformer import decoding, samplers
 from keras_transformer.samplers import BeamSampler, GreedySampler, RandomSampler
 from tests.conftest import to_numpy
 
@@ -119,3 +119,15 @@ def test_names_and_config_round_trip():
         restored = samplers.deserialize(samplers.serialize(sampler))
         assert type(restored) is type(sampler) and restored.get_config() == sampler.get_config()
         assert type(sampler).from_config(sampler.get_config()).get_config() == sampler.get_config()
+
+
+@pytest.mark.parametrize("name", ["DecodeOptions", "LENGTH_BUCKET", "PREFILL_BUCKET", "cache_widths", "generate",
+                                  "trace_prepare", "trace_run"])
+def test_engine_names_moved_to_decoding_with_a_warning(name):
+    """The engine's names, once exported by `samplers`, are read there with a DeprecationWarning that names
+    their new home, and are the engine's own objects."""
+    with pytest.warns(DeprecationWarning, match=f"keras_transformer.decoding.{name}"):
+        moved = getattr(samplers, name)
+    assert moved is getattr(decoding, name)
+    with pytest.raises(AttributeError, match="no attribute 'decode_loop'"):
+        getattr(samplers, "decode_loop")

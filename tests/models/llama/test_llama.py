@@ -2,7 +2,7 @@
 preset dispatch, fit, and generation (every sampler) against a full-forward reference.
 
 Numerical parity with Hugging Face Llama / Qwen2 / Mistral (same weights) is in
-tests/convert/test_hf_llama.py; the PyTorch kernels in tests/samplers/test_torch_kernels.py.
+tests/convert/test_hf_llama.py; the PyTorch kernels in tests/kernels/test_torch_kernels.py.
 """
 
 import keras

@@ -1,4 +1,4 @@
-"""The plain-PyTorch layer kernels (samplers/torch_kernels.py) against the Keras layers, for every family.
+"""The plain-PyTorch layer kernels (kernels/torch_kernels.py) against the Keras layers, for every family.
 
 On PyTorch `generate` passes `TorchKernels` as the `call_layer` of the task's one step
 description; these tests run each family's `call_with_cache` both ways (prefill, then one token
@@ -15,7 +15,7 @@ from keras_transformer.models import (
     GPTBackbone, GPTCausalLM, LlamaBackbone, LlamaCausalLM, T5Backbone, T5Seq2SeqLM, TransformerBackbone,
     TransformerSeq2SeqLM,
 )
-from keras_transformer.samplers import torch_kernels
+from keras_transformer.kernels import torch_kernels
 from tests.conftest import to_numpy
 
 VOCABULARY = 37
@@ -232,7 +232,7 @@ def test_int4_unpacking_equals_keras(columns):
     even column counts."""
     import torch
 
-    from keras_transformer.samplers.torch_weights import unpack_int4
+    from keras_transformer.kernels.torch_weights import unpack_int4
 
     values = np.random.default_rng(0).integers(-8, 8, (300, columns)).astype("int8")
     packed, _, _ = keras.quantizers.pack_int4(values, axis=-1)  # (300, ceil(columns / 2))

@@ -1,4 +1,4 @@
-"""PyTorch's compiled decoding step (samplers/compile.py): one graph per step for every family, the same
+"""PyTorch's compiled decoding step (decoding/compile.py): one graph per step for every family, the same
 tokens as the eager step, and 16-bit, int8 and int4 models on the kernels' fast path.
 
 The compiled steps here use `torch.compile(backend="eager")` (`KERAS_TRANSFORMER_TORCH_COMPILE_BACKEND`):
@@ -10,8 +10,10 @@ import keras
 import numpy as np
 import pytest
 
-from keras_transformer.samplers import BeamSampler, GreedySampler, RandomSampler, compile as compile_lib, torch_kernels
-from tests.samplers.test_torch_kernels import _gpt, _llama, _t5, _transformer
+from keras_transformer.decoding import compile as compile_lib
+from keras_transformer.kernels import torch_kernels
+from keras_transformer.samplers import BeamSampler, GreedySampler, RandomSampler
+from tests.kernels.test_torch_kernels import _gpt, _llama, _t5, _transformer
 
 pytestmark = pytest.mark.skipif(
     keras.config.backend() != "torch", reason="torch.compile and the PyTorch kernels exist on the PyTorch backend only"
@@ -52,7 +54,7 @@ def _generate(task, sampler, monkeypatch, mode):
 
 
 def _compiled_steps(task):
-    return [f for key, f in task.__dict__.get("_generate_functions", {}).items() if key[0] == "step"]
+    return [f for key, f in compile_lib.compiled_cache(task).functions.items() if key[0] == "step"]
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

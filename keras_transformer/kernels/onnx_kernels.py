@@ -9,8 +9,8 @@ Every kernel takes `(kernels, layer, *call arguments)` as the layer's own `call`
 import keras
 import numpy as np
 
-from keras_transformer.export.onnx_values import Unsupported, Value, weight
-from keras_transformer.layers import kernel_table
+from keras_transformer.kernels.onnx_values import Unsupported, Value, weight
+from keras_transformer.kernels import kernel_table
 
 
 def _reversible_embedding(kernels, layer, inputs, reverse=False):
@@ -251,4 +251,4 @@ def _decoder_block(
     return (x, cache, cross_attention_cache) if block.use_cross_attention else (x, cache)
 
 
-KERNELS = kernel_table.bind(globals())  # {layer type: kernel}, the types of layers/kernel_table.py
+KERNELS = kernel_table.bind(globals())  # {layer type: kernel}, the types of kernels/kernel_table.py

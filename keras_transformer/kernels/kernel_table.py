@@ -1,10 +1,10 @@
 """The layer types a cached decoding step is made of, each with its kernel's name: one table for every
 runtime that runs a step without Keras.
 
-A runtime (`samplers/torch_kernels.py` for PyTorch, `export/onnx_kernels.py` for ONNX graphs) defines a
+A runtime (`kernels/torch_kernels.py` for PyTorch, `kernels/onnx_kernels.py` for ONNX graphs) defines a
 function `_<name>(kernels, layer, *call arguments)` per name and binds them with `bind(globals())`. A new
 layer type that decoding steps use is one entry here plus one function per runtime: `bind` refuses a
-runtime that lacks it, and tests/samplers/test_kernel_table.py, generated from the table, holds every
+runtime that lacks it, and tests/kernels/test_kernel_table.py, generated from the table, holds every
 runtime's kernel to the Keras layer's numbers.
 """
 

@@ -11,7 +11,7 @@ double, so a 1024-position loop compiles at most five step bodies.
 
 from keras import ops
 
-from keras_transformer.samplers.loop_state import present
+from keras_transformer.decoding.loop_state import present
 
 CHUNK = 128
 # TensorFlow's XLA keeps every chunk's loop state apart (JAX reuses it): each width adds a copy of

@@ -1,6 +1,7 @@
 """The decoding core's one backend switch: how a step or a loop is compiled for this backend and device.
 
-This is the only module of the decoding core that asks which backend runs. It decides:
+This is the only module of the decoding engine that asks which backend runs (the few loop operations whose
+fast form differs by backend are kernels, in kernels/loop_ops.py). It decides:
 - how the loop runs (`plan`, which completes a `DecodeOptions`): XLA's compiled loop on JAX
   (`jax.jit`, model variables passed as state through a `keras.StatelessScope`) and TensorFlow
   (`tf.function(jit_compile=True)`); on PyTorch, steps through the layer-type kernels of
@@ -11,7 +12,7 @@ PyTorch's compiled step is one graph (`fullgraph=True`) per (batch, cache width)
 cache written in place and no host synchronisation inside a step; on CUDA it is captured as a CUDA
 graph and replayed (`mode="reduce-overhead"`). A decoder-only model's prefill is compiled the same way,
 one graph per input shape. The kernels are kept per task and length across calls (`_torch_kernels`), so
-later calls reuse the graphs. Compiling pays on a GPU, where an eager step is one
+later calls reuse the graphs. Compiled functions and kernels live in one `CompiledCache` per task. Compiling pays on a GPU, where an eager step is one
 launch per operation; on a CPU it costs seconds per bucket for a fraction of a millisecond per step
 (benchmarks/RESULTS.md, "The compiled step on this CPU"), so the default there stays eager.
 `KERAS_TRANSFORMER_TORCH_COMPILE=1` (or `0`) forces the choice, and
@@ -25,12 +26,12 @@ import types
 
 import keras
 
-from keras_transformer.samplers import cache_schedule
+from keras_transformer.decoding import cache_schedule
 
 if keras.config.backend() == "torch":
     # The PyTorch kernels import torch, an optional dependency: loaded where Keras runs on PyTorch (and has
     # loaded torch already), never on JAX or TensorFlow.
-    from keras_transformer.samplers import torch_kernels
+    from keras_transformer.kernels import torch_kernels
 else:
     torch_kernels = None
 
@@ -41,12 +42,6 @@ _log = logging.getLogger("keras_transformer")
 
 def _backend():
     return keras.config.backend()
-
-
-def native_argmax():
-    """Whether `argmax` is the fast first-maximum here (PyTorch's one kernel; XLA on CPU runs it as a
-    scalar reduction, see `rows.first_argmax`)."""
-    return _backend() == "torch"
 
 
 def torch_step_mode(task):
@@ -78,18 +73,18 @@ class Plan:
         self.stepwise = stepwise
 
 
-def plan(task, sampler, options, inputs, cache_bytes):
-    """Complete `options` for this backend and these inputs; returns a `Plan`.
+def plan(task, sampler, options, shape, cache_bytes):
+    """Complete `options` for this backend and a call's shape; returns a `Plan`.
 
-    inputs: the numpy inputs of `decode` (token_ids (R, L) among them). cache_bytes: the size of the
-    full (R, L) cache.
+    shape: (R, L), the decoded rows and the token buffer's length. cache_bytes: the size of the full (R, L)
+    cache.
     """
     backend = _backend()
-    rows = len(inputs["token_ids"])
+    rows, length = shape
     if backend == "torch":
         supported = torch_kernels.supports(task)
         compiled = supported and torch_step_mode(task) == "compiled"
-        kernels = _torch_kernels(task, inputs["token_ids"].shape[1] if compiled else None) if supported else None
+        kernels = _torch_kernels(task, length if compiled else None) if supported else None
         # PyTorch's steps read (R, Hkv, S, Dh) caches: beams reorder their rows (in place, eagerly).
         options = options.replace(beam_cache=False, padded_step=False, chunked_cache=True, flat_cache=False,
                                   eager_rows=not compiled, gather_columns=True)
@@ -110,8 +105,7 @@ def _torch_kernels(task, length):
     loading weights: every in-place write bumps the tensor's version counter)."""
     variables = task.variables  # walks every layer: read once per call
     version = sum(variable.value._version for variable in variables)
-    _functions(task, variables)  # empties the kernels too where the variables are other objects
-    made = task.__dict__["_generate_kernels"]
+    made = compiled_cache(task, variables).kernels  # emptied where the variables are other objects
     kernels, seen = made.get(length, (None, None))
     if kernels is None:
         kernels = torch_kernels.TorchKernels(length=length)
@@ -202,21 +196,32 @@ def compiled(task, key, build, step=False):
     quantized), every function is made anew, once. step=True: a PyTorch decoding step, compiled by
     `torch.compile` (see `plan`).
     """
-    functions = _functions(task)
+    functions = compiled_cache(task).functions
     if key not in functions:
         functions[key] = _Compiled(task, build(), step=step)
     return functions[key]
 
 
-def _functions(task, variables=None):
-    """The task's compiled functions by key (and its PyTorch kernels by length); emptied when its variables
-    are other objects (LoRA enabled or merged, weights quantized)."""
-    variables = tuple(map(id, getattr(task, "variables", ()) if variables is None else variables))
-    if task.__dict__.get("_generate_variables") != variables:
-        object.__setattr__(task, "_generate_functions", {})
-        object.__setattr__(task, "_generate_kernels", {})
-        object.__setattr__(task, "_generate_variables", variables)
-    return task.__dict__["_generate_functions"]
+class CompiledCache:
+    """A task's compiled decoding functions by key, and its PyTorch kernels by length, made for one set of
+    variables (`variable_ids`): when the task's variables are other objects (LoRA enabled or merged, weights
+    quantized), both are made anew."""
+
+    def __init__(self, variable_ids=()):
+        self.variable_ids = variable_ids
+        self.functions = {}  # key -> `_Compiled`
+        self.kernels = {}  # length (None: eager steps) -> (`TorchKernels`, the variables' version sum)
+
+
+def compiled_cache(task, variables=None):
+    """The task's `CompiledCache`, one attribute of the task (a plain object, which Keras does not track);
+    made anew when its variables are other objects."""
+    variable_ids = tuple(map(id, getattr(task, "variables", ()) if variables is None else variables))
+    cache = task.__dict__.get("_compiled_decoding")
+    if cache is None or cache.variable_ids != variable_ids:
+        cache = CompiledCache(variable_ids)
+        task._compiled_decoding = cache
+    return cache
 
 
 def to_numpy(outputs):
@@ -224,5 +229,6 @@ def to_numpy(outputs):
 
 
 __all__ = [
-    "Plan", "TORCH_COMPILE_BACKEND_ENV", "TORCH_COMPILE_ENV", "compiled", "native_argmax", "plan", "torch_step_mode",
+    "CompiledCache", "Plan", "TORCH_COMPILE_BACKEND_ENV", "TORCH_COMPILE_ENV", "compiled", "compiled_cache", "plan",
+    "torch_step_mode",
 ]

@@ -1,8 +1,8 @@
-"""The one kernel table (layers/kernel_table.py) and the runtimes that run decoding steps without Keras:
+"""The one kernel table (kernels/kernel_table.py) and the runtimes that run decoding steps without Keras:
 PyTorch's kernels and the ONNX graph builder. Generated from the table: every runtime has a kernel for every
 layer type, and every kernel gives its Keras layer's numbers (one step: B rows, one new token at `POSITION`).
 
-The whole-step tests (tests/samplers/test_torch_kernels.py, tests/export/test_decode_kernels.py) hold every
+The whole-step tests (tests/kernels/test_torch_kernels.py, tests/export/test_decode_kernels.py) hold every
 family's step to Keras; this one holds each layer type alone, so a new table entry without a case fails here.
 """
 
@@ -15,13 +15,10 @@ import pytest
 from keras import ops
 from onnx import TensorProto, helper
 
-from keras_transformer.export import onnx_kernels
 from keras_transformer.export.decode_graph import OPSET_IMPORTS, OnnxKernels, _Builder
-from keras_transformer.export.onnx_values import Value
-from keras_transformer.layers import (
-    FeedForward, PositionalEmbedding, RelativePositionBias, TransformerDecoderBlock, kernel_table,
-)
-from keras_transformer.samplers import torch_kernels
+from keras_transformer.kernels import kernel_table, onnx_kernels, torch_kernels
+from keras_transformer.kernels.onnx_values import Value
+from keras_transformer.layers import FeedForward, PositionalEmbedding, RelativePositionBias, TransformerDecoderBlock
 
 RUNTIMES = {"torch": torch_kernels._KERNELS, "onnx": onnx_kernels.KERNELS}
 ON_TORCH = keras.config.backend() == "torch"

@@ -43,27 +43,9 @@ class Rows(NamedTuple):
     ancestry: Any = ABSENT  # (R, W) int32: the beam slot each position is read from (a beam cache)
 
 
-class TokenState(NamedTuple):
-    """A one-token-per-row sampler's own state (greedy, random)."""
-
-    done: Any  # (R,) bool: the row stopped, or reached its limit
-    emitted: Any  # (R,) int32: the token the row produced at the last step, -1 where none
-
-
-class BeamState(NamedTuple):
-    """Beam search's own state: the running beams' scores and the best finished hypotheses."""
-
-    beam_scores: Any  # (B, K) float32: log-probability of each running beam
-    done: Any  # (B,) bool
-    finished_tokens: Any  # (B, K, L) int32, best first
-    finished_scores: Any  # (B, K) float32: length-normalised scores
-    finished_valid: Any  # (B, K) bool
-    finished_ends: Any  # (B, K) int32: the position after each hypothesis
-
-
 class LoopState(NamedTuple):
     """Everything the loop carries from step to step."""
 
     rows: Rows
     encoded: Encoded  # repeated per beam: (R, ...)
-    sampler: Any  # the sampler's own state: `TokenState`, `BeamState`, or a subclass's named tuple
+    sampler: Any  # the sampler's own state, a named tuple the sampler defines (`Sampler._initial_state`)

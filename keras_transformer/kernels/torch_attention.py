@@ -8,7 +8,7 @@ H query heads, Hkv key/value heads, G = H / Hkv, Dh head size.
 
 import torch
 
-from keras_transformer.samplers.torch_weights import fused, linear, mark_static, projection
+from keras_transformer.kernels.torch_weights import fused, linear, mark_static, projection
 
 def attention_weights(attention, key_value):
     """Projections as (in, out) matrices; `key_value`: query, key and value in one (D, (H + 2 Hkv) Dh) matrix."""

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from keras_transformer.samplers import BeamSampler
-from keras_transformer.samplers import cache_schedule
-from keras_transformer.samplers.cache_schedule import CHUNK, cache_widths
-from tests.samplers.helpers import causal_logits, log_softmax, tiny_gpt
+from keras_transformer.decoding import cache_schedule
+from keras_transformer.decoding.cache_schedule import CHUNK, cache_widths
+from tests.samplers.helpers import causal_logits, compiled_functions, log_softmax, tiny_gpt
 
 MAX_LENGTH = 320
 
@@ -66,11 +66,10 @@ def test_greedy_over_the_whole_buffer_matches_full_forward(lm, tensorflow_limit,
     if tensorflow_limit != "default":
         monkeypatch.setattr(cache_schedule, "TENSORFLOW_CHUNKED_CACHE_BYTES", tensorflow_limit)
     assert cache_widths(320, 0) == [128, 256, 320] and cache_widths(320, 0, chunked=False) == [128, 320]
-    for name in ("_generate_functions", "_generate_variables"):  # compile anew: only this test's loops below
-        lm.__dict__.pop(name, None)
+    lm.__dict__.pop("_compiled_decoding", None)  # compile anew: only this test's loops below
     prompt = np.random.default_rng(4).integers(0, 8, 4).tolist()
     _check_against_full_forward(lm, [prompt], MAX_LENGTH - 4)
-    loops = {key[2].chunked_cache for key in lm.__dict__["_generate_functions"] if key[0] == "run"}
+    loops = {key[2].chunked_cache for key in compiled_functions(lm) if key[0] == "run"}
     two_widths = keras.config.backend() == "tensorflow" and tensorflow_limit == 0
     assert (False in loops) == two_widths
 

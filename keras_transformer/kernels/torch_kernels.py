@@ -10,7 +10,7 @@ A family describes its step once (`call_with_cache`), calling its layers through
 which runs each layer of a known type with one PyTorch call per operation (reading the
 layer's own weights) and writes the caches in place; a layer of any other type (or a call
 with arguments a kernel does not cover) goes through Keras as usual. The layer types and kernel
-names are the one table of layers/kernel_table.py, shared with the ONNX graphs (export/onnx_kernels.py).
+names are the one table of kernels/kernel_table.py, shared with the ONNX graphs (kernels/onnx_kernels.py).
 So every family built from these layers (decoder blocks with or without cross-attention, pre- or post-norm, layer or
 RMS norm, learned or sinusoidal positions, relative position bias, tied or separate heads)
 gets the fast step, and a new layer type needs one kernel here, never a model copy.
@@ -26,9 +26,9 @@ import keras
 import torch
 import torch.nn.functional as F
 
-from keras_transformer.layers import kernel_table
-from keras_transformer.samplers.torch_attention import cross_attention, self_attention
-from keras_transformer.samplers.torch_weights import (
+from keras_transformer.kernels import kernel_table
+from keras_transformer.kernels.torch_attention import cross_attention, self_attention
+from keras_transformer.kernels.torch_weights import (
     DTYPES, fused, linear, mark_static, projection, quantization, weight,
 )
 
@@ -297,7 +297,7 @@ def _arrange_feed_forward(layer):
     return intermediate, layer._gated, output, _ACTIVATIONS[base]
 
 
-_ACTIVATIONS = {  # FeedForward's activations: the same formulas (tests/samplers/test_torch_kernels.py)
+_ACTIVATIONS = {  # FeedForward's activations: the same formulas (tests/kernels/test_torch_kernels.py)
     "relu": F.relu,
     "gelu": F.gelu,
     "gelu_approximate": lambda x: F.gelu(x, approximate="tanh"),
@@ -349,6 +349,6 @@ def _arrange_block(block):
             block.feed_forward, block.feed_forward_norm)
 
 
-_KERNELS = kernel_table.bind(globals())  # {layer type: kernel}, the types of layers/kernel_table.py
+_KERNELS = kernel_table.bind(globals())  # {layer type: kernel}, the types of kernels/kernel_table.py
 
 __all__ = ["TorchKernels", "supports"]

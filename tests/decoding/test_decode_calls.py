@@ -10,8 +10,9 @@ import keras
 import numpy as np
 import pytest
 
-from keras_transformer.samplers import BeamSampler, compile as compile_lib
-from tests.samplers.test_torch_kernels import _gpt, _llama, _t5
+from keras_transformer.decoding import compile as compile_lib
+from keras_transformer.samplers import BeamSampler
+from tests.kernels.test_torch_kernels import _gpt, _llama, _t5
 
 FAMILIES = {"gpt": _gpt, "llama": _llama, "t5": _t5}
 torch_only = pytest.mark.skipif(keras.config.backend() != "torch", reason="the PyTorch kernels and torch.compile")
@@ -80,7 +81,7 @@ def test_compiled_prefill_and_step_compile_once_across_calls(family, monkeypatch
         assert not counters["graph_break"] and not counters["recompiles"], dict(counters)
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs[2] == 0 and sum(graphs) >= 1, graphs
-    prefills = [key for key in task.__dict__["_generate_functions"] if key[0] == "prepare"]
+    prefills = [key for key in compile_lib.compiled_cache(task).functions if key[0] == "prepare"]
     assert len(prefills) == 1 and (len(prefills[0]) > 1) == (family != "t5"), prefills  # shapes in the key
 
 
@@ -94,14 +95,14 @@ def test_kernels_keep_their_weight_tensors_and_mark_them_static(monkeypatch):
     keras.utils.set_random_seed(1)
     task = _llama()  # fused q/k/v and gate/up: arranged weights that are copies, not views of the variables
     _generate(task)
-    (kernels, _), = task.__dict__["_generate_kernels"].values()
+    (kernels, _), = compile_lib.compiled_cache(task).kernels.values()
     tensors = [t for w in kernels._weights.values() for t in torch.utils._pytree.tree_leaves(w)
                if isinstance(t, torch.Tensor)]
     assert tensors and all(getattr(t, "_dynamo_static_input_type", None) for t in tensors)
     copies = {id(t): t.clone() for t in tensors}
     task.set_weights(_other_weights(task, seed=8))
     _generate(task)
-    (again, _), = task.__dict__["_generate_kernels"].values()
+    (again, _), = compile_lib.compiled_cache(task).kernels.values()
     assert again is kernels
     now = [t for w in kernels._weights.values() for t in torch.utils._pytree.tree_leaves(w)
            if isinstance(t, torch.Tensor)]

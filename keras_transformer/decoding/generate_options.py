@@ -1,0 +1,39 @@
+"""GenerateOptions: `generate`'s keyword arguments as one frozen, checked object."""
+
+import dataclasses
+import numbers
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateOptions:
+    """`generate`'s options (see `LanguageModel.generate` for what each means), checked when built.
+
+    `LanguageModel.generate` builds one and hands it down to `decoding.generate_with`; what depends on the
+    sampler (a streamer or logits with beam search) is checked there, once the sampler is known.
+    """
+
+    max_new_tokens: int = 32
+    sampler: Any = None  # None (the task's own, else greedy), a name, a config or a `Sampler`
+    stop_token_ids: Any = "auto"
+    min_new_tokens: int = 0
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    streamer: Any = None
+    return_dict: bool = False
+    output_logits: bool = False
+
+    def __post_init__(self):
+        _check_int("max_new_tokens", self.max_new_tokens, 1)
+        _check_int("min_new_tokens", self.min_new_tokens, 0)
+        _check_int("no_repeat_ngram_size", self.no_repeat_ngram_size, 0)
+        penalty = self.repetition_penalty
+        if isinstance(penalty, bool) or not isinstance(penalty, numbers.Real) or not penalty > 0:
+            raise ValueError(f"`repetition_penalty` must be a number > 0. Received: repetition_penalty={penalty!r}")
+        if self.streamer is not None and not callable(self.streamer):
+            raise ValueError(f"`streamer` must be a callable or None. Received: streamer={self.streamer!r}")
+
+
+def _check_int(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"`{name}` must be an int >= {minimum}. Received: {name}={value!r}")
