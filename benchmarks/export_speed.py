@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from keras_transformer.cli import load_bundle_runtime  # noqa: E402
+from keras_transformer.bundle_runtime import load_bundle_runtime  # noqa: E402
 from keras_transformer.models import (  # noqa: E402
     BertBackbone,
     BertMaskedLM,

@@ -142,7 +142,7 @@ class Bundle:
     name = "ONNX bundle"
 
     def __init__(self, lm, directory):
-        from keras_transformer.cli import load_bundle_runtime
+        from keras_transformer.bundle_runtime import load_bundle_runtime
 
         bundle = lm.export(Path(directory) / "bundle", format="onnx")
         self.generator = load_bundle_runtime(bundle).Generator(bundle)

@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_presets as recipes  # noqa: E402
 from timing import paired  # noqa: E402
 
-from keras_transformer.cli import load_bundle_runtime  # noqa: E402
+from keras_transformer.bundle_runtime import load_bundle_runtime  # noqa: E402
 from keras_transformer.export import export_model  # noqa: E402
 from keras_transformer.export.quantize import quantize_bundle  # noqa: E402
 

@@ -17,11 +17,11 @@ subcommand (e.g. `convert`) is one more such function.
 """
 
 import argparse
-import importlib.util
 import os
 import sys
 from pathlib import Path
 
+from keras_transformer.bundle_runtime import load_bundle_runtime
 from keras_transformer.startup import import_keras_quietly
 
 SAMPLERS = ("greedy", "random", "beam")
@@ -163,17 +163,6 @@ def _serve(parser):
         os.execv(sys.executable, [sys.executable, str(path), "--bundle", str(args.bundle), *args.options])
 
     return run
-
-
-def load_bundle_runtime(bundle_dir):
-    """The `generate.py` module a bundle carries (the runtime matching its format)."""
-    path = Path(bundle_dir) / "generate.py"
-    if not path.is_file():
-        raise ValueError(f"{bundle_dir} has no generate.py: not a keras_transformer ONNX bundle.")
-    spec = importlib.util.spec_from_file_location(f"_keras_transformer_bundle_{abs(hash(str(path)))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _generate_with_keras(preset, prompts, options):

@@ -36,7 +36,7 @@ ALLOW_PATTERNS = [
     "special_tokens_map.json",
     "generation_config.json",
     "chat_template.jinja",
-    "model.weights.h5",  # keras_transformer presets (see presets.py)
+    "model.weights.h5",  # keras_transformer presets (see presets/zoo.py)
     "task.weights.h5",
     "metadata.json",
 ]

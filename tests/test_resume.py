@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import keras_transformer as kt
-from keras_transformer import presets
+from keras_transformer.presets import saving as preset_saving
 from tests.conftest import to_numpy
 
 VOCAB, ROWS, LENGTH, BATCH = 50, 8, 8, 4  # 2 steps per epoch
@@ -126,7 +126,7 @@ def test_save_to_preset_interrupted_at_its_last_file_keeps_the_previous_copy(uni
     target = tmp_path / "preset"
     lm.save_to_preset(target)
     before = {name: (target / name).read_bytes() for name in os.listdir(target)}
-    monkeypatch.setattr(presets, "_metadata", _interrupt)  # every weights file is written by then
+    monkeypatch.setattr(preset_saving, "_metadata", _interrupt)  # every weights file is written by then
     with pytest.raises(KeyboardInterrupt):
         lm.save_to_preset(target)
     assert {name: (target / name).read_bytes() for name in os.listdir(target)} == before

@@ -101,7 +101,7 @@ def export_hugging_face(task, path, overwrite=False, dtype=None, max_shard_size=
         if task.preprocessor is not None:
             hf_tokenizer.save_tokenizer(task, transformers, tmp)
 
-    presets._atomic_dir(path, overwrite, write)
+    presets.atomic_dir(path, overwrite, write)
     return path
 
 

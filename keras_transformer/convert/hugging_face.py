@@ -1,7 +1,8 @@
 """Hugging Face checkpoint directories (config.json, model.safetensors, tokenizer.json) as presets.
 
 `from_preset(hf_dir)` reaches `convert_config` through `presets.load_config` when a directory's
-config.json has a `model_type` and no `backbone` entry; `convert(hf_dir, preset_dir)` writes our
+config.json has a `model_type` and no `backbone` entry (the checkpoint reader that keras_transformer/__init__.py
+declares, see entry_points.py); `convert(hf_dir, preset_dir)` writes our
 own preset format (the `keras-transformer convert` command).
 
 Supported model types: "gpt2" (GPT2Model, GPT2LMHeadModel), "bert" (BertModel, BertForMaskedLM,
@@ -120,7 +121,3 @@ def convert(hf_dir, preset_dir, allow_pickle=False, overwrite=False):
     if "tokenizer" in config:
         config["tokenizer"].save(preset_dir)
     return model
-
-
-# `from_preset(hf_dir)`: the preset loader reads a config.json with a `model_type` through this reader.
-presets.register_checkpoint_reader("model_type", convert_config)

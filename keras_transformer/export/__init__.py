@@ -50,7 +50,7 @@ from keras_transformer.models.lora import lora_layers
 from keras_transformer.models.masked_lm import MaskedLM
 from keras_transformer.models.quantization import quantization_mode
 from keras_transformer.models.seq2seq_lm import Seq2SeqLM
-from keras_transformer.models.task import EXPORTERS, Task
+from keras_transformer.models.task import Task
 
 FORMATS = ("onnx", "tf_saved_model", hf_export.FORMAT)
 INSTALL_HINT = "pip install 'keras-transformer[export]'"
@@ -129,7 +129,7 @@ def export_models(task, targets, overwrite=False, quantize=None):
         # Each target in its own temporary directory, renamed when it is complete.
         if pending:
             (path, format), rest = pending[0], pending[1:]
-            presets._atomic_dir(path, overwrite, lambda tmp: write_all(rest, written + [(tmp, format)]))
+            presets.atomic_dir(path, overwrite, lambda tmp: write_all(rest, written + [(tmp, format)]))
         else:
             if keras.config.backend() == "tensorflow":
                 for directory, format in written:
@@ -149,7 +149,7 @@ def _merged_copy(task):
     copy = type(task).from_config(task.get_config())
     with tempfile.TemporaryDirectory(prefix="keras_transformer_merge_") as scratch:
         weights = Path(scratch) / "merged.weights.h5"
-        presets._save_weights_without_optimizer(task, weights)
+        presets.save_weights_without_optimizer(task, weights)
         copy.load_weights(str(weights))
     return copy
 
@@ -241,10 +241,6 @@ def language_model_task(backbone_cls):
         )
     return found[0]
 
-
-# `Task.export` writes through this registry: the models floor cannot import export (export builds on it),
-# so export registers its writer for each format when it is imported (the models package imports it last).
-EXPORTERS.update(dict.fromkeys(FORMATS, export_model))
 
 __all__ = [
     "FORMATS", "INSTALL_HINT", "check_requirements", "export_model", "export_models", "language_model_task",

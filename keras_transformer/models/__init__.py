@@ -23,10 +23,3 @@ from keras_transformer.models.transformer import (
     TransformerSeq2SeqLM,
     TransformerSeq2SeqLMPreprocessor,
 )
-
-# Last, once every model class exists: the Hugging Face reader registers itself with the preset loader,
-# so `from_preset(hf_dir)` converts on the fly (convert/ builds these classes; presets imports neither).
-import keras_transformer.convert  # noqa: E402,F401
-
-# Last, once every task class exists: export builds on them and registers its writers for `Task.export`.
-import keras_transformer.export  # noqa: E402,F401

@@ -5,7 +5,7 @@ import os
 import keras
 from keras import ops
 
-from keras_transformer import presets
+from keras_transformer import entry_points, presets
 from keras_transformer.models import compiled_step, quantization
 from keras_transformer.models.backbone import Backbone, functional_setattr
 from keras_transformer.models.compiled_predict_step import CompiledPredictStep
@@ -14,12 +14,6 @@ from keras_transformer.models.compiled_train_step import CompiledTrainStep
 from keras_transformer.models.input_checks import check_finite, check_inputs
 from keras_transformer.models.preprocessor import Preprocessor
 from keras_transformer.models.raw_inputs import PreprocessedDataset, first_leaf_is_text, is_dataset
-
-# The writers `Task.export` calls, by format ("onnx", "tf_saved_model", "huggingface"): keras_transformer.export
-# registers them when it is imported, and the models package imports it last. Export builds on the models,
-# so the models cannot import it.
-EXPORTERS = {}
-
 
 @presets.register_base_class("task")
 class Task(keras.Model):
@@ -259,12 +253,13 @@ class Task(keras.Model):
         """
         if kwargs and format != "huggingface":
             raise ValueError(f"Unexpected arguments for export: {sorted(kwargs)}")
-        if not EXPORTERS:
-            raise RuntimeError("No exporter is registered: `import keras_transformer.export` registers them "
-                               "(importing `keras_transformer.models` does it).")
-        if format not in EXPORTERS:
-            raise ValueError(f"`format` must be one of {tuple(EXPORTERS)}. Received: format={format!r}")
-        return EXPORTERS[format](self, filepath, format=format, overwrite=overwrite, quantize=quantize, **kwargs)
+        # The writers are built on the tasks, so the tasks cannot import them: keras_transformer/__init__.py
+        # declares them by format, and the first lookup imports keras_transformer.export (see entry_points.py).
+        formats = entry_points.names(entry_points.EXPORTERS)
+        if format not in formats:
+            raise ValueError(f"`format` must be one of {formats}. Received: format={format!r}")
+        write = entry_points.load(entry_points.EXPORTERS, format)
+        return write(self, filepath, format=format, overwrite=overwrite, quantize=quantize, **kwargs)
 
     # --- decoding ---------------------------------------------------------
 

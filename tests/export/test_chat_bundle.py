@@ -8,7 +8,7 @@ import jinja2
 import pytest
 import transformers
 
-from keras_transformer.cli import load_bundle_runtime
+from keras_transformer.bundle_runtime import load_bundle_runtime
 from keras_transformer.models import GPTCausalLM
 from keras_transformer.samplers import BeamSampler
 from keras_transformer.tokenizers import chat_template

@@ -131,7 +131,7 @@ def llama_bundle(tmp_path_factory):
 
 
 def test_llama_bundle_decodes_in_place_and_matches_keras(llama_bundle):
-    from keras_transformer.cli import load_bundle_runtime
+    from keras_transformer.bundle_runtime import load_bundle_runtime
 
     lm, bundle = llama_bundle
     decode = onnx.load(bundle / "decode.onnx")

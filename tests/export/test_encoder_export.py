@@ -7,7 +7,7 @@ import numpy as np
 import onnxruntime
 import pytest
 
-from keras_transformer.cli import load_bundle_runtime
+from keras_transformer.bundle_runtime import load_bundle_runtime
 from tests.export.helpers import BUNDLE_RUNTIME_FILES, to_numpy
 
 pytestmark = pytest.mark.slow

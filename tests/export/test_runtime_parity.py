@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from keras_transformer.cli import load_bundle_runtime
+from keras_transformer.bundle_runtime import load_bundle_runtime
 from keras_transformer.samplers import BeamSampler, GreedySampler, RandomSampler
 from tests.export.helpers import (
     causal_next_logits,

@@ -8,7 +8,7 @@ import onnx
 import onnxruntime
 import pytest
 
-from keras_transformer.cli import load_bundle_runtime
+from keras_transformer.bundle_runtime import load_bundle_runtime
 from keras_transformer.samplers import BeamSampler
 from tests.export.helpers import (
     BUNDLE_RUNTIME_FILES,

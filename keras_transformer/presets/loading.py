@@ -1,0 +1,105 @@
+"""Loading a preset: its config (a foreign checkpoint converted on the fly), its backbone, task and tokenizer.
+
+The loader imports no model: it looks the classes a config names up in the registry and asks them to build
+themselves; the quantization a preset was saved with is applied before its weights load, so quantized
+weights keep their 8- or 4-bit form.
+"""
+
+from pathlib import Path
+
+from keras_transformer.presets import weights
+from keras_transformer.presets.files import read_json
+from keras_transformer.presets.registry import base_class, checkpoint_reader, get_class, get_preprocessor_class
+from keras_transformer.presets.zoo import BACKBONE_WEIGHTS_FILE, CONFIG_FILE, TASK_WEIGHTS_FILE, list_presets, resolve
+from keras_transformer.tokenizers import Tokenizer
+
+
+def load_config(preset, allow_pickle=False):
+    """Read a preset's config.json. Hugging Face checkpoint directories are converted on the fly.
+
+    `allow_pickle` (Hugging Face checkpoints only) accepts weights stored only in pytorch_model.bin.
+    """
+    path = resolve(preset)
+    config = read_json(path / CONFIG_FILE)
+    if "backbone" not in config:
+        reader = checkpoint_reader(config)
+        if reader is not None:
+            return path, reader(path, config, allow_pickle=allow_pickle)
+        raise ValueError(f"{path / CONFIG_FILE} has no 'backbone' entry: not a keras_transformer preset.")
+    return path, config
+
+
+def load_backbone(cls, preset, load_weights=True, **overrides):
+    """Build the backbone `preset` names (a `cls`) from its config, quantized if it was saved so, and
+    load its weights."""
+    Backbone = base_class("backbone")
+    path, config = load_config(preset, allow_pickle=overrides.pop("allow_pickle", False))
+    spec = config["backbone"]
+    backbone_cls = get_class(spec["class_name"], Backbone)
+    if cls is not Backbone and not issubclass(backbone_cls, cls):
+        fitting = _presets_of(cls)
+        hint = f" Presets for a {cls.__name__}: {', '.join(fitting)}." if fitting else ""
+        raise ValueError(f"Preset {str(preset)!r} holds a {backbone_cls.__name__}, not a {cls.__name__}.{hint}")
+    backbone = backbone_cls(**{**spec["config"], **overrides})
+    if config.get("quantization") is not None:  # rebuilt quantized, so the quantized weights fit
+        backbone.quantize(config["quantization"])
+    if load_weights:
+        weights.load_weights(backbone, path, config, BACKBONE_WEIGHTS_FILE)
+    return backbone
+
+
+def _presets_of(cls):
+    """Registered preset names whose backbone is a `cls` (for error messages)."""
+    names = []
+    for row in list_presets():
+        spec = read_json(Path(row["path"]) / CONFIG_FILE).get("backbone", {})
+        try:
+            get_class(spec.get("class_name", ""), cls)  # a ValueError unless a `cls`
+        except ValueError:
+            continue
+        names.append(row["name"])
+    return names
+
+
+def load_tokenizer(preset):
+    path, config = load_config(preset)
+    if "tokenizer" in config:
+        return config["tokenizer"]  # already built by a converter
+    if not (path / "tokenizer.json").is_file():
+        raise ValueError(f"Missing preset file: {path / 'tokenizer.json'}")
+    return Tokenizer.load(path)
+
+
+def load_task(cls, preset, load_weights=True, preprocessor="auto", **kwargs):
+    """Build the task `cls` on the backbone of `preset`, with the preset's preprocessor when
+    `preprocessor` is "auto" (else the one given, or None), and load its weights."""
+    Task = base_class("task")
+    path, config = load_config(preset, allow_pickle=kwargs.pop("allow_pickle", False))
+    backbone_cls = cls.backbone_cls
+    backbone = load_backbone(backbone_cls, preset, load_weights=False)
+    task_spec = config.get("task") or {}
+    # Another task's entries are ignored, but every class a config names must be this library's.
+    if task_spec.get("class_name") is not None:
+        get_class(task_spec["class_name"], Task)
+    pre_name = (config.get("preprocessor") or {}).get("class_name")
+    if pre_name is not None:
+        get_preprocessor_class(pre_name)  # a ValueError unless registered
+    task_kwargs = dict(task_spec.get("config", {})) if task_spec.get("class_name") == cls.__name__ else {}
+    if preprocessor == "auto":
+        preprocessor = None
+        if cls.preprocessor_cls is not None:
+            spec = config.get("preprocessor") or {}
+            pre_config = spec.get("config", {}) if spec.get("class_name") == cls.preprocessor_cls.__name__ else {}
+            preprocessor = cls.preprocessor_cls.from_config(pre_config, tokenizer=load_tokenizer(preset))
+    task = cls(backbone=backbone, preprocessor=preprocessor, **{**task_kwargs, **kwargs})
+    if config.get("quantization") is not None:
+        task.quantize(config["quantization"])  # the head's projections (the backbone's already are)
+    if load_weights:
+        if task_kwargs == {**task_kwargs, **kwargs} and (path / TASK_WEIGHTS_FILE).is_file():
+            weights.load_weights(task, path, config, TASK_WEIGHTS_FILE)
+        elif "weights" in config and not (path / BACKBONE_WEIGHTS_FILE).is_file():
+            config["weights"](task)  # a converter: the backbone and whatever head weights it has
+        else:  # a new head (e.g. another num_classes): only the backbone is pretrained
+            weights.load_weights(backbone, path, config, BACKBONE_WEIGHTS_FILE)
+    return task
+
