@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 XDIST ?= -n 2 --dist loadfile
 export TF_CPP_MIN_LOG_LEVEL := 3
 
-.PHONY: install demo test test-fast test-tensorflow test-jax test-torch notebooks bench gpu-check gpu-check-peers clean
+.PHONY: install demo lint test test-fast test-tensorflow test-jax test-torch notebooks bench gpu-check gpu-check-peers clean
 
 install: $(STAMP)
 
@@ -26,9 +26,14 @@ $(STAMP): pyproject.toml constraints.txt
 demo: install
 	$(PY) examples/demo.py
 
-# Each backend runs in its own pytest process; any failure fails the target (after all have run).
+# The linter and the format check over the whole repository (configured in pyproject.toml, [tool.ruff]).
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+# Lint first, then each backend in its own pytest process; any failure fails the target (after all have run).
 test: install
-	@status=0; for b in $(BACKENDS); do \
+	@status=0; $(MAKE) --no-print-directory lint || status=1; for b in $(BACKENDS); do \
 	  echo "=== KERAS_BACKEND=$$b ==="; \
 	  KERAS_BACKEND=$$b $(PY) -m pytest -q -p no:cacheprovider --durations=10 $(XDIST) $(PYTEST_ARGS) tests || status=1; \
 	done; exit $$status

@@ -19,6 +19,7 @@ table goes on.
 """
 
 import argparse
+import functools
 import os
 import sys
 import traceback
@@ -163,7 +164,7 @@ def main():
         for beams, batch in runs:
             prompts = rng.integers(1, SHAPES[args.shape]["vocabulary_size"], (batch, PROMPT)).astype("int32")
             try:
-                run = lambda m=model, p=prompts, b=beams: m.generate(p, args.new, b)  # noqa: E731
+                run = functools.partial(model.generate, prompts, args.new, beams)
                 seconds = paired([run], args.repeats)[1][0]
             except Exception:  # noqa: BLE001
                 print(f"| {name} | {dtype} | {'greedy' if beams == 1 else 'beam-4'} | {batch} | failed: "

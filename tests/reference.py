@@ -20,6 +20,7 @@ Weight dicts:
            "feed_forward": feed-forward, "feed_forward_norm": norm}.
 """
 
+import functools
 import math
 
 import numpy as np
@@ -386,7 +387,7 @@ def encoder_block(
         )
 
     x = _sublayer(x, attend, weights["self_attention_norm"], norm_type, norm_first, epsilon)
-    ffn = lambda h: feed_forward(weights["feed_forward"], h, activation)  # noqa: E731
+    ffn = functools.partial(feed_forward, weights["feed_forward"], activation=activation)
     return _sublayer(x, ffn, weights["feed_forward_norm"], norm_type, norm_first, epsilon)
 
 
@@ -441,5 +442,5 @@ def decoder_block(
 
         x = _sublayer(x, cross_attend, weights["cross_attention_norm"], norm_type, norm_first, epsilon)
 
-    ffn = lambda h: feed_forward(weights["feed_forward"], h, activation)  # noqa: E731
+    ffn = functools.partial(feed_forward, weights["feed_forward"], activation=activation)
     return _sublayer(x, ffn, weights["feed_forward_norm"], norm_type, norm_first, epsilon)

@@ -145,7 +145,7 @@ def _beam_rows(tokens, cache, num_beams, flat):
 
 def body(spec, ctx, i, state, head=None, kernels=None):
     """One step: feed token i - 1, process the logits of position i, let the sampler write token i."""
-    task, sampler, options = spec.task, spec.sampler, spec.options
+    sampler, options = spec.sampler, spec.options
     token = column(state.rows.tokens, i - 1, options.gather_columns)[:, None]  # (R, 1)
     logits, rows = _model_step(spec, ctx, token, i, state, head, kernels)  # (R, V)
     if options.return_logits:

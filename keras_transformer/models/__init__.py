@@ -23,3 +23,11 @@ from keras_transformer.models.transformer import (
     TransformerSeq2SeqLM,
     TransformerSeq2SeqLMPreprocessor,
 )
+
+__all__ = [
+    "Backbone", "BertBackbone", "BertClassifier", "BertMaskedLM", "BertMaskedLMPreprocessor",
+    "BertTextClassifierPreprocessor", "CausalLM", "GPTBackbone", "GPTCausalLM", "GPTCausalLMPreprocessor",
+    "LlamaBackbone", "LlamaCausalLM", "LlamaCausalLMPreprocessor", "MaskedLM", "Preprocessor", "Seq2SeqLM",
+    "T5Backbone", "T5Seq2SeqLM", "T5Seq2SeqLMPreprocessor", "Task", "TextClassifier", "TransformerBackbone",
+    "TransformerSeq2SeqLM", "TransformerSeq2SeqLMPreprocessor", "pack_documents",
+]

@@ -5,9 +5,7 @@ Axes: B batch, T length, P masked positions, V vocabulary.
 """
 
 import numpy as np
-import pytest
 import torch
-import transformers
 from safetensors import safe_open
 
 from keras_transformer.models import BertClassifier, BertMaskedLM, GPTCausalLM, LlamaCausalLM, T5Seq2SeqLM
@@ -40,32 +38,6 @@ TEXTS = ["the quick brown fox", "def add(a, b):\n    return a + b", "a cat sat o
 class Case:
     def __init__(self, source, peer, ours, out, theirs):
         self.source, self.peer, self.ours, self.out, self.theirs = source, peer, ours, out, theirs
-
-
-@pytest.fixture(scope="module")
-def build(tmp_path_factory):
-    """build(name) -> Case: the original checkpoint, ours converted from it, its export and transformers' load of it."""
-    built = {}
-
-    def get(name):
-        if name not in built:
-            make, task_cls, auto = CASES[name]
-            source = tmp_path_factory.mktemp(name)
-            peer = make(source)
-            ours = task_cls.from_preset(source)
-            if name == "llama":
-                ours.preprocessor.tokenizer.chat_template = CHAT_TEMPLATE
-            out = ours.export(tmp_path_factory.mktemp(name + "_hf") / "out", format="huggingface")
-            theirs = getattr(transformers, auto).from_pretrained(out, attn_implementation="eager").eval()
-            built[name] = Case(source, peer, ours, out, theirs)
-        return built[name]
-
-    return get
-
-
-@pytest.fixture(scope="module", params=list(CASES))
-def case(request, build):
-    return request.param, build(request.param)
 
 
 def tensors(directory):

@@ -15,8 +15,8 @@ import transformers
 
 from keras_transformer.models import BertClassifier, BertTextClassifierPreprocessor
 from keras_transformer.samplers import BeamSampler
-from tests.convert.hf_export_cases import (  # noqa: F401 (build and case are fixtures)
-    ATOL, CAUSAL, CHAT_TEMPLATE, NEW_TOKENS, TEXTS, as_torch, assert_same_weights, build, case, logits_pair, tensors,
+from tests.convert.hf_export_cases import (
+    ATOL, CAUSAL, CHAT_TEMPLATE, NEW_TOKENS, TEXTS, as_torch, assert_same_weights, logits_pair, tensors,
 )
 
 

@@ -16,7 +16,7 @@ from keras_transformer import cli, export
 from keras_transformer.convert import hf_export, hf_tokenizer
 from keras_transformer.models import GPTCausalLM, LlamaBackbone, LlamaCausalLM, TransformerSeq2SeqLM
 from keras_transformer.models.lora import enable_lora
-from tests.convert.hf_export_cases import ATOL, assert_same_weights, build, logits_pair, tensors  # noqa: F401 (build)
+from tests.convert.hf_export_cases import ATOL, assert_same_weights, logits_pair, tensors
 
 
 # --- options --------------------------------------------------------------------

@@ -166,14 +166,14 @@ def test_fit_and_evaluate_on_long_documents_with_packing(tokenizer):
 def test_other_preprocessors_refuse_long_inputs_and_name_truncate(family):
     if family == "t5":
         preprocessor = kt.models.T5Seq2SeqLMPreprocessor(digit_tokenizer(), 8, 8)
-        call = lambda: preprocessor(([" ".join(["1"] * 20)], ["1"]))  # noqa: E731
+        inputs = ([" ".join(["1"] * 20)], ["1"])
     else:
         words = ["apple", "river"]
         tokenizer = kt.tokenizers.WordPieceTokenizer.from_vocabulary(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words)
         cls = kt.models.BertMaskedLMPreprocessor if family == "bert_mlm" else kt.models.BertTextClassifierPreprocessor
         preprocessor = cls(tokenizer, sequence_length=8)
-        call = lambda: preprocessor([" ".join(["apple"] * 20)])  # noqa: E731
+        inputs = [" ".join(["apple"] * 20)]
     with pytest.raises(ValueError, match=r"truncate=True") as error:
-        call()
+        preprocessor(inputs)
     assert "packing" not in str(error.value)  # packing is a causal LM's option only
     assert not hasattr(preprocessor, "packing")

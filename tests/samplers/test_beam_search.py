@@ -1,7 +1,6 @@
 """Beam search on a tiny random GPT (vocabulary 8): exhaustive enumeration, scores, compile(sampler=...)."""
 
 import numpy as np
-import pytest
 
 from keras_transformer.samplers import BeamSampler
 from tests.samplers.helpers import causal_logits, exhaustive_beam, prefix_log_probs

@@ -3,3 +3,7 @@ from keras_transformer.models.bert.bert_classifier import BertClassifier
 from keras_transformer.models.bert.bert_masked_lm import BertMaskedLM
 from keras_transformer.models.bert.bert_masked_lm_preprocessor import BertMaskedLMPreprocessor
 from keras_transformer.models.bert.bert_text_classifier_preprocessor import BertTextClassifierPreprocessor
+
+__all__ = [
+    "BertBackbone", "BertClassifier", "BertMaskedLM", "BertMaskedLMPreprocessor", "BertTextClassifierPreprocessor",
+]
