@@ -48,89 +48,13 @@ import numpy as np  # noqa: E402
 
 from cache_rows import BatchDecoder  # noqa: E402
 from decode_loop import Interrupted  # noqa: E402
-from sampling import Picker, noise, seed_to_int32  # noqa: E402
+from sequence import Sequence, choose  # noqa: E402
 
 __all__ = ["BatchDecoder", "QueueFull", "Scheduler", "Sequence", "choose"]
 
 
 class QueueFull(Exception):
     """More sequences wait than the scheduler's `max_queue`."""
-
-
-class Sequence:
-    """One sequence to generate: a prompt's ids and how to choose its tokens.
-
-    Args:
-        prompt_ids: list of ints (the start token included).
-        max_tokens: int, the most new tokens.
-        on_event: called from a decoding thread with ("token", id), then once with
-            ("finish", reason): "stop" (a stop token), "length", "timeout", "cancelled", or
-            ("error", message).
-        temperature: 0 for greedy, else random sampling with `top_k`/`top_p`.
-        seed: the random noise's seed (None: a fresh one); `choice` picks the noise's row, so
-            choice c of seed s draws what row c of `Generator.generate(..., seed=s)` draws.
-        stop_token_ids: ids that end the sequence (kept, as `Generator`).
-        num_beams, length_penalty: beam search (run whole, beside the batch).
-        deadline: `time.monotonic()` after which the sequence finishes with "timeout": at that time while
-            it waits, at the next step while it holds a row or runs whole (beam search).
-    """
-
-    def __init__(self, prompt_ids, max_tokens, on_event, temperature=0.0, top_k=None, top_p=None, seed=None,
-                 choice=0, stop_token_ids=(), num_beams=1, length_penalty=1.0, deadline=None):
-        self.prompt_ids, self.max_tokens, self.on_event = list(prompt_ids), int(max_tokens), on_event
-        self.temperature, self.top_k, self.top_p = float(temperature), top_k, top_p
-        if seed is None and self.temperature > 0:
-            seed = int(np.random.randint(2**31))
-        self.noise_seed = None if seed is None else seed_to_int32(seed)
-        self.choice, self.stop_token_ids = int(choice), tuple(stop_token_ids)
-        self.num_beams, self.length_penalty, self.deadline = int(num_beams), float(length_penalty), deadline
-        self.generated = []
-        self.cancelled = False  # set by any thread; the scheduler frees the row at the next step boundary
-        self.queued = False  # in one of the scheduler's waiting queues (guarded by its lock)
-
-    def cancel(self):
-        self.cancelled = True
-
-    @property
-    def batched(self):
-        """Decoded among others, a token per step (beam search runs whole)."""
-        return self.num_beams == 1
-
-    def same_request(self, other):
-        """The same prompt and options (choices of one request): they can run as rows of one call."""
-        return all(getattr(self, name) == getattr(other, name) for name in (
-            "prompt_ids", "max_tokens", "temperature", "top_k", "top_p", "noise_seed", "stop_token_ids", "num_beams",
-            "length_penalty"))
-
-    def accept(self, token):
-        """Record and announce a token -> the finish reason, or None to go on."""
-        self.generated.append(token)
-        self.on_event("token", token)
-        if token in self.stop_token_ids:
-            return "stop"
-        return "length" if len(self.generated) >= self.max_tokens else None
-
-    def interrupted(self, now):
-        if self.cancelled:
-            return "cancelled"
-        return "timeout" if self.deadline is not None and now > self.deadline else None
-
-
-def choose(sequences, logits, positions):
-    """Each sequence's next token from its logits (N, V) at its position (N,) -> (N,) ids: greedy rows by one
-    argmax, random rows grouped by their (temperature, top_k, top_p), each group drawn at once with each
-    row's own noise."""
-    chosen = np.argmax(logits, axis=-1)
-    groups = collections.defaultdict(list)
-    for row, sequence in enumerate(sequences):
-        if sequence.temperature > 0:
-            groups[sequence.temperature, sequence.top_k, sequence.top_p].append(row)
-    for (temperature, top_k, top_p), rows in groups.items():
-        drawn = [sequences[row] for row in rows]
-        # Noise of (seed, position of the token, choice): what `Generator.generate(seed=s)` draws for row `choice`.
-        uniform = noise([s.noise_seed for s in drawn], positions[rows], [s.choice for s in drawn])
-        chosen[rows] = Picker("random", temperature, top_k, top_p)(logits[rows], uniform)
-    return chosen
 
 
 class Scheduler:

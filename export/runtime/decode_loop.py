@@ -54,70 +54,45 @@ class DecodeLoop:
         return [_cut(tokens[r, lengths[r]: lengths[r] + self.max_new_tokens], self.stop) for r in range(len(tokens))]
 
     def beam_search(self, i, logits, state, beams, length_penalty, early_stopping):
-        """Beam search exactly as `keras_transformer.samplers.BeamSampler` (finished store, length penalty)."""
+        """Beam search exactly as `keras_transformer.samplers.BeamSampler` (finished store, length penalty).
+
+        Each step takes the C best (beam, token) continuations of every input: those that end (a stop
+        token, or the length limit) are offered to the store of finished hypotheses, and the K best of
+        the others are the next beams. Returns each input's best finished hypothesis, new tokens only.
+        """
         tokens, K = self.tokens, beams
         R, L = tokens.shape
         B, V = R // K, logits.shape[-1]
         lengths = self.lengths.reshape(B, K)[:, 0]
+        # Only the first beam of each input is live at first: the others would repeat its continuations.
         beam_scores = np.concatenate([np.zeros((B, 1), np.float32), np.full((B, K - 1), NEG, np.float32)], axis=1)
         done = np.zeros(B, bool)
-        finished_tokens = np.full((B, K, L), self.pad, np.int64)
-        finished_scores = np.full((B, K), 2 * NEG, np.float32)
-        finished_valid = np.zeros((B, K), bool)
-        finished_ends = np.zeros((B, K), np.int64)
+        finished = _FinishedBeams(B, K, L, self.pad)
         num_candidates = min(max(2, 1 + len(self.stop)) * K, K * V)
         rank = np.arange(num_candidates)[None, :]
         while True:
-            scores = log_softmax(logits)  # (R, V)
             generated = i + 1 - lengths  # (B,)
             in_prompt = i < lengths
             active = ~in_prompt & ~done
             at_limit = generated >= self.max_new_tokens
-            total = scores.reshape(B, K, V)
-            total += beam_scores[:, :, None]
-            total = total.reshape(B, K * V)
-            top_scores, top_index = _top_k(total, num_candidates)  # (B, C)
-            top_beam, top_token = top_index // V, top_index % V
+            top_scores, top_beam, top_token = _candidates(logits, beam_scores, num_candidates)  # (B, C) each
             finishes = np.isin(top_token, self.stop) | at_limit[:, None]
-            full = finished_valid.all(axis=1)
-            accepting = active & ~full if early_stopping is True else active
+
+            # Of the K best candidates, those that end enter the store, scored by their length.
+            accepting = active & ~finished.valid.all(axis=1) if early_stopping is True else active
             new_valid = finishes & (rank < K) & accepting[:, None] & (top_scores > NEG / 2)
             length = np.maximum(generated, 1).astype(np.float32)[:, None]
             new_scores = np.where(new_valid, top_scores / length ** np.float32(length_penalty), 2 * NEG)
             candidate_tokens = np.take_along_axis(tokens.reshape(B, K, L), top_beam[:, :, None], axis=1).copy()
-            candidate_tokens[:, :, i] = top_token
-            merged_scores = np.concatenate([finished_scores, new_scores.astype(np.float32)], axis=1)
-            finished_scores, keep = _top_k(merged_scores, K)
-            finished_valid = np.take_along_axis(np.concatenate([finished_valid, new_valid], axis=1), keep, axis=1)
-            finished_tokens = np.take_along_axis(np.concatenate([finished_tokens, candidate_tokens], axis=1),
-                                                 keep[:, :, None], axis=1)
-            ends = np.concatenate([finished_ends, np.full((B, num_candidates), i + 1)], axis=1)
-            finished_ends = np.take_along_axis(ends, keep, axis=1)
+            candidate_tokens[:, :, i] = top_token  # (B, C, L)
+            finished.add(candidate_tokens, new_scores, new_valid, end=i + 1)
 
-            running = np.where(finishes, top_scores + NEG, top_scores)
-            new_beam_scores, pick = _top_k(running, K)
-            next_beam = np.take_along_axis(top_beam, pick, axis=1)
-            next_token = np.take_along_axis(top_token, pick, axis=1)
-
-            if early_stopping == "never" and length_penalty > 0:
-                best_length = np.float32(self.max_new_tokens)
-            else:
-                best_length = np.maximum(generated, 1).astype(np.float32)
-            best_possible = new_beam_scores[:, 0] / best_length ** np.float32(length_penalty)
-            all_valid = finished_valid.all(axis=1)
-            worst = np.where(all_valid, finished_scores.min(axis=1), NEG)
-            now_done = at_limit | (best_possible <= worst)
-            if early_stopping is True:
-                now_done = now_done | all_valid
+            # The others compete for the K beams.
+            new_beam_scores, next_beam, next_token = _running_beams(top_scores, top_beam, top_token, finishes, K)
+            now_done = self._search_over(finished, new_beam_scores[:, 0], generated, at_limit, length_penalty,
+                                         early_stopping)
             done = np.where(active, now_done, done)
-
-            keep_beam = np.broadcast_to(np.arange(K)[None, :], (B, K))
-            next_beam = np.where(active[:, None], next_beam, keep_beam)
-            order = (np.arange(B)[:, None] * K + next_beam).reshape(-1)  # (R,)
-            tokens = tokens[order]
-            token = np.where(in_prompt[:, None], tokens[:, i].reshape(B, K),
-                             np.where(active[:, None], next_token, self.pad))
-            tokens[:, i] = token.reshape(-1)
+            tokens, order = _follow_beams(tokens, i, next_beam, next_token, active, in_prompt, self.pad)
             beam_scores = np.where(active[:, None], new_beam_scores, beam_scores)
             if i + 1 >= L or done.all():
                 break
@@ -125,12 +100,85 @@ class DecodeLoop:
                 state = reorder_state(state, order)
             logits, state = self._step(tokens[:, i], state)
             i += 1
-        return [finished_tokens[b, 0, lengths[b]: finished_ends[b, 0]] for b in range(B)]
+        return [finished.tokens[b, 0, lengths[b]: finished.ends[b, 0]] for b in range(B)]
+
+    def _search_over(self, finished, best_running, generated, at_limit, length_penalty, early_stopping):
+        """(B,) whether each input's search is over: it reached its length limit, or its best running
+        beam (score `best_running`, (B,)) cannot beat the worst of K finished hypotheses; with
+        `early_stopping=True`, also as soon as it has K finished hypotheses."""
+        if early_stopping == "never" and length_penalty > 0:
+            best_length = np.float32(self.max_new_tokens)  # the beam may grow to the limit, its score with it
+        else:
+            best_length = np.maximum(generated, 1).astype(np.float32)
+        best_possible = best_running / best_length ** np.float32(length_penalty)
+        all_valid = finished.valid.all(axis=1)
+        worst = np.where(all_valid, finished.scores.min(axis=1), NEG)
+        now_done = at_limit | (best_possible <= worst)
+        if early_stopping is True:
+            now_done = now_done | all_valid
+        return now_done
 
     def _step(self, token, state):
         if self.interrupt is not None and self.interrupt():
             raise Interrupted("generation interrupted by its caller")
         return self.generator._step(token, state)
+
+
+class _FinishedBeams:
+    """Beam search's finished hypotheses: the K best of each input so far, best first.
+
+    tokens (B, K, L) whole rows, scores (B, K) length-penalised (2 * NEG: none yet), valid (B, K),
+    ends (B, K) one past each hypothesis's last token.
+    """
+
+    def __init__(self, B, K, L, pad):
+        self.tokens = np.full((B, K, L), pad, np.int64)
+        self.scores = np.full((B, K), 2 * NEG, np.float32)
+        self.valid = np.zeros((B, K), bool)
+        self.ends = np.zeros((B, K), np.int64)
+
+    def add(self, tokens, scores, valid, end):
+        """Keep the K best of the store and C candidates ending at `end`: tokens (B, C, L),
+        scores (B, C) (2 * NEG where not valid), valid (B, C)."""
+        K = self.scores.shape[1]
+        merged_scores = np.concatenate([self.scores, scores.astype(np.float32)], axis=1)  # (B, K + C)
+        self.scores, keep = _top_k(merged_scores, K)  # (B, K) each
+        self.valid = np.take_along_axis(np.concatenate([self.valid, valid], axis=1), keep, axis=1)
+        self.tokens = np.take_along_axis(np.concatenate([self.tokens, tokens], axis=1), keep[:, :, None], axis=1)
+        ends = np.concatenate([self.ends, np.full(valid.shape, end)], axis=1)  # (B, K + C)
+        self.ends = np.take_along_axis(ends, keep, axis=1)
+
+
+def _candidates(logits, beam_scores, num_candidates):
+    """The C best continuations of each input's K beams, best first: scores, beams and tokens, each (B, C).
+
+    logits (R, V); beam_scores (B, K), the beams' summed log-probabilities."""
+    B, K = beam_scores.shape
+    V = logits.shape[-1]
+    total = log_softmax(logits).reshape(B, K, V)  # (R, V) -> (B, K, V)
+    total += beam_scores[:, :, None]
+    top_scores, top_index = _top_k(total.reshape(B, K * V), num_candidates)  # (B, K * V) -> (B, C)
+    return top_scores, top_index // V, top_index % V
+
+
+def _running_beams(top_scores, top_beam, top_token, finishes, K):
+    """The K best candidates that do not end: scores, beams and tokens, each (B, K)."""
+    running = np.where(finishes, top_scores + NEG, top_scores)  # an ending candidate sinks below the others
+    scores, pick = _top_k(running, K)
+    return scores, np.take_along_axis(top_beam, pick, axis=1), np.take_along_axis(top_token, pick, axis=1)
+
+
+def _follow_beams(tokens, i, next_beam, next_token, active, in_prompt, pad):
+    """Rows take their new beams' histories, then token i -> (tokens (R, L), order (R,)), where row r
+    continues old row order[r]; an input not searching (in its prompt, or done) keeps its rows."""
+    B, K = next_beam.shape
+    keep_beam = np.broadcast_to(np.arange(K)[None, :], (B, K))
+    next_beam = np.where(active[:, None], next_beam, keep_beam)
+    order = (np.arange(B)[:, None] * K + next_beam).reshape(-1)  # (B, K) -> (R,)
+    tokens = tokens[order]
+    token = np.where(in_prompt[:, None], tokens[:, i].reshape(B, K), np.where(active[:, None], next_token, pad))
+    tokens[:, i] = token.reshape(-1)
+    return tokens, order
 
 
 def stop_tokens(stop_token_ids, eos, vocabulary_size):

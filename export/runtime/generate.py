@@ -17,12 +17,12 @@ The runtime, one job per file (all next to this one in a bundle):
     generate.py       this command line, and the names above
     generator.py      `Generator`: prompts, chat messages or ids in, text or ids out, over the ONNX graphs
     decode_loop.py    the decoding loop (greedy, random, beam search), step for step that of
-                      `keras_transformer.samplers`: the same model gives the same tokens
+                      `keras_transformer.decoding`: the same model gives the same tokens
     sampling.py       choosing a token (temperature, top-k, top-p) and the noise of random sampling
     encoder.py        `Encoder`: encoder bundles (BERT tasks)
     bundle_files.py   reading the bundle: JSON files, ONNX Runtime sessions, tokenizer, chat template
     chat_template.py  chat rendering and message checks: a copy of keras_transformer/tokenizers/chat_template.py
-    batching.py, cache_rows.py               continuous batching (the scheduler; the rows of the caches)
+    batching.py, sequence.py, cache_rows.py  continuous batching (the scheduler; a sequence; the caches' rows)
     serve.py, serve_endpoints.py, serve_streaming.py, serve_validation.py   the HTTP server
 
 Samplers:

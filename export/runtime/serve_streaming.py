@@ -116,95 +116,63 @@ async def _watch_disconnect(request, inbox):
 
 async def completion_response(service, request, endpoint, prompt_ids, options, n, stop, stream, include_usage,
                               chat):
-    started, inbox = time.perf_counter(), Inbox()
-    options = dict(options)
-    requested = options.pop("timeout")
-    timeout = service.timeout if requested is None else min(requested, service.timeout)
-    sequences = service.submit(prompt_ids, options, n, inbox, timeout)
-    prompt_tokens = sum(len(ids) for ids in prompt_ids) * n
-    service.metrics.prompt_tokens.inc(prompt_tokens)
-    choices = [_Choice(service.generator.tokenizer, stop) for _ in sequences]
-    prefix = "chatcmpl" if chat else "cmpl"
-    head = {"id": f"{prefix}-{service.next_id()}", "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()), "model": service.name}
-    usage = lambda: {"prompt_tokens": prompt_tokens, "completion_tokens": sum(len(c.ids) for c in choices),  # noqa: E731
-                     "total_tokens": prompt_tokens + sum(len(c.ids) for c in choices)}
-
-    def choice_text(index, tokens, finish):
-        """Choice `index`'s new tokens and its finish (None: not yet) -> the text they add (raises on a timeout)."""
-        choice, text = choices[index], ""
-        if tokens and choice.finish is None:  # (after a stop string, tokens come until the scheduler drops the row)
-            if choice.first_token_at is None:
-                choice.first_token_at = time.perf_counter()
-                if sum(c.first_token_at is not None for c in choices) == 1:  # the request's first token
-                    service.metrics.ttft.labels(endpoint).observe(choice.first_token_at - started)
-            before = len(choice.ids)
-            text = choice.add(tokens)
-            service.metrics.generated_tokens.inc(len(choice.ids) - before)
-            if choice.finish is not None:
-                sequences[index].cancel()
-        if finish is not None:
-            if finish == "timeout":
-                raise ApiError(f"The request ran past its timeout of {timeout:g} s.", None, 504)
-            if choice.finish is None:
-                text += choice.close()
-                choice.finish = "stop" if finish == "stop" else "length"
-        return text
-
-    async def deltas():
-        """(index, text, finish or None) as tokens arrive: every token of a choice that waits when the request
-        wakes (once per decode step at most) goes out as one piece; ends when every sequence has finished."""
-        remaining = len(sequences)
-        watcher = None if stream else asyncio.ensure_future(_watch_disconnect(request, inbox))
-        try:
-            while remaining:
-                await inbox.wake.wait()
-                inbox.wake.clear()
-                if inbox.disconnected:
-                    return
-                tokens, finishes = collections.defaultdict(list), {}
-                while inbox.events:
-                    index, kind, value = inbox.events.popleft()
-                    if kind == "token":
-                        tokens[index].append(value)
-                    elif kind == "finish":
-                        finishes[index] = value
-                    else:
-                        raise ApiError(f"Generation failed: {value}", None, 500)
-                for index in sorted(tokens.keys() | finishes.keys()):
-                    text = choice_text(index, tokens.get(index), finishes.get(index))
-                    finish = choices[index].finish if index in finishes else None
-                    remaining -= index in finishes
-                    if text or finish:
-                        yield index, text, finish
-        finally:  # the client went away, or an error: free every row
-            for sequence in sequences:
-                sequence.cancel()
-            if watcher is not None:
-                watcher.cancel()
-            service.metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
-
+    """Submit a completion (n sequences per prompt) -> its answer: one JSON body, or a stream of
+    server-sent events when `stream`. `chat` picks the chat completion's shapes over the text one's."""
+    completion = _Completion(service, request, endpoint, prompt_ids, options, n, stop, chat)
     if not stream:
-        texts = ["" for _ in choices]
-        async for index, text, _ in deltas():
+        return await completion.json_response()
+    return StreamingResponse(completion.events(include_usage), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+class _Completion:
+    """A submitted request: its sequences on the scheduler, its choices' text as it comes, its answer."""
+
+    def __init__(self, service, request, endpoint, prompt_ids, options, n, stop, chat):
+        self.started, self.inbox = time.perf_counter(), Inbox()
+        self.service, self.request, self.endpoint, self.chat = service, request, endpoint, chat
+        options = dict(options)
+        requested = options.pop("timeout")
+        self.timeout = service.timeout if requested is None else min(requested, service.timeout)
+        self.sequences = service.submit(prompt_ids, options, n, self.inbox, self.timeout)
+        self.prompt_tokens = sum(len(ids) for ids in prompt_ids) * n
+        service.metrics.prompt_tokens.inc(self.prompt_tokens)
+        self.choices = [_Choice(service.generator.tokenizer, stop) for _ in self.sequences]
+        prefix = "chatcmpl" if chat else "cmpl"
+        self.head = {"id": f"{prefix}-{service.next_id()}", "object": "chat.completion" if chat else "text_completion",
+                     "created": int(time.time()), "model": service.name}
+
+    def usage(self):
+        """OpenAI's usage object: the tokens of the prompts (once per sequence) and those generated so far."""
+        completion_tokens = sum(len(c.ids) for c in self.choices)
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": self.prompt_tokens + completion_tokens}
+
+    async def json_response(self):
+        """The answer not streamed: every choice's whole text (or 499 when the client went away)."""
+        texts = ["" for _ in self.choices]
+        async for index, text, _ in self._deltas(watch_disconnect=True):
             texts[index] += text
-        if inbox.disconnected:
+        if self.inbox.disconnected:
             return Response(status_code=499)
         body = [{"index": i, "finish_reason": c.finish, "logprobs": None,
-                 **({"message": {"role": "assistant", "content": texts[i]}} if chat else {"text": texts[i]})}
-                for i, c in enumerate(choices)]
-        return JSONResponse({**head, "choices": body, "usage": usage()})
+                 **({"message": {"role": "assistant", "content": texts[i]}} if self.chat else {"text": texts[i]})}
+                for i, c in enumerate(self.choices)]
+        return JSONResponse({**self.head, "choices": body, "usage": self.usage()})
 
-    async def events_stream():
-        chunk = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
+    async def events(self, include_usage):
+        """The streamed answer's server-sent events: (chat) each choice's role, a delta per piece of text,
+        the usage if asked, then [DONE]; an error during generation ends the stream with an error event."""
+        chat = self.chat
+        chunk = {**self.head, "object": "chat.completion.chunk" if chat else "text_completion"}
         if chat:
-            for i in range(len(choices)):
+            for i in range(len(self.choices)):
                 yield _sse({**chunk, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                                   "finish_reason": None, "logprobs": None}]})
         # An event per delta: the chunk's fixed fields are encoded once, each delta's own by hand.
         before = f'data: {_json(chunk)[:-1]}, "choices": [{{"index": '
         try:
-            async for index, text, finish in deltas():
+            async for index, text, finish in self._deltas(watch_disconnect=False):
                 if chat:
                     delta = f'{{"content": {_json(text)}}}' if text or not finish else "{}"
                     part = f'"delta": {delta}'
@@ -215,11 +183,70 @@ async def completion_response(service, request, endpoint, prompt_ids, options, n
             yield _sse({"error": {"message": error.message, "type": "server_error", "param": None, "code": None}})
             return
         if include_usage:
-            yield _sse({**chunk, "choices": [], "usage": usage()})
+            yield _sse({**chunk, "choices": [], "usage": self.usage()})
         yield "data: [DONE]\n\n"
 
-    return StreamingResponse(events_stream(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    async def _deltas(self, watch_disconnect):
+        """(index, text, finish or None) as tokens arrive: every token of a choice that waits when the request
+        wakes (once per decode step at most) goes out as one piece; ends when every sequence has finished.
+
+        `watch_disconnect`: also wake when the client goes away (a streamed answer learns it from Starlette)."""
+        inbox, remaining = self.inbox, len(self.sequences)
+        watcher = asyncio.ensure_future(_watch_disconnect(self.request, inbox)) if watch_disconnect else None
+        try:
+            while remaining:
+                await inbox.wake.wait()
+                inbox.wake.clear()
+                if inbox.disconnected:
+                    return
+                tokens, finishes = _drain(inbox)
+                for index in sorted(tokens.keys() | finishes.keys()):
+                    text = self._choice_text(index, tokens.get(index), finishes.get(index))
+                    finish = self.choices[index].finish if index in finishes else None
+                    remaining -= index in finishes
+                    if text or finish:
+                        yield index, text, finish
+        finally:  # the client went away, or an error: free every row
+            for sequence in self.sequences:
+                sequence.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            self.service.metrics.latency.labels(self.endpoint).observe(time.perf_counter() - self.started)
+
+    def _choice_text(self, index, tokens, finish):
+        """Choice `index`'s new tokens and its finish (None: not yet) -> the text they add (raises on a timeout)."""
+        choice, text, metrics = self.choices[index], "", self.service.metrics
+        if tokens and choice.finish is None:  # (after a stop string, tokens come until the scheduler drops the row)
+            if choice.first_token_at is None:
+                choice.first_token_at = time.perf_counter()
+                if sum(c.first_token_at is not None for c in self.choices) == 1:  # the request's first token
+                    metrics.ttft.labels(self.endpoint).observe(choice.first_token_at - self.started)
+            before = len(choice.ids)
+            text = choice.add(tokens)
+            metrics.generated_tokens.inc(len(choice.ids) - before)
+            if choice.finish is not None:
+                self.sequences[index].cancel()
+        if finish is not None:
+            if finish == "timeout":
+                raise ApiError(f"The request ran past its timeout of {self.timeout:g} s.", None, 504)
+            if choice.finish is None:
+                text += choice.close()
+                choice.finish = "stop" if finish == "stop" else "length"
+        return text
+
+
+def _drain(inbox):
+    """The events waiting in `inbox` -> ({index: [token, ...]}, {index: finish}); a failure raises."""
+    tokens, finishes = collections.defaultdict(list), {}
+    while inbox.events:
+        index, kind, value = inbox.events.popleft()
+        if kind == "token":
+            tokens[index].append(value)
+        elif kind == "finish":
+            finishes[index] = value
+        else:
+            raise ApiError(f"Generation failed: {value}", None, 500)
+    return tokens, finishes
 
 
 _json = json.JSONEncoder(ensure_ascii=False).encode

@@ -4,7 +4,7 @@ SGLang and TGI serve.
 The inverse of the converters next to this file. Their `load_weights` functions are the one name
 table: each says, for every variable of ours, which checkpoint tensor it comes from and how it is
 transposed, reshaped or sliced. This module runs the same function against a recording stand-in
-for the checkpoint (`_Recorder`), whose tensors hold their own element numbers instead of
+for the checkpoint (`WeightRecorder`, weight_recorder.py), whose tensors hold their own element numbers instead of
 weights, so every element of every variable lands back at the position it was read from; nothing
 of a family's layout is written twice.
 
@@ -20,9 +20,13 @@ or MistralForCausalLM, by which biases and window it has), BertMaskedLM (BertFor
 BertClassifier (BertForSequenceClassification), T5Seq2SeqLM (T5ForConditionalGeneration).
 
 Example:
->>> lm = keras_transformer.models.CausalLM.from_preset("gpt_stdlib")
->>> lm.export("out/gpt_hf", format="huggingface")
->>> # vllm serve out/gpt_hf
+>>> import tempfile
+>>> from keras_transformer.models import CausalLM
+>>> lm = CausalLM.from_preset("gpt_stdlib")
+>>> out = lm.export(f"{tempfile.mkdtemp()}/gpt_hf", format="huggingface")
+>>> sorted(path.name for path in out.iterdir())
+['config.json', 'generation_config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json']
+>>> # then, in a shell: vllm serve <the out folder>
 """
 
 import json
@@ -31,11 +35,11 @@ import os
 from pathlib import Path
 
 import keras
-import numpy as np
 
 from keras_transformer import presets
 from keras_transformer.convert import hf_bert, hf_gpt2, hf_llama, hf_t5, hf_tokenizer
 from keras_transformer.convert.options import ACTIVATIONS
+from keras_transformer.convert.weight_recorder import WeightRecorder
 from keras_transformer.models.lora import lora_layers
 from keras_transformer.models.quantization import quantization_mode
 
@@ -320,85 +324,10 @@ def _add_transformers4_keys(directory, task, family):
 # --- weights ----------------------------------------------------------------
 
 
-class _Recorder:
-    """A stand-in for `CheckpointWeights` that runs a converter's `load_weights` backwards.
-
-    `get(name)` returns the element numbers of the tensor `name` (numbers from one range shared by
-    all tensors, laid out in the tensor's Hugging Face shape); the converter transposes, reshapes
-    and slices them exactly as it would the weights and hands them to `assign` with the variable
-    they belong to. `assign` then writes the variable's values at those numbers, so the buffer
-    ends up holding every tensor in the checkpoint's layout.
-    """
-
-    def __init__(self, shapes, values=None):
-        self.shapes = shapes
-        self.values = values or {}  # id(variable) -> the float value to write instead of the variable's own
-        self.offsets, total = {}, 0
-        for name, shape in shapes.items():
-            self.offsets[name] = total
-            total += int(np.prod(shape, dtype=np.int64))
-        self.buffer = np.zeros(total, dtype="float32")
-        self.written = np.zeros(total, dtype="uint8")
-        self.index_dtype = "int32" if total < 2**31 else "int64"
-        self.tied = {}  # name -> the name of the tensor it is a copy of
-
-    def has(self, name):
-        return name in self.shapes
-
-    def get(self, name):
-        if name not in self.shapes:
-            raise ValueError(f"The Hugging Face model has no tensor {name!r}, which the export needs.")
-        start = self.offsets[name]
-        size = int(np.prod(self.shapes[name], dtype=np.int64))
-        return np.arange(start, start + size, dtype=self.index_dtype).reshape(self.shapes[name])
-
-    def assign(self, variable, value, source):
-        index = np.asarray(value)
-        if tuple(variable.shape) != index.shape:
-            raise ValueError(
-                f"Shape mismatch exporting {source}: the Hugging Face layout gives {index.shape}, "
-                f"our weight has {tuple(variable.shape)}."
-            )
-        if id(variable) in self.values:  # a dequantized int8 kernel
-            values = self.values[id(variable)]
-        else:  # a variable, or a tensor (a LoRA layer's `kernel` reads kernel + (alpha / r) A @ B)
-            values = keras.ops.convert_to_numpy(keras.ops.cast(variable, "float32"))
-        self.buffer[index.ravel()] = values.ravel()
-        self.written[index.ravel()] += 1  # the numbers within one tensor are distinct
-
-    def skip(self, layer, reason):
-        del layer, reason  # weights the checkpoint has no place for (e.g. a pooler a masked LM does not use)
-
-    def check_same(self, name, reference_name):
-        if name in self.shapes:
-            self.tied[name] = reference_name
-
-    def report(self, *args, **kwargs):
-        del args, kwargs
-
-    def arrays(self):
-        """{name: array in the Hugging Face shape} but for the tied copies; every element written exactly once."""
-        out = {}
-        for name, shape in self.shapes.items():
-            if name in self.tied:
-                continue
-            start = self.offsets[name]
-            size = int(np.prod(shape, dtype=np.int64))
-            counts = self.written[start : start + size]
-            if size and (counts.min() != 1 or counts.max() != 1):
-                how = "more than once" if counts.max() > 1 else "not at all" if counts.max() == 0 else "partly"
-                raise ValueError(
-                    f"The export wrote the Hugging Face tensor {name!r} {how}: the model and the Hugging Face "
-                    "class do not have the same weights."
-                )
-            out[name] = self.buffer[start : start + size].reshape(shape)
-        return out
-
-
 def _export_weights(task, hf_config, shapes, values=None):
     """Our weights as ({Hugging Face name: float32 array}, {tied copy: its reference}), through the family's
     converter run backwards; `values`: {id(variable): float value} to write instead (dequantized kernels)."""
-    recorder = _Recorder(shapes, values)
+    recorder = WeightRecorder(shapes, values)
     converter = _FAMILIES[type(task).__name__][1]
     converter.load_weights(task, recorder, hf_config)
     return recorder.arrays(), recorder.tied

@@ -33,7 +33,7 @@ RUNTIME_FILE = "generate.py"
 # export/runtime/'s files, copied into every bundle (see generate.py's docstring for what each does).
 RUNTIME_FILES = (
     RUNTIME_FILE, "generator.py", "decode_loop.py", "sampling.py", "encoder.py", "bundle_files.py",
-    "batching.py", "cache_rows.py", "serve.py", "serve_endpoints.py", "serve_streaming.py", "serve_validation.py",
+    "batching.py", "sequence.py", "cache_rows.py", "serve.py", "serve_endpoints.py", "serve_streaming.py", "serve_validation.py",
     "requirements.txt",
 )
 # Package files a bundle carries as they are: the runtime imports them by these names. One implementation

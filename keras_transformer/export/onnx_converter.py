@@ -9,6 +9,8 @@ graphs is `onnx.py`'s job.
 Runs under the TensorFlow backend (see `keras_transformer.export`).
 """
 
+import hashlib
+import heapq
 import logging
 
 OPSET = 17  # tf2onnx 1.17 supports opsets up to 18; 17 is what ONNX Runtime >= 1.14 runs everywhere.
@@ -81,41 +83,63 @@ def _canonicalize(model):
     merged, and every name but the graph's inputs and outputs is derived from positions:
     exports of the same weights are then identical files, whatever backend or process made them.
     """
-    import hashlib
-    import heapq
-
     import onnx
-    from onnx import numpy_helper
 
     graph = model.graph
     subgraphs = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
     if any(attribute.type in subgraphs for node in graph.node for attribute in node.attribute):
         return  # control flow: left as converted
-
-    def digest(*parts):
-        h = hashlib.sha256()
-        for part in parts:
-            h.update(part if isinstance(part, bytes) else repr(part).encode())
-            h.update(b"\0")
-        return h.hexdigest()
-
     initializers = {t.name: t for t in graph.initializer}
-    init_keys = {name: digest("const", t.data_type, tuple(t.dims), numpy_helper.to_array(t).tobytes())
-                 for name, t in initializers.items()}
     keep = {value.name for value in list(graph.input) + list(graph.output)}
+    init_keys, node_keys = _structure_keys(graph, initializers, keep)
+    nodes = _topological_order(graph, node_keys)
+    new_initializers = _rename_by_position(nodes, initializers, init_keys, keep)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.initializer[:]
+    graph.initializer.extend(new_initializers)
+    del graph.value_info[:]
+
+
+def _digest(*parts):
+    """A sha256 hex digest of the parts: bytes as they are, anything else by its repr, each ended by a NUL."""
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part if isinstance(part, bytes) else repr(part).encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _structure_keys(graph, initializers, keep):
+    """-> ({initializer name: hash of its dtype, dims and bytes}, [each node's hash, in graph order]).
+
+    A node's hash covers its op, its attributes and its inputs' hashes (a graph input hashes as its
+    name, an initializer as its contents, a node output as its node's hash and index): equal
+    structures hash equal whatever tf2onnx named them.
+    """
+    from onnx import numpy_helper
+
+    init_keys = {name: _digest("const", t.data_type, tuple(t.dims), numpy_helper.to_array(t).tobytes())
+                 for name, t in initializers.items()}
     tensor_keys = {name: "input:" + name for name in keep}
     tensor_keys.update(init_keys)
     node_keys = []
     for node in graph.node:  # ONNX nodes are in topological order: inputs are keyed first
         attributes = sorted((a.name, a.SerializeToString()) for a in node.attribute)
-        key = digest(node.domain, node.op_type, attributes, [tensor_keys.get(name, "") for name in node.input])
+        key = _digest(node.domain, node.op_type, attributes, [tensor_keys.get(name, "") for name in node.input])
         node_keys.append(key)
         for j, name in enumerate(node.output):
-            tensor_keys[name] = digest(key, j)
+            tensor_keys[name] = _digest(key, j)
+    return init_keys, node_keys
+
+
+def _topological_order(graph, node_keys):
+    """Copies of the graph's nodes in topological order, the ready node with the smallest key first."""
+    import onnx
 
     producer = {name: i for i, node in enumerate(graph.node) for name in node.output}
     consumers = [[] for _ in graph.node]
-    waiting = []
+    waiting = []  # per node: how many of the nodes it reads are not placed yet
     for i, node in enumerate(graph.node):
         dependencies = {producer[name] for name in node.input if name in producer}
         waiting.append(len(dependencies))
@@ -131,6 +155,17 @@ def _canonicalize(model):
             waiting[c] -= 1
             if waiting[c] == 0:
                 heapq.heappush(ready, (node_keys[c], c))
+    return nodes
+
+
+def _rename_by_position(nodes, initializers, init_keys, keep):
+    """Name the nodes and their tensors by position, in place; equal initializers become one.
+
+    A node is `{Op}_{position}`, its outputs `{op}_{position}[_{j}]` (the graph's inputs and outputs
+    keep their names), and initializers `const_{k}` in order of first use.
+    Returns the merged, renamed initializers.
+    """
+    import onnx
 
     renames, first_by_key, new_initializers = {}, {}, []
     for position, node in enumerate(nodes):
@@ -151,11 +186,7 @@ def _canonicalize(model):
     for node in nodes:
         node.input[:] = [renames.get(name, name) for name in node.input]
         node.output[:] = [renames.get(name, name) for name in node.output]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    del graph.initializer[:]
-    graph.initializer.extend(new_initializers)
-    del graph.value_info[:]
+    return new_initializers
 
 
 def _mean_over_features(model):

@@ -18,8 +18,6 @@ class CausalLM(LanguageModel):
     (see `keras_transformer.samplers`).
     """
 
-    default_learning_rate = 1e-3
-
     def __init__(self, backbone, preprocessor=None, **kwargs):
         """`backbone`: a decoder-only backbone whose `token_embedding` is a `ReversibleEmbedding`
         (its reverse is the head); `preprocessor`: the family's preprocessor or None (then inputs

@@ -35,62 +35,21 @@ def check_inputs(model, x, y=None, sample_weight=None, convert_tensors=False, co
     names = _input_names(model)
     if names is None:
         return
-    if isinstance(x, (list, tuple)) and all(isinstance(part, (list, tuple)) and not part for part in (x or [()])):
-        raise ValueError(f"{context}`x` is an empty batch: pass at least one example. Received: x={x!r}")
-    arrays = _host_arrays(x, convert_tensors)
+    arrays = _input_arrays(x, names, convert_tensors, context)
     if arrays is None:
-        if isinstance(x, np.ndarray):
-            raise ValueError(
-                f"{context}`x` must be a dict of arrays with the keys {names}. Received: an array of shape {x.shape}"
-            )
         return
-    missing = [name for name in names if name not in arrays]
-    if missing:
-        raise ValueError(f"{context}`x` has no {missing[0]!r}: the model's inputs are {names}. Received: keys {sorted(arrays)}")
-    arrays = {name: arrays[name] for name in names}
     backbone = getattr(model, "backbone", model)
+    batch_size = _check_input_shapes(arrays, context)
     for name, array in arrays.items():
-        _check_finite(name, array, context)
-        if array.ndim != 2:
-            raise ValueError(f"{context}`{name}` must be 2-D (batch, length). Received: shape={array.shape}")
-        if array.shape[0] == 0:
-            raise ValueError(f"{context}`{name}` is an empty batch: pass at least one example. Received: shape={array.shape}")
-        if array.shape[1] == 0:
-            raise ValueError(f"{context}`{name}` has no positions. Received: shape={array.shape}")
-    batch_sizes = {name: array.shape[0] for name, array in arrays.items()}
-    if len(set(batch_sizes.values())) > 1:
-        raise ValueError(f"{context}All inputs must have the same batch size. Received: {batch_sizes}")
-
-    for name, array in arrays.items():
-        if name.endswith("token_ids"):
-            _check_ints(name, array, backbone.vocabulary_size, "vocabulary_size", "id", context)
-            limit = getattr(backbone, "max_sequence_length", None)
-            if limit is not None and array.shape[1] > limit:
-                raise ValueError(
-                    f"{context}`{name}` has {array.shape[1]} positions, more than max_sequence_length={limit}. "
-                    f"Received: shape={array.shape}"
-                )
-        elif name.endswith("padding_mask") or name == "segment_ids":
-            ids_name = "token_ids" if name == "segment_ids" else name.replace("padding_mask", "token_ids")
-            if ids_name in arrays and array.shape != arrays[ids_name].shape:
-                raise ValueError(
-                    f"{context}`{name}` must have the shape of `{ids_name}`. Received: {name}.shape={array.shape}, "
-                    f"{ids_name}.shape={arrays[ids_name].shape}"
-                )
-            if name == "segment_ids":
-                _check_ints(name, array, backbone.num_segments, "num_segments", "id", context)
-            elif array.dtype != bool:
-                _check_values_in(name, array, (0, 1), context)
-        elif name == "mask_positions" and "token_ids" in arrays:
-            length = arrays["token_ids"].shape[1]
-            _check_ints(name, array, length, "the length of token_ids", "position", context)
-
-    batch_size = next(iter(batch_sizes.values()))
+        _check_input_values(name, array, arrays, backbone, context)
     if y is not None:
         labels = _host_array(y, convert_tensors)
         if labels is not None:
             num_classes = getattr(model, "num_classes", None)
-            limit, limit_name = (num_classes, "num_classes") if num_classes else (backbone.vocabulary_size, "vocabulary_size")
+            if num_classes:
+                limit, limit_name = num_classes, "num_classes"
+            else:
+                limit, limit_name = backbone.vocabulary_size, "vocabulary_size"
             _check_finite("y", labels, context)
             _check_batch("y", labels, batch_size, context)
             _check_ints("y", labels, limit, limit_name, "label", context, integral_floats=True)
@@ -152,6 +111,72 @@ def _input_names(model):
     return list(inputs) if isinstance(inputs, dict) else None
 
 
+def _input_arrays(x, names, convert_tensors, context):
+    """`x` -> {name: np.ndarray} in the model's input order, or None when `x` is not host data.
+
+    A ValueError for an empty batch, a bare array in place of the dict, or a missing input.
+    """
+    if isinstance(x, (list, tuple)) and all(isinstance(part, (list, tuple)) and not part for part in (x or [()])):
+        raise ValueError(f"{context}`x` is an empty batch: pass at least one example. Received: x={x!r}")
+    arrays = _host_arrays(x, convert_tensors)
+    if arrays is None:
+        if isinstance(x, np.ndarray):
+            raise ValueError(
+                f"{context}`x` must be a dict of arrays with the keys {names}. Received: an array of shape {x.shape}"
+            )
+        return None
+    missing = [name for name in names if name not in arrays]
+    if missing:
+        raise ValueError(
+            f"{context}`x` has no {missing[0]!r}: the model's inputs are {names}. Received: keys {sorted(arrays)}"
+        )
+    return {name: arrays[name] for name in names}
+
+
+def _check_input_shapes(arrays, context):
+    """Every input finite and (B, T) with B, T > 0, one B for all -> B."""
+    for name, array in arrays.items():
+        _check_finite(name, array, context)
+        if array.ndim != 2:
+            raise ValueError(f"{context}`{name}` must be 2-D (batch, length). Received: shape={array.shape}")
+        if array.shape[0] == 0:
+            raise ValueError(
+                f"{context}`{name}` is an empty batch: pass at least one example. Received: shape={array.shape}"
+            )
+        if array.shape[1] == 0:
+            raise ValueError(f"{context}`{name}` has no positions. Received: shape={array.shape}")
+    batch_sizes = {name: array.shape[0] for name, array in arrays.items()}
+    if len(set(batch_sizes.values())) > 1:
+        raise ValueError(f"{context}All inputs must have the same batch size. Received: {batch_sizes}")
+    return next(iter(batch_sizes.values()))
+
+
+def _check_input_values(name, array, arrays, backbone, context):
+    """One input's values, by its name: ids in range, masks 0/1 of their ids' shape, positions in [0, T)."""
+    if name.endswith("token_ids"):
+        _check_ints(name, array, backbone.vocabulary_size, "vocabulary_size", "id", context)
+        limit = getattr(backbone, "max_sequence_length", None)
+        if limit is not None and array.shape[1] > limit:
+            raise ValueError(
+                f"{context}`{name}` has {array.shape[1]} positions, more than max_sequence_length={limit}. "
+                f"Received: shape={array.shape}"
+            )
+    elif name.endswith("padding_mask") or name == "segment_ids":
+        ids_name = "token_ids" if name == "segment_ids" else name.replace("padding_mask", "token_ids")
+        if ids_name in arrays and array.shape != arrays[ids_name].shape:
+            raise ValueError(
+                f"{context}`{name}` must have the shape of `{ids_name}`. Received: {name}.shape={array.shape}, "
+                f"{ids_name}.shape={arrays[ids_name].shape}"
+            )
+        if name == "segment_ids":
+            _check_ints(name, array, backbone.num_segments, "num_segments", "id", context)
+        elif array.dtype != bool:
+            _check_values_in(name, array, (0, 1), context)
+    elif name == "mask_positions" and "token_ids" in arrays:
+        length = arrays["token_ids"].shape[1]
+        _check_ints(name, array, length, "the length of token_ids", "position", context)
+
+
 def _host_arrays(x, convert_tensors):
     """A dict of arrays -> {name: np.ndarray}, or None when any value is not host data."""
     if not isinstance(x, dict):
@@ -175,7 +200,10 @@ def _host_array(value, convert_tensors):
         except ValueError:  # ragged lists: leave them to Keras
             return None
         return array if array.dtype.kind in "biuf" else None
-    if convert_tensors and hasattr(value, "shape") and hasattr(value, "dtype") and not keras.backend.is_keras_tensor(value):
+    if (
+        convert_tensors and hasattr(value, "shape") and hasattr(value, "dtype")
+        and not keras.backend.is_keras_tensor(value)
+    ):
         try:
             return keras.ops.convert_to_numpy(value)
         except Exception:  # symbolic or traced: not inspectable here

@@ -16,7 +16,5 @@ class MaskedLM(Task):
     the masked tokens.
     """
 
-    default_learning_rate = 1e-3
-
     def default_weighted_metrics(self):
         return [keras.metrics.SparseCategoricalAccuracy(name="accuracy"), Perplexity()]

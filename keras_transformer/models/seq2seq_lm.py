@@ -42,8 +42,6 @@ class Seq2SeqLM(LanguageModel):
     Outputs: logits (B, T, V) float32.
     """
 
-    default_learning_rate = 1e-3
-
     def __init__(self, backbone, preprocessor=None, **kwargs):
         # === Layers ===
         self.backbone = backbone

@@ -14,8 +14,6 @@ class TextClassifier(Task):
     head argument) from `get_config`.
     """
 
-    default_learning_rate = 1e-3
-
     def default_metrics(self):
         return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
 

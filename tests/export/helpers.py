@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 # out here rather than read from the exporter, so that a bundle missing one fails the layout tests.
 BUNDLE_RUNTIME_FILES = [
     "batching.py", "bundle_files.py", "cache_rows.py", "chat_template.py", "decode_loop.py", "encoder.py",
-    "generate.py", "generator.py", "requirements.txt", "sampling.py", "serve.py", "serve_endpoints.py",
+    "generate.py", "generator.py", "requirements.txt", "sampling.py", "sequence.py", "serve.py", "serve_endpoints.py",
     "serve_streaming.py", "serve_validation.py",
 ]
 CORPUS = [

@@ -46,10 +46,11 @@ class BertBackbone(Backbone):
         block's hidden states, and tanh(W h_[CLS] + b) of the first token.
 
     Example:
+    >>> import numpy as np
     >>> backbone = BertBackbone(vocabulary_size=100, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32)
     >>> outputs = backbone({"token_ids": np.ones((1, 4), "int32"), "segment_ids": np.zeros((1, 4), "int32"),
     ...                     "padding_mask": np.ones((1, 4), bool)})
-    >>> outputs["sequence_output"].shape, outputs["pooled_output"].shape
+    >>> keras.ops.shape(outputs["sequence_output"]), keras.ops.shape(outputs["pooled_output"])
     ((1, 4, 16), (1, 16))
     """
 
@@ -74,15 +75,7 @@ class BertBackbone(Backbone):
         check_positive_ints(vocabulary_size=vocabulary_size, num_layers=num_layers, num_heads=num_heads,
                             hidden_dim=hidden_dim, intermediate_dim=intermediate_dim,
                             max_sequence_length=max_sequence_length, num_segments=num_segments)
-        if hidden_dim % num_heads:
-            raise ValueError(
-                f"`hidden_dim` must be a multiple of `num_heads`. Received: hidden_dim={hidden_dim}, "
-                f"num_heads={num_heads}"
-            )
-        if not (isinstance(dropout, (int, float)) and 0.0 <= dropout < 1.0):
-            raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={dropout!r}")
-        if not (isinstance(initializer_range, (int, float)) and initializer_range > 0):
-            raise ValueError(f"`initializer_range` must be positive. Received: initializer_range={initializer_range!r}")
+        _check_options(hidden_dim, num_heads, dropout, initializer_range)
         initializer = keras.initializers.TruncatedNormal(stddev=initializer_range)
 
         # === Layers ===
@@ -100,14 +93,10 @@ class BertBackbone(Backbone):
             epsilon=norm_epsilon, dtype=dtype, name="embeddings_layer_norm"
         )
         self.embeddings_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="embeddings_dropout")
-        self.transformer_layers = [
-            TransformerEncoderBlock(
-                num_heads, intermediate_dim, activation=activation, dropout=dropout,
-                norm_first=False, norm_epsilon=norm_epsilon, kernel_initializer=initializer,
-                dtype=dtype, name=f"transformer_layer_{i}",
-            )
-            for i in range(num_layers)
-        ]
+        self.transformer_layers = _encoder_blocks(
+            num_layers, num_heads, intermediate_dim, activation=activation, dropout=dropout,
+            norm_epsilon=norm_epsilon, kernel_initializer=initializer, dtype=dtype,
+        )
         self.pooled_dense = keras.layers.Dense(
             hidden_dim, activation="tanh", kernel_initializer=initializer, dtype=dtype, name="pooled_dense"
         )
@@ -161,3 +150,29 @@ class BertBackbone(Backbone):
             }
         )
         return config
+
+
+# --- constructor helpers --------------------------------------------------
+
+
+def _check_options(hidden_dim, num_heads, dropout, initializer_range):
+    """The checks beyond `check_positive_ints`: a ValueError naming the first bad argument."""
+    if hidden_dim % num_heads:
+        raise ValueError(
+            f"`hidden_dim` must be a multiple of `num_heads`. Received: hidden_dim={hidden_dim}, "
+            f"num_heads={num_heads}"
+        )
+    if not (isinstance(dropout, (int, float)) and 0.0 <= dropout < 1.0):
+        raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={dropout!r}")
+    if not (isinstance(initializer_range, (int, float)) and initializer_range > 0):
+        raise ValueError(f"`initializer_range` must be positive. Received: initializer_range={initializer_range!r}")
+
+
+def _encoder_blocks(num_layers, num_heads, intermediate_dim, **block_kwargs):
+    """BERT's blocks, `transformer_layer_{i}`: post-norm, LayerNorm(x + Dropout(Sublayer(x)))."""
+    return [
+        TransformerEncoderBlock(
+            num_heads, intermediate_dim, norm_first=False, name=f"transformer_layer_{i}", **block_kwargs
+        )
+        for i in range(num_layers)
+    ]

@@ -31,8 +31,9 @@ class GPTBackbone(Backbone):
     Outputs: hidden states (B, T, D).
 
     Example:
+    >>> import numpy as np
     >>> backbone = GPTBackbone(vocabulary_size=100, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32)
-    >>> backbone({"token_ids": np.ones((1, 4), "int32"), "padding_mask": np.ones((1, 4), bool)}).shape
+    >>> keras.ops.shape(backbone({"token_ids": np.ones((1, 4), "int32"), "padding_mask": np.ones((1, 4), bool)}))
     (1, 4, 16)
     """
 
@@ -67,15 +68,10 @@ class GPTBackbone(Backbone):
             dtype=dtype, name="position_embedding",
         )
         self.embeddings_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="embeddings_dropout")
-        self.transformer_layers = [
-            TransformerDecoderBlock(
-                num_heads, intermediate_dim, activation=activation, dropout=dropout,
-                norm_first=True, norm_epsilon=norm_epsilon, num_key_value_heads=num_key_value_heads,
-                kernel_initializer=keras.initializers.RandomNormal(stddev=0.02),
-                dtype=dtype, name=f"transformer_layer_{i}",
-            )
-            for i in range(num_layers)
-        ]
+        self.transformer_layers = _decoder_blocks(
+            num_layers, num_heads, intermediate_dim, activation=activation, dropout=dropout,
+            norm_epsilon=norm_epsilon, num_key_value_heads=num_key_value_heads, dtype=dtype,
+        )
         self.layer_norm = keras.layers.LayerNormalization(epsilon=norm_epsilon, dtype=dtype, name="layer_norm")
 
         # === Functional model ===
@@ -130,7 +126,8 @@ class GPTBackbone(Backbone):
     def call_with_cache(self, token_ids, cache, cache_index, padding_mask=None, call_layer=call_layer):
         """Run T new tokens at positions [cache_index, cache_index + T), reading and writing the cache.
 
-        token_ids: (B, T). cache: (B, L, 2, Hkv, S_max, Dh), or a list of L per-layer (keys, values) pairs of (B, Hkv, S_max, Dh).
+        token_ids: (B, T). cache: (B, L, 2, Hkv, S_max, Dh), or a list of L per-layer (keys, values) pairs
+        of (B, Hkv, S_max, Dh).
         padding_mask: (B, S_max) key mask or None.
         call_layer: how the layers are called (see `backbone.call_layer`).
         Returns (hidden (B, T, D), updated cache in the form it came).
@@ -146,3 +143,18 @@ class GPTBackbone(Backbone):
             layer_caches.append(layer_cache)
         cache = like_cache(layer_caches, cache)
         return call_layer(self.layer_norm, x), cache
+
+
+# --- constructor helpers --------------------------------------------------
+
+
+def _decoder_blocks(num_layers, num_heads, intermediate_dim, **block_kwargs):
+    """GPT-2's blocks, `transformer_layer_{i}`: causal, pre-norm, N(0, 0.02) kernels."""
+    return [
+        TransformerDecoderBlock(
+            num_heads, intermediate_dim, norm_first=True,
+            kernel_initializer=keras.initializers.RandomNormal(stddev=0.02),
+            name=f"transformer_layer_{i}", **block_kwargs,
+        )
+        for i in range(num_layers)
+    ]

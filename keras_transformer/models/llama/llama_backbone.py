@@ -46,10 +46,11 @@ class LlamaBackbone(Backbone):
     Outputs: hidden states (B, T, D).
 
     Example:
-    >>> backbone = LlamaBackbone(vocabulary_size=100, num_layers=2, num_heads=4, hidden_dim=32,
-    ...                          intermediate_dim=64, num_key_value_heads=2)
-    >>> backbone({"token_ids": np.ones((1, 4), "int32"), "padding_mask": np.ones((1, 4), bool)}).shape
-    (1, 4, 32)
+    >>> import numpy as np
+    >>> backbone = LlamaBackbone(vocabulary_size=100, num_layers=2, num_heads=2, hidden_dim=16,
+    ...                          intermediate_dim=32, num_key_value_heads=1)
+    >>> keras.ops.shape(backbone({"token_ids": np.ones((1, 4), "int32"), "padding_mask": np.ones((1, 4), bool)}))
+    (1, 4, 16)
     """
 
     family = "llama"
@@ -87,17 +88,12 @@ class LlamaBackbone(Backbone):
             dtype=dtype, name="token_embedding",
         )
         rotary = {"max_wavelength": rope_max_wavelength, "rotary_dim": rotary_dim, "scaling": rope_scaling}
-        self.transformer_layers = [
-            TransformerDecoderBlock(
-                num_heads, intermediate_dim, activation="gated-silu", dropout=dropout, norm_type="rms_norm",
-                norm_first=True, norm_epsilon=norm_epsilon, use_bias=mlp_bias, key_dim=head_dim,
-                num_key_value_heads=num_key_value_heads, attention_bias=attention_bias,
-                attention_output_bias=attention_output_bias, rotary_embedding=rotary, sliding_window=sliding_window,
-                kernel_initializer=keras.initializers.RandomNormal(stddev=0.02),
-                dtype=dtype, name=f"transformer_layer_{i}",
-            )
-            for i in range(num_layers)
-        ]
+        self.transformer_layers = _decoder_blocks(
+            num_layers, num_heads, intermediate_dim, dropout=dropout, norm_epsilon=norm_epsilon, use_bias=mlp_bias,
+            key_dim=head_dim, num_key_value_heads=num_key_value_heads, attention_bias=attention_bias,
+            attention_output_bias=attention_output_bias, rotary_embedding=rotary, sliding_window=sliding_window,
+            dtype=dtype,
+        )
         self.layer_norm = keras.layers.RMSNormalization(epsilon=norm_epsilon, dtype=dtype, name="layer_norm")
 
         # === Functional model ===
@@ -180,3 +176,18 @@ class LlamaBackbone(Backbone):
             )
             layer_caches.append(layer_cache)
         return call_layer(self.layer_norm, x), like_cache(layer_caches, cache)
+
+
+# --- constructor helpers --------------------------------------------------
+
+
+def _decoder_blocks(num_layers, num_heads, intermediate_dim, **block_kwargs):
+    """Llama's blocks, `transformer_layer_{i}`: causal, pre-norm RMS norms, SwiGLU, N(0, 0.02) kernels."""
+    return [
+        TransformerDecoderBlock(
+            num_heads, intermediate_dim, activation="gated-silu", norm_type="rms_norm", norm_first=True,
+            kernel_initializer=keras.initializers.RandomNormal(stddev=0.02),
+            name=f"transformer_layer_{i}", **block_kwargs,
+        )
+        for i in range(num_layers)
+    ]

@@ -64,6 +64,7 @@ class T5Backbone(Seq2SeqBackbone):
     Outputs: {"encoder_sequence_output": (B, S_enc, D), "decoder_sequence_output": (B, T, D)}.
 
     Example:
+    >>> import numpy as np
     >>> backbone = T5Backbone(vocabulary_size=100, num_layers=2, num_heads=2, hidden_dim=16,
     ...                       intermediate_dim=32)
     >>> ids, mask = np.ones((1, 4), "int32"), np.ones((1, 4), bool)
@@ -100,17 +101,7 @@ class T5Backbone(Seq2SeqBackbone):
             relative_attention_max_distance=relative_attention_max_distance,
             max_sequence_length=max_sequence_length,
         )
-        if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"`dropout` must be a float in [0, 1). Received: dropout={dropout!r}")
-        if key_dim is not None:
-            check_positive_ints(key_dim=key_dim)
-        elif hidden_dim % num_heads:
-            raise ValueError(
-                "`hidden_dim` must be divisible by `num_heads` when `key_dim` is not set. "
-                f"Received: hidden_dim={hidden_dim}, num_heads={num_heads}"
-            )
-        if num_decoder_layers is not None:
-            check_positive_ints(num_decoder_layers=num_decoder_layers)
+        _check_options(dropout, hidden_dim, num_heads, key_dim, num_decoder_layers)
         decoder_layers = num_decoder_layers or num_layers
         block_kwargs = dict(
             activation=activation, dropout=dropout, norm_type="rms_norm", norm_first=True,
@@ -134,10 +125,7 @@ class T5Backbone(Seq2SeqBackbone):
         self.encoder_relative_position_bias = RelativePositionBias(
             num_heads, bidirectional=True, name="encoder_relative_position_bias", **bias_kwargs
         )
-        self.encoder_layers = [
-            TransformerEncoderBlock(num_heads, intermediate_dim, name=f"encoder_layer_{i}", **block_kwargs)
-            for i in range(num_layers)
-        ]
+        self.encoder_layers = _encoder_blocks(num_layers, num_heads, intermediate_dim, **block_kwargs)
         self.encoder_layer_norm = keras.layers.RMSNormalization(
             epsilon=norm_epsilon, dtype=dtype, name="encoder_layer_norm"
         )
@@ -146,12 +134,7 @@ class T5Backbone(Seq2SeqBackbone):
         self.decoder_relative_position_bias = RelativePositionBias(
             num_heads, bidirectional=False, name="decoder_relative_position_bias", **bias_kwargs
         )
-        self.decoder_layers = [
-            TransformerDecoderBlock(
-                num_heads, intermediate_dim, use_cross_attention=True, name=f"decoder_layer_{i}", **block_kwargs
-            )
-            for i in range(decoder_layers)
-        ]
+        self.decoder_layers = _decoder_blocks(decoder_layers, num_heads, intermediate_dim, **block_kwargs)
         self.decoder_layer_norm = keras.layers.RMSNormalization(
             epsilon=norm_epsilon, dtype=dtype, name="decoder_layer_norm"
         )
@@ -255,3 +238,39 @@ class T5Backbone(Seq2SeqBackbone):
             layer_caches.append(layer_cache)
         self_cache = like_cache(layer_caches, self_cache)
         return call_layer(self.decoder_layer_norm, x), self_cache
+
+
+# --- constructor helpers --------------------------------------------------
+
+
+def _check_options(dropout, hidden_dim, num_heads, key_dim, num_decoder_layers):
+    """The checks beyond `check_positive_ints`: a ValueError naming the first bad argument."""
+    if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+        raise ValueError(f"`dropout` must be a float in [0, 1). Received: dropout={dropout!r}")
+    if key_dim is not None:
+        check_positive_ints(key_dim=key_dim)
+    elif hidden_dim % num_heads:
+        raise ValueError(
+            "`hidden_dim` must be divisible by `num_heads` when `key_dim` is not set. "
+            f"Received: hidden_dim={hidden_dim}, num_heads={num_heads}"
+        )
+    if num_decoder_layers is not None:
+        check_positive_ints(num_decoder_layers=num_decoder_layers)
+
+
+def _encoder_blocks(num_layers, num_heads, intermediate_dim, **block_kwargs):
+    """The encoder stack's blocks, `encoder_layer_{i}`: bidirectional self-attention + feed-forward."""
+    return [
+        TransformerEncoderBlock(num_heads, intermediate_dim, name=f"encoder_layer_{i}", **block_kwargs)
+        for i in range(num_layers)
+    ]
+
+
+def _decoder_blocks(num_layers, num_heads, intermediate_dim, **block_kwargs):
+    """The decoder stack's blocks, `decoder_layer_{i}`: causal self-attention, cross-attention, feed-forward."""
+    return [
+        TransformerDecoderBlock(
+            num_heads, intermediate_dim, use_cross_attention=True, name=f"decoder_layer_{i}", **block_kwargs
+        )
+        for i in range(num_layers)
+    ]

@@ -43,6 +43,7 @@ class TransformerBackbone(Seq2SeqBackbone):
     Outputs: {"encoder_sequence_output": (B, S_enc, D), "decoder_sequence_output": (B, T, D)}.
 
     Example:
+    >>> import numpy as np
     >>> backbone = TransformerBackbone(vocabulary_size=100, num_layers=2, num_heads=2, hidden_dim=16,
     ...                                intermediate_dim=32)
     >>> ids, mask = np.ones((1, 4), "int32"), np.ones((1, 4), bool)
@@ -73,15 +74,7 @@ class TransformerBackbone(Seq2SeqBackbone):
             vocabulary_size=vocabulary_size, num_layers=num_layers, num_heads=num_heads, hidden_dim=hidden_dim,
             intermediate_dim=intermediate_dim, max_sequence_length=max_sequence_length,
         )
-        if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"`dropout` must be a float in [0, 1). Received: dropout={dropout!r}")
-        if hidden_dim % num_heads:
-            raise ValueError(
-                f"`hidden_dim` must be divisible by `num_heads`. Received: hidden_dim={hidden_dim}, "
-                f"num_heads={num_heads}"
-            )
-        if num_decoder_layers is not None:
-            check_positive_ints(num_decoder_layers=num_decoder_layers)
+        _check_options(dropout, hidden_dim, num_heads, num_decoder_layers)
         decoder_layers = num_decoder_layers or num_layers
         block_kwargs = dict(
             activation=activation, dropout=dropout, norm_type="layer_norm", norm_first=False,
@@ -100,17 +93,9 @@ class TransformerBackbone(Seq2SeqBackbone):
             max_sequence_length, "sinusoidal", dtype=dtype, name="position_embedding"
         )
         self.encoder_embedding_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="encoder_embedding_dropout")
-        self.encoder_layers = [
-            TransformerEncoderBlock(num_heads, intermediate_dim, name=f"encoder_layer_{i}", **block_kwargs)
-            for i in range(num_layers)
-        ]
+        self.encoder_layers = _encoder_blocks(num_layers, num_heads, intermediate_dim, **block_kwargs)
         self.decoder_embedding_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="decoder_embedding_dropout")
-        self.decoder_layers = [
-            TransformerDecoderBlock(
-                num_heads, intermediate_dim, use_cross_attention=True, name=f"decoder_layer_{i}", **block_kwargs
-            )
-            for i in range(decoder_layers)
-        ]
+        self.decoder_layers = _decoder_blocks(decoder_layers, num_heads, intermediate_dim, **block_kwargs)
 
         # === Functional model === (the encoder and decoder stacks, see Seq2SeqBackbone)
         self.build_encoder_decoder(dtype=dtype, **kwargs)
@@ -195,3 +180,37 @@ class TransformerBackbone(Seq2SeqBackbone):
             layer_caches.append(layer_cache)
         self_cache = like_cache(layer_caches, self_cache)
         return x, self_cache
+
+
+# --- constructor helpers --------------------------------------------------
+
+
+def _check_options(dropout, hidden_dim, num_heads, num_decoder_layers):
+    """The checks beyond `check_positive_ints`: a ValueError naming the first bad argument."""
+    if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+        raise ValueError(f"`dropout` must be a float in [0, 1). Received: dropout={dropout!r}")
+    if hidden_dim % num_heads:
+        raise ValueError(
+            f"`hidden_dim` must be divisible by `num_heads`. Received: hidden_dim={hidden_dim}, "
+            f"num_heads={num_heads}"
+        )
+    if num_decoder_layers is not None:
+        check_positive_ints(num_decoder_layers=num_decoder_layers)
+
+
+def _encoder_blocks(num_layers, num_heads, intermediate_dim, **block_kwargs):
+    """The encoder stack's blocks, `encoder_layer_{i}`: bidirectional self-attention + feed-forward."""
+    return [
+        TransformerEncoderBlock(num_heads, intermediate_dim, name=f"encoder_layer_{i}", **block_kwargs)
+        for i in range(num_layers)
+    ]
+
+
+def _decoder_blocks(num_layers, num_heads, intermediate_dim, **block_kwargs):
+    """The decoder stack's blocks, `decoder_layer_{i}`: causal self-attention, cross-attention, feed-forward."""
+    return [
+        TransformerDecoderBlock(
+            num_heads, intermediate_dim, use_cross_attention=True, name=f"decoder_layer_{i}", **block_kwargs
+        )
+        for i in range(num_layers)
+    ]
