@@ -91,6 +91,7 @@ def main():
     )  # (B, T, D)
     layer = MultiHeadAttention(num_heads=args.heads, dtype=args.dtype)
     layer.build(x.shape)  # outside the compiled calls: they read its weights
+
     def fused(x):
         return layer(x, use_causal_mask=True)
 
@@ -107,9 +108,11 @@ def main():
     # also copy the (B, T, D) output to the host.
     fused_ms = best_ms(compiled(lambda x: keras.ops.sum(keras.ops.cast(fused(x), "float32"))), args.repeats, x)
     explicit_ms = best_ms(compiled(lambda x: keras.ops.sum(keras.ops.cast(explicit(x), "float32"))), args.repeats, x)
-    print(f"attention backend={keras.config.backend()} device={device()} {args.dtype} B={args.batch} "
-          f"T={args.length} H={args.heads} D={args.width}: fused {fused_ms:.2f} ms, explicit {explicit_ms:.2f} ms, "
-          f"explicit/fused {explicit_ms / fused_ms:.2f} (max abs difference {difference:.1e})")
+    print(
+        f"attention backend={keras.config.backend()} device={device()} {args.dtype} B={args.batch} "
+        f"T={args.length} H={args.heads} D={args.width}: fused {fused_ms:.2f} ms, explicit {explicit_ms:.2f} ms, "
+        f"explicit/fused {explicit_ms / fused_ms:.2f} (max abs difference {difference:.1e})"
+    )
 
 
 if __name__ == "__main__":

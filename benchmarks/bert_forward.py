@@ -99,12 +99,18 @@ def main():
         return lambda: [fn() for _ in range(CALLS)]
 
     firsts, best, per_round = paired([repeat(fn) for fn in forwards], args.repeats)
-    print(f"BERT forward backend={keras.config.backend()}: batch {BATCH} x {SEQUENCE}, {args.repeats} rounds of "
-          f"{CALLS} calls; keras-hub {best[2] / CALLS * 1e3:.2f} ms per call (best)", flush=True)
+    print(
+        f"BERT forward backend={keras.config.backend()}: batch {BATCH} x {SEQUENCE}, {args.repeats} rounds of "
+        f"{CALLS} calls; keras-hub {best[2] / CALLS * 1e3:.2f} ms per call (best)",
+        flush=True,
+    )
     for i, label in enumerate(("tanh gelu, as keras-hub", "exact gelu (our default)")):
         ratio = np.median([h / o for o, h in zip(per_round[i], per_round[2])])
-        print(f"  ours, {label:<25} {best[i] / CALLS * 1e3:6.2f} ms per call (best), keras-hub / ours {ratio:.2f} "
-              f"(median of rounds)", flush=True)
+        print(
+            f"  ours, {label:<25} {best[i] / CALLS * 1e3:6.2f} ms per call (best), keras-hub / ours {ratio:.2f} "
+            f"(median of rounds)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -29,12 +29,29 @@ import keras_transformer as kt  # noqa: E402
 from keras_transformer.decoding import compile as compile_lib  # noqa: E402
 
 MODELS = {
-    "gpt": lambda dtype: kt.models.GPTCausalLM(kt.models.GPTBackbone(
-        vocabulary_size=8000, num_layers=4, num_heads=4, hidden_dim=256, intermediate_dim=1024,
-        max_sequence_length=512, dtype=dtype)),
-    "llama": lambda dtype: kt.models.LlamaCausalLM(kt.models.LlamaBackbone(
-        vocabulary_size=8000, num_layers=4, num_heads=4, num_key_value_heads=2, hidden_dim=256,
-        intermediate_dim=768, max_sequence_length=512, dtype=dtype)),
+    "gpt": lambda dtype: kt.models.GPTCausalLM(
+        kt.models.GPTBackbone(
+            vocabulary_size=8000,
+            num_layers=4,
+            num_heads=4,
+            hidden_dim=256,
+            intermediate_dim=1024,
+            max_sequence_length=512,
+            dtype=dtype,
+        )
+    ),
+    "llama": lambda dtype: kt.models.LlamaCausalLM(
+        kt.models.LlamaBackbone(
+            vocabulary_size=8000,
+            num_layers=4,
+            num_heads=4,
+            num_key_value_heads=2,
+            hidden_dim=256,
+            intermediate_dim=768,
+            max_sequence_length=512,
+            dtype=dtype,
+        )
+    ),
 }
 
 
@@ -57,8 +74,11 @@ def int4_forms(repeats, rows=1, steps=20):
     from keras_transformer.kernels.torch_weights import linear, projection, quantization
 
     def projections(variant):
-        layers = [layer for layer in build("llama", variant)._flatten_layers()
-                  if isinstance(layer, (keras.layers.Dense, keras.layers.EinsumDense))]
+        layers = [
+            layer
+            for layer in build("llama", variant)._flatten_layers()
+            if isinstance(layer, (keras.layers.Dense, keras.layers.EinsumDense))
+        ]
         assert all(quantization(layer) == (None if variant == "float32" else variant) for layer in layers)
         widths = [(layer._kernel if variant == "int4" else layer.kernel).shape[0] for layer in layers]
         return list(zip(layers, widths))
@@ -98,11 +118,15 @@ def main():
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compiled", action="store_true", help="also the torch.compile'd step (PyTorch)")
-    parser.add_argument("--variants", default="float32,bfloat16,mixed_bfloat16,int8,int4",
-                        help="comma-separated, float32 first (the ratios' reference)")
+    parser.add_argument(
+        "--variants",
+        default="float32,bfloat16,mixed_bfloat16,int8,int4",
+        help="comma-separated, float32 first (the ratios' reference)",
+    )
     parser.add_argument("--families", default=",".join(MODELS), help="comma-separated, of " + ", ".join(MODELS))
-    parser.add_argument("--int4-forms", action="store_true",
-                        help="(PyTorch) only: int4 projections unpacked once vs at every step")
+    parser.add_argument(
+        "--int4-forms", action="store_true", help="(PyTorch) only: int4 projections unpacked once vs at every step"
+    )
     args = parser.parse_args()
     if args.int4_forms:
         return int4_forms(args.repeats)

@@ -38,11 +38,28 @@ from timing import paired  # noqa: E402
 
 PROMPT = 16
 SHAPES = {
-    "smollm2_135m": dict(vocabulary_size=49152, num_layers=30, num_heads=9, num_key_value_heads=3, hidden_dim=576,
-                         intermediate_dim=1536, rope_max_wavelength=100000.0, norm_epsilon=1e-5,
-                         max_sequence_length=2048),
-    "tiny": dict(vocabulary_size=512, num_layers=2, num_heads=4, num_key_value_heads=2, hidden_dim=64,
-                 intermediate_dim=128, rope_max_wavelength=10000.0, norm_epsilon=1e-5, max_sequence_length=512),
+    "smollm2_135m": dict(
+        vocabulary_size=49152,
+        num_layers=30,
+        num_heads=9,
+        num_key_value_heads=3,
+        hidden_dim=576,
+        intermediate_dim=1536,
+        rope_max_wavelength=100000.0,
+        norm_epsilon=1e-5,
+        max_sequence_length=2048,
+    ),
+    "tiny": dict(
+        vocabulary_size=512,
+        num_layers=2,
+        num_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=64,
+        intermediate_dim=128,
+        rope_max_wavelength=10000.0,
+        norm_epsilon=1e-5,
+        max_sequence_length=512,
+    ),
 }
 BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}  # bytes/s, by device name
 
@@ -107,7 +124,11 @@ class Transformers:
 
         torch.manual_seed(0)
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model = transformers.LlamaForCausalLM(transformers_config(SHAPES[shape])).to(device=device, dtype=getattr(torch, dtype)).eval()
+        self.model = (
+            transformers.LlamaForCausalLM(transformers_config(SHAPES[shape]))
+            .to(device=device, dtype=getattr(torch, dtype))
+            .eval()
+        )
         self.static = static
         if static:
             self.model.generation_config.cache_implementation = "static"
@@ -118,8 +139,14 @@ class Transformers:
         ids = self.torch.as_tensor(prompts, device=self.device)
         with self.torch.no_grad():
             return self.model.generate(
-                ids, attention_mask=self.torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
-                do_sample=False, num_beams=beams, eos_token_id=None, pad_token_id=0,
+                ids,
+                attention_mask=self.torch.ones_like(ids),
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                num_beams=beams,
+                eos_token_id=None,
+                pad_token_id=0,
             )
 
 
@@ -148,8 +175,9 @@ def main():
             cases.append(("keras-hub", dtype, lambda d=dtype: KerasHub(args.shape, d), runs))
         if "transformers" in peers and backend == "torch":
             cases.append(("transformers eager", dtype, lambda d=dtype: Transformers(args.shape, d, False), [(1, 1)]))
-            cases.append(("transformers static compiled", dtype, lambda d=dtype: Transformers(args.shape, d, True),
-                          [(1, 1)]))
+            cases.append(
+                ("transformers static compiled", dtype, lambda d=dtype: Transformers(args.shape, d, True), [(1, 1)])
+            )
     parameters = None
     failed = False
     for name, dtype, build, runs in cases:
@@ -167,8 +195,10 @@ def main():
                 run = functools.partial(model.generate, prompts, args.new, beams)
                 seconds = paired([run], args.repeats)[1][0]
             except Exception:  # noqa: BLE001
-                print(f"| {name} | {dtype} | {'greedy' if beams == 1 else 'beam-4'} | {batch} | failed: "
-                      f"{traceback.format_exc(limit=1).splitlines()[-1]} | | |")
+                print(
+                    f"| {name} | {dtype} | {'greedy' if beams == 1 else 'beam-4'} | {batch} | failed: "
+                    f"{traceback.format_exc(limit=1).splitlines()[-1]} | | |"
+                )
                 failed = True
                 continue
             rate = batch * args.new / seconds

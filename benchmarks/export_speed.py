@@ -55,8 +55,9 @@ def best_time(fn, repeats):
 
 def generation(directory, repeats, new_tokens, threads):
     keras.utils.set_random_seed(0)
-    lm = GPTCausalLM(GPTBackbone(8000, num_layers=4, num_heads=4, hidden_dim=256, intermediate_dim=1024,
-                                 max_sequence_length=512))
+    lm = GPTCausalLM(
+        GPTBackbone(8000, num_layers=4, num_heads=4, hidden_dim=256, intermediate_dim=1024, max_sequence_length=512)
+    )
     bundle = lm.export(Path(directory) / "gpt", format="onnx")
     generator = load_bundle_runtime(bundle).Generator(bundle, num_threads=threads)
     rows = []
@@ -66,12 +67,21 @@ def generation(directory, repeats, new_tokens, threads):
             ("greedy", "greedy", {"sampler": "greedy"}),
             ("beam-4", BeamSampler(num_beams=4), {"sampler": "beam", "num_beams": 4}),
         ):
-            keras_time = best_time(lambda: lm.generate(prompts, max_new_tokens=new_tokens, sampler=keras_sampler,
-                                                       stop_token_ids=None), repeats)
-            onnx_time = best_time(lambda: generator.generate_ids(prompts, new_tokens, stop_token_ids=None, **options),
-                                  repeats)
-            rows.append((f"generate {name:6s} batch {batch}", batch * new_tokens / keras_time,
-                         batch * new_tokens / onnx_time, "tokens/s"))
+            keras_time = best_time(
+                lambda: lm.generate(prompts, max_new_tokens=new_tokens, sampler=keras_sampler, stop_token_ids=None),
+                repeats,
+            )
+            onnx_time = best_time(
+                lambda: generator.generate_ids(prompts, new_tokens, stop_token_ids=None, **options), repeats
+            )
+            rows.append(
+                (
+                    f"generate {name:6s} batch {batch}",
+                    batch * new_tokens / keras_time,
+                    batch * new_tokens / onnx_time,
+                    "tokens/s",
+                )
+            )
     return rows
 
 
@@ -79,8 +89,19 @@ def t5_generation(directory, repeats, new_tokens, threads, traced):
     from keras_transformer.export import graphs
 
     keras.utils.set_random_seed(0)
-    lm = T5Seq2SeqLM(T5Backbone(8000, num_layers=4, num_heads=4, hidden_dim=256, intermediate_dim=1024, key_dim=64,
-                                activation="gated-gelu", dropout=0.0, tie_embedding_weights=False))
+    lm = T5Seq2SeqLM(
+        T5Backbone(
+            8000,
+            num_layers=4,
+            num_heads=4,
+            hidden_dim=256,
+            intermediate_dim=1024,
+            key_dim=64,
+            activation="gated-gelu",
+            dropout=0.0,
+            tie_embedding_weights=False,
+        )
+    )
     bundles = {"in place": lm.export(Path(directory) / "t5", format="onnx")}
     if traced:  # the decoder the export falls back to when the kernels do not cover a step
         if keras.config.backend() != "tensorflow":
@@ -100,13 +121,25 @@ def t5_generation(directory, repeats, new_tokens, threads, traced):
             ("greedy", "greedy", {"sampler": "greedy"}),
             ("beam-4", BeamSampler(num_beams=4), {"sampler": "beam", "num_beams": 4}),
         ):
-            keras_time = best_time(lambda: lm.generate(sources.astype("int32"), max_new_tokens=new_tokens,
-                                                       sampler=keras_sampler, stop_token_ids=None), repeats)
+            keras_time = best_time(
+                lambda: lm.generate(
+                    sources.astype("int32"), max_new_tokens=new_tokens, sampler=keras_sampler, stop_token_ids=None
+                ),
+                repeats,
+            )
             for bundle_name, generator in generators.items():
-                onnx_time = best_time(lambda: generator.generate_ids(sources.tolist(), new_tokens, stop_token_ids=None,
-                                                                     **options), repeats)
-                rows.append((f"t5 {name:6s} batch {batch} ({bundle_name})", batch * new_tokens / keras_time,
-                             batch * new_tokens / onnx_time, "tokens/s"))
+                onnx_time = best_time(
+                    lambda: generator.generate_ids(sources.tolist(), new_tokens, stop_token_ids=None, **options),
+                    repeats,
+                )
+                rows.append(
+                    (
+                        f"t5 {name:6s} batch {batch} ({bundle_name})",
+                        batch * new_tokens / keras_time,
+                        batch * new_tokens / onnx_time,
+                        "tokens/s",
+                    )
+                )
     return rows
 
 
@@ -114,16 +147,21 @@ def encoder(directory, repeats, threads):
     import onnxruntime
 
     keras.utils.set_random_seed(0)
-    model = BertMaskedLM(BertBackbone(8000, num_layers=2, num_heads=2, hidden_dim=128, intermediate_dim=512,
-                                      dropout=0.0))
+    model = BertMaskedLM(
+        BertBackbone(8000, num_layers=2, num_heads=2, hidden_dim=128, intermediate_dim=512, dropout=0.0)
+    )
     bundle = model.export(Path(directory) / "bert", format="onnx")
     options = onnxruntime.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
     session = onnxruntime.InferenceSession(str(bundle / "encoder.onnx"), options)
     rng = np.random.default_rng(0)
-    feeds = {"token_ids": rng.integers(0, 8000, (8, 128)), "segment_ids": np.zeros((8, 128), np.int64),
-             "padding_mask": np.ones((8, 128), np.int64), "mask_positions": rng.integers(0, 128, (8, 20))}
+    feeds = {
+        "token_ids": rng.integers(0, 8000, (8, 128)),
+        "segment_ids": np.zeros((8, 128), np.int64),
+        "padding_mask": np.ones((8, 128), np.int64),
+        "mask_positions": rng.integers(0, 128, (8, 20)),
+    }
     x = {k: v.astype(bool) if k == "padding_mask" else v.astype("int32") for k, v in feeds.items()}
     keras_time = best_time(lambda: model.predict_on_batch(x), repeats)
     onnx_time = best_time(lambda: session.run(None, feeds), repeats)

@@ -8,7 +8,8 @@ seed for both; the weights differ, the work does not). Prompts of 16 random toke
 tokens, stop tokens off, so both generate exactly the same number of tokens. Each case is
 timed after a warm-up call that compiles it (compilation is reported separately); the two
 libraries' calls alternate for `--repeats` rounds, tokens/s is each one's best round and the
-ratio the median of the rounds' ratios (this machine's speed drifts within seconds). Cases: greedy and beam search (4 beams) at batch 1 and 8; tokens/s counts the
+ratio the median of the rounds' ratios (this machine's speed drifts within seconds). Cases: greedy
+and beam search (4 beams) at batch 1 and 8; tokens/s counts the
 tokens returned per input (B x new tokens), not per beam.
 
 Also measured: keras-hub's beam-4 batch-1 time over our greedy batch-4 time (both run the model
@@ -88,7 +89,10 @@ def speed_table(repeats):
     backend = keras.config.backend()
     ours, hub = Ours(), KerasHub()
     print(f"generate backend={backend}: prompt {PROMPT}, {NEW_TOKENS} new tokens, {repeats} alternating rounds")
-    print(f"{'case':<16}{'ours tok/s':>12}{'keras-hub tok/s':>17}{'ratio':>8}{'ours 1st call s':>17}{'hub 1st call s':>16}")
+    print(
+        f"{'case':<16}{'ours tok/s':>12}{'keras-hub tok/s':>17}{'ratio':>8}"
+        f"{'ours 1st call s':>17}{'hub 1st call s':>16}"
+    )
     print(f"{'':<16}{'(best)':>12}{'(best)':>17}{'(median)':>8}")
     for beams in (1, 4):
         for batch in (1, 8):
@@ -99,8 +103,11 @@ def speed_table(repeats):
             )
             ratio = np.median([h / o for o, h in zip(*per_round)])  # keras-hub time / our time
             case = f"{'greedy' if beams == 1 else 'beam-4'} batch {batch}"
-            print(f"{case:<16}{batch * NEW_TOKENS / best[0]:>12.0f}{batch * NEW_TOKENS / best[1]:>17.0f}{ratio:>8.2f}"
-                  f"{firsts[0]:>17.1f}{firsts[1]:>16.1f}", flush=True)
+            print(
+                f"{case:<16}{batch * NEW_TOKENS / best[0]:>12.0f}{batch * NEW_TOKENS / best[1]:>17.0f}{ratio:>8.2f}"
+                f"{firsts[0]:>17.1f}{firsts[1]:>16.1f}",
+                flush=True,
+            )
     # Beam search with 4 beams at batch 1 runs the model on 4 rows per step; our greedy search at
     # batch 4 runs the same 4-row forward with no beam bookkeeping. keras-hub's beam-4 time over
     # that time is the most our beam-4 batch-1 ratio could be if our beam work cost nothing.
@@ -109,16 +116,21 @@ def speed_table(repeats):
         [lambda: ours.generate(prompts, NEW_TOKENS, 1), lambda: hub.generate(prompts[:1], NEW_TOKENS, 4)], repeats
     )
     bound = np.median([h / o for o, h in zip(*per_round)])
-    print(f"bound on beam-4 batch 1: keras-hub beam-4 batch 1 {best[1] / NEW_TOKENS * 1e3:.3f} ms/step takes {bound:.2f}x "
-          f"the time of our greedy batch 4 {best[0] / NEW_TOKENS * 1e3:.3f} ms/step (the same 4-row forward, no beam "
-          f"work; median of rounds)")
+    print(
+        f"bound on beam-4 batch 1: keras-hub beam-4 batch 1 {best[1] / NEW_TOKENS * 1e3:.3f} ms/step "
+        f"takes {bound:.2f}x "
+        f"the time of our greedy batch 4 {best[0] / NEW_TOKENS * 1e3:.3f} ms/step (the same 4-row forward, no beam "
+        f"work; median of rounds)"
+    )
     prompts = np.random.default_rng(0).integers(1, SHAPE["vocabulary_size"], (1, PROMPT))
     _, best, per_round = paired(
         [lambda: ours.generate(prompts, NEW_TOKENS, 1), lambda: ours.generate(prompts, LONG_NEW_TOKENS, 1)], repeats
     )
     ratio = np.median([long / short for short, long in zip(*per_round)])
-    print(f"ours greedy batch 1: {LONG_NEW_TOKENS} new tokens take {ratio:.2f}x the time of {NEW_TOKENS} "
-          f"(median of rounds; {best[1] / best[0]:.2f}x best to best; flat per-token time: 4.0x; target <= 4.5x)")
+    print(
+        f"ours greedy batch 1: {LONG_NEW_TOKENS} new tokens take {ratio:.2f}x the time of {NEW_TOKENS} "
+        f"(median of rounds; {best[1] / best[0]:.2f}x best to best; flat per-token time: 4.0x; target <= 4.5x)"
+    )
 
 
 def memory_child(new_tokens):
@@ -131,8 +143,11 @@ def memory_child(new_tokens):
     seconds = time.perf_counter() - start
     assert out.shape == (8, PROMPT + new_tokens)
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kB -> GB
-    print(f"memory backend={keras.config.backend():<10} gpt_small batch 8, {PROMPT} + {new_tokens} tokens: "
-          f"peak RSS {peak_gb:.2f} GB (target < 3 GB), {seconds:.0f} s incl. compilation", flush=True)
+    print(
+        f"memory backend={keras.config.backend():<10} gpt_small batch 8, {PROMPT} + {new_tokens} tokens: "
+        f"peak RSS {peak_gb:.2f} GB (target < 3 GB), {seconds:.0f} s incl. compilation",
+        flush=True,
+    )
 
 
 def main():

@@ -34,9 +34,17 @@ class HuggingFace:
 
         torch.manual_seed(0)
         config = transformers.GPT2Config(
-            vocab_size=SHAPE["vocabulary_size"], n_positions=1024, n_embd=SHAPE["hidden_dim"],
-            n_layer=SHAPE["num_layers"], n_head=SHAPE["num_heads"], n_inner=SHAPE["intermediate_dim"],
-            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+            vocab_size=SHAPE["vocabulary_size"],
+            n_positions=1024,
+            n_embd=SHAPE["hidden_dim"],
+            n_layer=SHAPE["num_layers"],
+            n_head=SHAPE["num_heads"],
+            n_inner=SHAPE["intermediate_dim"],
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=0,
+            eos_token_id=0,
         )
         self.model = transformers.GPT2LMHeadModel(config).eval()
         self.model.save_pretrained(directory, safe_serialization=True)
@@ -50,9 +58,17 @@ class HuggingFace:
         ids = self.torch.as_tensor(prompts)
         with self.torch.no_grad():
             out = self.model.generate(
-                ids, attention_mask=self.torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                do_sample=False, num_beams=beams, length_penalty=1.0, early_stopping=False, use_cache=True,
-                eos_token_id=None, pad_token_id=0,
+                ids,
+                attention_mask=self.torch.ones_like(ids),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                num_beams=beams,
+                length_penalty=1.0,
+                early_stopping=False,
+                use_cache=True,
+                eos_token_id=None,
+                pad_token_id=0,
             )
         assert tuple(out.shape) == (len(prompts), PROMPT + new_tokens), out.shape
         return out.numpy()
@@ -92,8 +108,10 @@ def main():
     prompts = np.random.default_rng(8).integers(1, SHAPE["vocabulary_size"], (8, PROMPT)).astype("int32")
     difference = np.max(np.abs(ours.logits(prompts) - peer.logits(prompts)))
     same = np.mean(ours.generate(prompts, 32, 1) == peer.generate(prompts, 32, 1))
-    print(f"generate vs transformers backend={keras.config.backend()}: same weights, next-token logits max abs "
-          f"difference {difference:.1e}, greedy tokens equal on {same:.1%} of 8 x 48 positions")
+    print(
+        f"generate vs transformers backend={keras.config.backend()}: same weights, next-token logits max abs "
+        f"difference {difference:.1e}, greedy tokens equal on {same:.1%} of 8 x 48 positions"
+    )
     if difference > 1e-3:
         raise SystemExit("the two models disagree: not the same weights")
     print(f"prompt {PROMPT}, {NEW_TOKENS} new tokens, {args.repeats} alternating rounds")
@@ -108,8 +126,10 @@ def main():
             )
             ratio = np.median([theirs / mine for mine, theirs in zip(*per_round)])
             case = f"{'greedy' if beams == 1 else 'beam-4'} batch {batch}"
-            print(f"{case:<16}{batch * NEW_TOKENS / best[0]:>12.0f}{batch * NEW_TOKENS / best[1]:>20.0f}{ratio:>8.2f}",
-                  flush=True)
+            print(
+                f"{case:<16}{batch * NEW_TOKENS / best[0]:>12.0f}{batch * NEW_TOKENS / best[1]:>20.0f}{ratio:>8.2f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -53,10 +53,16 @@ def keras_hub_backbone(c, dtype=None):
     import keras_hub
 
     return keras_hub.models.LlamaBackbone(
-        vocabulary_size=c["vocabulary_size"], num_layers=c["num_layers"], num_query_heads=c["num_heads"],
-        hidden_dim=c["hidden_dim"], intermediate_dim=c["intermediate_dim"],
-        num_key_value_heads=c["num_key_value_heads"], rope_max_wavelength=c["rope_max_wavelength"],
-        layer_norm_epsilon=c["norm_epsilon"], tie_word_embeddings=True, dtype=dtype,
+        vocabulary_size=c["vocabulary_size"],
+        num_layers=c["num_layers"],
+        num_query_heads=c["num_heads"],
+        hidden_dim=c["hidden_dim"],
+        intermediate_dim=c["intermediate_dim"],
+        num_key_value_heads=c["num_key_value_heads"],
+        rope_max_wavelength=c["rope_max_wavelength"],
+        layer_norm_epsilon=c["norm_epsilon"],
+        tie_word_embeddings=True,
+        dtype=dtype,
     )
 
 
@@ -65,11 +71,19 @@ def transformers_config(c):
     import transformers
 
     return transformers.LlamaConfig(
-        vocab_size=c["vocabulary_size"], hidden_size=c["hidden_dim"], intermediate_size=c["intermediate_dim"],
-        num_hidden_layers=c["num_layers"], num_attention_heads=c["num_heads"],
-        num_key_value_heads=c["num_key_value_heads"], max_position_embeddings=c["max_sequence_length"],
-        rope_theta=c["rope_max_wavelength"], rms_norm_eps=c["norm_epsilon"], tie_word_embeddings=True,
-        bos_token_id=0, eos_token_id=0, pad_token_id=0,
+        vocab_size=c["vocabulary_size"],
+        hidden_size=c["hidden_dim"],
+        intermediate_size=c["intermediate_dim"],
+        num_hidden_layers=c["num_layers"],
+        num_attention_heads=c["num_heads"],
+        num_key_value_heads=c["num_key_value_heads"],
+        max_position_embeddings=c["max_sequence_length"],
+        rope_theta=c["rope_max_wavelength"],
+        rms_norm_eps=c["norm_epsilon"],
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
     )
 
 
@@ -131,9 +145,17 @@ class HuggingFace:
         ids = self.torch.as_tensor(prompts)
         with self.torch.no_grad():
             out = self.model.generate(
-                ids, attention_mask=self.torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                do_sample=False, num_beams=beams, length_penalty=1.0, early_stopping=False, use_cache=True,
-                eos_token_id=None, pad_token_id=0,
+                ids,
+                attention_mask=self.torch.ones_like(ids),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                num_beams=beams,
+                length_penalty=1.0,
+                early_stopping=False,
+                use_cache=True,
+                eos_token_id=None,
+                pad_token_id=0,
             )
         return out.numpy()
 
@@ -168,8 +190,10 @@ def speed_table(peer_name, repeats):
         if peer_name != "keras-hub":  # same weights: the same greedy tokens first
             a, b = ours.generate(prompts, 16, 1), peer.generate(prompts, 16, 1)
             assert (a == b[:, : a.shape[1]]).all(), (a, b)
-        print(f"{PRESET} shape, backend={backend}, ours vs {peer.name}: prompt {PROMPT}, {NEW_TOKENS} new tokens, "
-              f"batch 1, {repeats} alternating rounds")
+        print(
+            f"{PRESET} shape, backend={backend}, ours vs {peer.name}: prompt {PROMPT}, {NEW_TOKENS} new tokens, "
+            f"batch 1, {repeats} alternating rounds"
+        )
         print(f"{'case':<10}{'ours tok/s':>12}{'peer tok/s':>12}{'ratio':>8}{'ours 1st s':>12}{'peer 1st s':>12}")
         for beams in (1, 4):
             firsts, best, per_round = paired(
@@ -178,8 +202,11 @@ def speed_table(peer_name, repeats):
             )
             ratio = np.median([p / o for o, p in zip(*per_round)])
             case = "greedy" if beams == 1 else "beam-4"
-            print(f"{case:<10}{NEW_TOKENS / best[0]:>12.1f}{NEW_TOKENS / best[1]:>12.1f}{ratio:>8.2f}"
-                  f"{firsts[0]:>12.1f}{firsts[1]:>12.1f}", flush=True)
+            print(
+                f"{case:<10}{NEW_TOKENS / best[0]:>12.1f}{NEW_TOKENS / best[1]:>12.1f}{ratio:>8.2f}"
+                f"{firsts[0]:>12.1f}{firsts[1]:>12.1f}",
+                flush=True,
+            )
 
 
 def memory_child():
@@ -192,8 +219,11 @@ def memory_child():
     seconds = time.perf_counter() - start
     assert np.asarray(out).shape == (8, 1024)
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kB -> GB
-    print(f"memory backend={keras.config.backend():<10} {PRESET} batch 8, {PROMPT} + {1024 - PROMPT} tokens: "
-          f"peak RSS {peak_gb:.2f} GB (target < 3 GB), {seconds:.0f} s incl. compilation", flush=True)
+    print(
+        f"memory backend={keras.config.backend():<10} {PRESET} batch 8, {PROMPT} + {1024 - PROMPT} tokens: "
+        f"peak RSS {peak_gb:.2f} GB (target < 3 GB), {seconds:.0f} s incl. compilation",
+        flush=True,
+    )
 
 
 def main():

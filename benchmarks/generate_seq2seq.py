@@ -36,8 +36,15 @@ class Ours:
 
         keras.utils.set_random_seed(0)
         backbone = kt.models.T5Backbone(
-            VOCABULARY, num_layers=LAYERS, num_heads=HEADS, hidden_dim=HIDDEN, intermediate_dim=FF, key_dim=HEAD_DIM,
-            activation="gated-gelu", dropout=0.0, tie_embedding_weights=False,
+            VOCABULARY,
+            num_layers=LAYERS,
+            num_heads=HEADS,
+            hidden_dim=HIDDEN,
+            intermediate_dim=FF,
+            key_dim=HEAD_DIM,
+            activation="gated-gelu",
+            dropout=0.0,
+            tie_embedding_weights=False,
         )
         self.lm = kt.models.T5Seq2SeqLM(backbone)
         self.kt = kt
@@ -55,8 +62,15 @@ class KerasHub:
 
         keras.utils.set_random_seed(0)
         backbone = keras_hub.models.T5Backbone(
-            VOCABULARY, num_layers=LAYERS, num_heads=HEADS, hidden_dim=HIDDEN, intermediate_dim=FF,
-            key_value_dim=HEAD_DIM, activation="gelu", use_gated_activation=True, dropout=0.0,
+            VOCABULARY,
+            num_layers=LAYERS,
+            num_heads=HEADS,
+            hidden_dim=HIDDEN,
+            intermediate_dim=FF,
+            key_value_dim=HEAD_DIM,
+            activation="gelu",
+            use_gated_activation=True,
+            dropout=0.0,
             tie_embedding_weights=False,
         )
         self.lm = keras_hub.models.T5Seq2SeqLM(backbone, preprocessor=None)
@@ -72,8 +86,12 @@ class KerasHub:
             self.lm.compile(sampler=self.samplers[beams])
             self.lm._sampler_beams = beams
         out = self.lm.generate(
-            {"encoder_token_ids": sources, "encoder_padding_mask": np.ones_like(sources, dtype=bool),
-             "decoder_token_ids": decoder_ids, "decoder_padding_mask": decoder_mask},
+            {
+                "encoder_token_ids": sources,
+                "encoder_padding_mask": np.ones_like(sources, dtype=bool),
+                "decoder_token_ids": decoder_ids,
+                "decoder_padding_mask": decoder_mask,
+            },
             stop_token_ids=None,
         )
         assert np.asarray(out["decoder_token_ids"]).shape == (batch, 1 + NEW_TOKENS)
@@ -85,9 +103,14 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     ours, hub = Ours(), KerasHub()
-    print(f"T5 generate backend={keras.config.backend()}: source {SOURCE}, {NEW_TOKENS} new tokens, "
-          f"{args.repeats} alternating rounds")
-    print(f"{'case':<16}{'ours tok/s':>12}{'keras-hub tok/s':>17}{'ratio':>8}{'ours 1st call s':>17}{'hub 1st call s':>16}")
+    print(
+        f"T5 generate backend={keras.config.backend()}: source {SOURCE}, {NEW_TOKENS} new tokens, "
+        f"{args.repeats} alternating rounds"
+    )
+    print(
+        f"{'case':<16}{'ours tok/s':>12}{'keras-hub tok/s':>17}{'ratio':>8}"
+        f"{'ours 1st call s':>17}{'hub 1st call s':>16}"
+    )
     for beams in (1, 4):
         for batch in (1, 8):
             sources = np.random.default_rng(batch).integers(1, VOCABULARY, (batch, SOURCE)).astype("int32")
@@ -96,8 +119,11 @@ def main():
             )
             ratio = np.median([h / o for o, h in zip(*per_round)])  # keras-hub time / our time
             case = f"{'greedy' if beams == 1 else 'beam-4'} batch {batch}"
-            print(f"{case:<16}{batch * NEW_TOKENS / best[0]:>12.0f}{batch * NEW_TOKENS / best[1]:>17.0f}{ratio:>8.2f}"
-                  f"{firsts[0]:>17.1f}{firsts[1]:>16.1f}", flush=True)
+            print(
+                f"{case:<16}{batch * NEW_TOKENS / best[0]:>12.0f}{batch * NEW_TOKENS / best[1]:>17.0f}{ratio:>8.2f}"
+                f"{firsts[0]:>17.1f}{firsts[1]:>16.1f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

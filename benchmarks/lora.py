@@ -56,13 +56,19 @@ def main():
 
     rows = []
     for mode in ("full", "lora"):
-        out = subprocess.run([sys.executable, __file__, "--child", mode, "--steps", str(args.steps),
-                              "--rank", str(args.rank)], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", mode, "--steps", str(args.steps), "--rank", str(args.rank)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(f"backend {keras.config.backend()}, gpt_small, batch {BATCH} x {SEQUENCE}, {args.steps} timed steps")
     for row in rows:
-        print(f"{row['mode']:>5}: {row['seconds_per_step']:.2f} s/step, peak RSS {row['peak_rss_mib']:.0f} MiB, "
-              f"{row['trainable_parameters']:,} trainable parameters")
+        print(
+            f"{row['mode']:>5}: {row['seconds_per_step']:.2f} s/step, peak RSS {row['peak_rss_mib']:.0f} MiB, "
+            f"{row['trainable_parameters']:,} trainable parameters"
+        )
 
 
 if __name__ == "__main__":

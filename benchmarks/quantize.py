@@ -105,14 +105,18 @@ def speed_table(dirs, repeats, threads):
 
     names, load = list(generators), _load()
     firsts, best, per_fn = paired([run(generators[name]) for name in names], repeats)
-    print(f"\nspeed: gpt_small, greedy batch 1, prompt {PROMPT}, {NEW_TOKENS} new tokens, {repeats} alternating "
-          f"rounds, threads {threads or 'ONNX Runtime default'}; load average before: {load}")
+    print(
+        f"\nspeed: gpt_small, greedy batch 1, prompt {PROMPT}, {NEW_TOKENS} new tokens, {repeats} alternating "
+        f"rounds, threads {threads or 'ONNX Runtime default'}; load average before: {load}"
+    )
     print(f"{'bundle':<8}{'tok/s':>8}{'ms/token':>10}{'speed-up':>10}{'rounds min-max':>16}{'1st call s':>12}")
     for i, name in enumerate(names):
         ratios = [f / q for f, q in zip(per_fn[0], per_fn[i])]  # float time / this bundle's time, per round
         target = f"  (target >= {SPEED_TARGET}x)" if name != "float" else ""
-        print(f"{name:<8}{NEW_TOKENS / best[i]:>8.1f}{best[i] / NEW_TOKENS * 1e3:>10.1f}{np.median(ratios):>9.2f}x"
-              f"{min(ratios):>8.2f}-{max(ratios):.2f}{firsts[i]:>12.1f}{target}")
+        print(
+            f"{name:<8}{NEW_TOKENS / best[i]:>8.1f}{best[i] / NEW_TOKENS * 1e3:>10.1f}{np.median(ratios):>9.2f}x"
+            f"{min(ratios):>8.2f}-{max(ratios):.2f}{firsts[i]:>12.1f}{target}"
+        )
     print(f"load average after: {_load()}")
 
 
@@ -128,24 +132,32 @@ def fidelity_table(dirs, prompts):
     scores = {name: _held_out(generator.sessions["prefill"], inputs, labels) for name, generator in generators.items()}
     starts = inputs[:prompts, :CONTINUATION_PROMPT].tolist()
     continuations = {
-        name: [generator.generate_ids([row], CONTINUATION_TOKENS, sampler="greedy", stop_token_ids=None)[0]
-               for row in starts]
+        name: [
+            generator.generate_ids([row], CONTINUATION_TOKENS, sampler="greedy", stop_token_ids=None)[0]
+            for row in starts
+        ]
         for name, generator in generators.items()
     }
     reference_ppl, reference_top = scores["float"]
-    print(f"\nfidelity: gpt_stdlib, {len(inputs)} held-out windows of {inputs.shape[1]} predicted tokens, each alone "
-          f"through the prefill graph (card, Keras float32: perplexity {record['metrics']['perplexity']:.4f}); "
-          f"greedy continuations of {CONTINUATION_TOKENS} tokens after the first {CONTINUATION_PROMPT} tokens of "
-          f"{prompts} held-out windows, one at a time")
-    print(f"{'bundle':<8}{'perplexity':>11}{'vs float':>10}{'target':>9}{'top-1 = float':>15}"
-          f"{'tokens = float':>16}{'rows = float':>14}{'tokens before 1st diff':>24}")
+    print(
+        f"\nfidelity: gpt_stdlib, {len(inputs)} held-out windows of {inputs.shape[1]} predicted tokens, each alone "
+        f"through the prefill graph (card, Keras float32: perplexity {record['metrics']['perplexity']:.4f}); "
+        f"greedy continuations of {CONTINUATION_TOKENS} tokens after the first {CONTINUATION_PROMPT} tokens of "
+        f"{prompts} held-out windows, one at a time"
+    )
+    print(
+        f"{'bundle':<8}{'perplexity':>11}{'vs float':>10}{'target':>9}{'top-1 = float':>15}"
+        f"{'tokens = float':>16}{'rows = float':>14}{'tokens before 1st diff':>24}"
+    )
     for name in dirs:
         ppl, top = scores[name]
         same = np.array(continuations[name]) == np.array(continuations["float"])  # (N, new tokens)
         prefix = np.where(same.all(1), same.shape[1], np.argmin(same, axis=1))
         target = f"<= {PERPLEXITY_TARGETS[name]:.0%}" if name in PERPLEXITY_TARGETS else ""
-        print(f"{name:<8}{ppl:>11.4f}{ppl / reference_ppl - 1:>+10.2%}{target:>9}{np.mean(top == reference_top):>15.2%}"
-              f"{same.mean():>16.2%}{f'{same.all(1).sum()}/{len(same)}':>14}{prefix.mean():>24.1f}")
+        print(
+            f"{name:<8}{ppl:>11.4f}{ppl / reference_ppl - 1:>+10.2%}{target:>9}{np.mean(top == reference_top):>15.2%}"
+            f"{same.mean():>16.2%}{f'{same.all(1).sum()}/{len(same)}':>14}{prefix.mean():>24.1f}"
+        )
 
 
 def _held_out(session, inputs, labels):
@@ -176,8 +188,11 @@ def main():
     parts = set(args.only.split(","))
     import onnxruntime
 
-    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
-          f"onnxruntime {onnxruntime.__version__}, load average {_load()}")
+    print(
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs "
+        f"({platform.processor() or platform.machine()}), "
+        f"onnxruntime {onnxruntime.__version__}, load average {_load()}"
+    )
     scratch = None if args.bundles else tempfile.TemporaryDirectory(prefix="quantize_benchmark_")
     directory = args.bundles or scratch.name
     try:

@@ -30,9 +30,24 @@ import urllib.request
 
 import numpy as np
 
-PROMPTS = ["def ", "import ", "class ", "for i in range(", "if __name__ == ", "return ", "while ", "with open(",
-           "try:\n    ", "x = [", "print(", "self.", "def __init__(self", "raise ValueError(", "from os import ",
-           "yield "]
+PROMPTS = [
+    "def ",
+    "import ",
+    "class ",
+    "for i in range(",
+    "if __name__ == ",
+    "return ",
+    "while ",
+    "with open(",
+    "try:\n    ",
+    "x = [",
+    "print(",
+    "self.",
+    "def __init__(self",
+    "raise ValueError(",
+    "from os import ",
+    "yield ",
+]
 
 
 class Client:
@@ -47,8 +62,10 @@ class Client:
             self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
         started = time.perf_counter()
         payload = json.dumps({**body, "stream": True}).encode()
-        self.writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                          b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
+        self.writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload)
+        )
         status = await self.reader.readline()
         headers = {}
         while (line := await self.reader.readline()) not in (b"\r\n", b""):
@@ -95,8 +112,11 @@ async def _concurrent(port, bodies):
             client.close()
 
     answers = await asyncio.gather(*(run(requests) for requests in bodies), return_exceptions=True)
-    return [answer for result in answers
-            for answer in (result if isinstance(result, list) else [(None, np.nan, np.nan)] * len(bodies[0]))]
+    return [
+        answer
+        for result in answers
+        for answer in (result if isinstance(result, list) else [(None, np.nan, np.nan)] * len(bodies[0]))
+    ]
 
 
 def _metric(url, name):
@@ -118,19 +138,43 @@ def main():
     if bundle is None:
         bundle = os.path.join(tempfile.mkdtemp(), "gpt_stdlib")
         code = "import sys; from keras_transformer import cli; sys.exit(cli.main(sys.argv[1:]))"
-        subprocess.run([sys.executable, "-c", code, "export", "gpt_stdlib", bundle], check=True,
-                       env={**os.environ, "KERAS_BACKEND": "tensorflow"})
+        subprocess.run(
+            [sys.executable, "-c", code, "export", "gpt_stdlib", bundle],
+            check=True,
+            env={**os.environ, "KERAS_BACKEND": "tensorflow"},
+        )
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, os.path.join(bundle, "serve.py"), "--port", str(port),
-                               "--max-batch", str(args.max_batch), "--max-queue", "1024", "--log-level", "warning",
-                               *(["--threads", str(args.threads)] if args.threads else [])])
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            os.path.join(bundle, "serve.py"),
+            "--port",
+            str(port),
+            "--max-batch",
+            str(args.max_batch),
+            "--max-queue",
+            "1024",
+            "--log-level",
+            "warning",
+            *(["--threads", str(args.threads)] if args.threads else []),
+        ]
+    )
     name = os.path.basename(os.path.abspath(bundle))
-    bodies = [[{"model": name, "prompt": PROMPTS[(c * args.requests + r) % len(PROMPTS)] + str(c),
-                "max_tokens": args.max_tokens, "temperature": 0} for r in range(args.requests)]
-              for c in range(args.clients)]
+    bodies = [
+        [
+            {
+                "model": name,
+                "prompt": PROMPTS[(c * args.requests + r) % len(PROMPTS)] + str(c),
+                "max_tokens": args.max_tokens,
+                "temperature": 0,
+            }
+            for r in range(args.requests)
+        ]
+        for c in range(args.clients)
+    ]
     flat = [body for client in bodies for body in client]
     ok = True
     try:
@@ -140,8 +184,11 @@ def main():
                 break
             except OSError:
                 time.sleep(0.1)
-        print(f"requests: {len(flat)} ({args.clients} clients x {args.requests}), max_tokens={args.max_tokens}, "
-              f"greedy, streamed, --max-batch {args.max_batch}, --threads {args.threads or 'default'}; {os.cpu_count()} cores")
+        print(
+            f"requests: {len(flat)} ({args.clients} clients x {args.requests}), max_tokens={args.max_tokens}, "
+            f"greedy, streamed, --max-batch {args.max_batch}, --threads {args.threads or 'default'}; "
+            f"{os.cpu_count()} cores"
+        )
         for round_ in range(1, args.rounds + 1):
             load = os.getloadavg()[0]
             started = time.perf_counter()
@@ -151,7 +198,9 @@ def main():
             started = time.perf_counter()
             together = asyncio.run(_concurrent(port, bodies))
             concurrent = time.perf_counter() - started
-            mean_batch = (_metric(url, "kt_decoded_rows_total") - rows) / (_metric(url, "kt_decode_steps_total") - steps)
+            mean_batch = (_metric(url, "kt_decoded_rows_total") - rows) / (
+                _metric(url, "kt_decode_steps_total") - steps
+            )
 
             answered = sum(1 for text, _, _ in together if text is not None)
             equal = sum(a[0] == t[0] for a, t in zip(alone, together))
@@ -160,13 +209,20 @@ def main():
             alone_latency, alone_ttft = np.array([a[1] for a in alone]) * 1000, np.array([a[2] for a in alone]) * 1000
             print(f"round {round_} (load average {load:.2f} -> {os.getloadavg()[0]:.2f}):")
             print(f"  answered: {answered}/{len(flat)}; equal to the single-request answer: {equal}/{len(flat)}")
-            print(f"  sequential: {sequential:.2f} s ({len(flat) / sequential:.1f} req/s); concurrent: "
-                  f"{concurrent:.2f} s ({len(flat) / concurrent:.1f} req/s): {speedup:.2f}x; mean batch {mean_batch:.1f} rows")
-            print(f"  alone: latency p50 {np.percentile(alone_latency, 50):.1f} ms, time to first token p50 "
-                  f"{np.percentile(alone_ttft, 50):.1f} ms")
-            print(f"  concurrent: latency p50 {np.nanpercentile(latency, 50):.0f} ms, p99 "
-                  f"{np.nanpercentile(latency, 99):.0f} ms; time to first token p50 {np.nanpercentile(ttft, 50):.0f} ms, "
-                  f"p99 {np.nanpercentile(ttft, 99):.0f} ms")
+            print(
+                f"  sequential: {sequential:.2f} s ({len(flat) / sequential:.1f} req/s); concurrent: "
+                f"{concurrent:.2f} s ({len(flat) / concurrent:.1f} req/s): {speedup:.2f}x; "
+                f"mean batch {mean_batch:.1f} rows"
+            )
+            print(
+                f"  alone: latency p50 {np.percentile(alone_latency, 50):.1f} ms, time to first token p50 "
+                f"{np.percentile(alone_ttft, 50):.1f} ms"
+            )
+            print(
+                f"  concurrent: latency p50 {np.nanpercentile(latency, 50):.0f} ms, p99 "
+                f"{np.nanpercentile(latency, 99):.0f} ms; time to first token p50 {np.nanpercentile(ttft, 50):.0f} ms, "
+                f"p99 {np.nanpercentile(ttft, 99):.0f} ms"
+            )
             ok = ok and answered == len(flat) and equal == len(flat) and speedup >= 3
     finally:
         server.terminate()

@@ -44,12 +44,15 @@ def main():
         torch.set_num_threads(args.threads)
 
     keras.utils.set_random_seed(0)
-    lm = GPTCausalLM(GPTBackbone(VOCAB, num_layers=4, num_heads=4, hidden_dim=256, intermediate_dim=1024,
-                                 max_sequence_length=512))
+    lm = GPTCausalLM(
+        GPTBackbone(VOCAB, num_layers=4, num_heads=4, hidden_dim=256, intermediate_dim=1024, max_sequence_length=512)
+    )
     rng = np.random.default_rng(0)
     process = psutil.Process()
-    print(f"backend={backend} keras={keras.__version__} parameters={lm.count_params():,} "
-          f"rss_after_build={process.memory_info().rss / 2**20:.0f} MiB")
+    print(
+        f"backend={backend} keras={keras.__version__} parameters={lm.count_params():,} "
+        f"rss_after_build={process.memory_info().rss / 2**20:.0f} MiB"
+    )
     print(f"{'window':>6} {'tokens':>7} {'calls':>5} {'seconds':>8} {'tokens/s':>9} {'rss MiB':>8} {'traces':>6}")
 
     total, calls, window, window_tokens, window_calls = 0, 0, 1, 0, 0
@@ -69,14 +72,19 @@ def main():
             seconds = time.perf_counter() - window_start
             gc.collect()
             traces = sum(f.traces for f in compile_lib.compiled_cache(lm).functions.values())
-            print(f"{window:>6} {window_tokens:>7} {window_calls:>5} {seconds:>8.2f} {window_tokens / seconds:>9.1f} "
-                  f"{process.memory_info().rss / 2**20:>8.0f} {traces:>6}", flush=True)
+            print(
+                f"{window:>6} {window_tokens:>7} {window_calls:>5} {seconds:>8.2f} {window_tokens / seconds:>9.1f} "
+                f"{process.memory_info().rss / 2**20:>8.0f} {traces:>6}",
+                flush=True,
+            )
             window, window_tokens, window_calls = window + 1, 0, 0
             window_start = time.perf_counter()
     elapsed = time.perf_counter() - run_start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    print(f"total: {total} tokens in {calls} calls, {elapsed:.1f} s, {total / elapsed:.1f} tokens/s; "
-          f"peak RSS {peak:.0f} MiB")
+    print(
+        f"total: {total} tokens in {calls} calls, {elapsed:.1f} s, {total / elapsed:.1f} tokens/s; "
+        f"peak RSS {peak:.0f} MiB"
+    )
 
 
 if __name__ == "__main__":

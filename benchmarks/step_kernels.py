@@ -42,7 +42,9 @@ def main():
     parser.add_argument("--dump", default=None, help="where XLA writes its HLO (default: a temporary folder)")
     args = parser.parse_args()
     dump = args.dump or tempfile.mkdtemp()
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump} --xla_dump_hlo_as_text").strip()
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump} --xla_dump_hlo_as_text"
+    ).strip()
     import keras
     import numpy as np
 

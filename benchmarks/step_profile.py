@@ -73,14 +73,18 @@ def calls(model, batch, beams):
         import generate_seq2seq as bench
 
         sources = rng.integers(1, bench.VOCABULARY, (batch, bench.SOURCE)).astype("int32")
-        runs = {name: (lambda m=cls(): m.generate(sources, beams)) for name, cls in
-                (("ours", bench.Ours), ("keras-hub", bench.KerasHub))}
+        runs = {
+            name: (lambda m=cls(): m.generate(sources, beams))
+            for name, cls in (("ours", bench.Ours), ("keras-hub", bench.KerasHub))
+        }
         return "T5 (generate_seq2seq.py's shape)", bench.NEW_TOKENS, runs
     import generate_llama as bench
 
     prompts = rng.integers(1, bench._config()["vocabulary_size"], (batch, bench.PROMPT)).astype("int32")
-    runs = {name: (lambda m=cls(): m.generate(prompts, bench.NEW_TOKENS, beams)) for name, cls in
-            (("ours", bench.Ours), ("keras-hub", bench.KerasHub))}
+    runs = {
+        name: (lambda m=cls(): m.generate(prompts, bench.NEW_TOKENS, beams))
+        for name, cls in (("ours", bench.Ours), ("keras-hub", bench.KerasHub))
+    }
     return f"Llama ({bench.PRESET}'s shape)", bench.NEW_TOKENS, runs
 
 
@@ -104,9 +108,11 @@ def main():
         print(f"{name:<12}{step[name] * 1e3:>12.3f}{products * 1e3:>10.3f}{other * 1e3:>8.3f}", flush=True)
         if name == "ours":
             our_products = step[name] * products / (products + other)  # scaled to the unprofiled step
-    print(f"ratio now (keras-hub step / ours): {step['keras-hub'] / step['ours']:.2f}; our products take "
-          f"{our_products * 1e3:.3f} ms of our step: keras-hub step / that = {step['keras-hub'] / our_products:.2f} "
-          "(the ratio with nothing but our products)")
+    print(
+        f"ratio now (keras-hub step / ours): {step['keras-hub'] / step['ours']:.2f}; our products take "
+        f"{our_products * 1e3:.3f} ms of our step: keras-hub step / that = {step['keras-hub'] / our_products:.2f} "
+        "(the ratio with nothing but our products)"
+    )
 
 
 if __name__ == "__main__":

@@ -36,16 +36,43 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 SHAPES = {
-    "cpu": dict(family="gpt", vocabulary_size=8000, num_layers=4, num_heads=4, hidden_dim=256,
-                intermediate_dim=1024, sequence=128, batch=16),
-    "gpt2": dict(family="gpt", vocabulary_size=50257, num_layers=12, num_heads=12, hidden_dim=768,
-                 intermediate_dim=3072, sequence=1024, batch=8),
-    "bert": dict(family="bert", vocabulary_size=30522, num_layers=12, num_heads=12, hidden_dim=768,
-                 intermediate_dim=3072, sequence=512, batch=8),
+    "cpu": dict(
+        family="gpt",
+        vocabulary_size=8000,
+        num_layers=4,
+        num_heads=4,
+        hidden_dim=256,
+        intermediate_dim=1024,
+        sequence=128,
+        batch=16,
+    ),
+    "gpt2": dict(
+        family="gpt",
+        vocabulary_size=50257,
+        num_layers=12,
+        num_heads=12,
+        hidden_dim=768,
+        intermediate_dim=3072,
+        sequence=1024,
+        batch=8,
+    ),
+    "bert": dict(
+        family="bert",
+        vocabulary_size=30522,
+        num_layers=12,
+        num_heads=12,
+        hidden_dim=768,
+        intermediate_dim=3072,
+        sequence=512,
+        batch=8,
+    ),
 }
 # Dense peak TFLOP/s by device name and compute dtype (vendor data sheets).
-PEAKS = {"H100": {"bfloat16": 989.0, "float32": 67.0}, "H200": {"bfloat16": 989.0, "float32": 67.0},
-         "A100": {"bfloat16": 312.0, "float32": 19.5}}
+PEAKS = {
+    "H100": {"bfloat16": 989.0, "float32": 67.0},
+    "H200": {"bfloat16": 989.0, "float32": 67.0},
+    "A100": {"bfloat16": 312.0, "float32": 19.5},
+}
 MASKED_FRACTION = 0.15
 STEP_FUNCTIONS = {"fit": "train_function", "evaluate": "test_function", "predict": "predict_function"}
 
@@ -83,8 +110,12 @@ def batches(shape, steps, seed=0):
         return {"token_ids": ids[:, :-1], "padding_mask": np.ones((n, length), bool)}, ids[:, 1:]
     predicted = int(length * MASKED_FRACTION)
     positions = np.sort(rng.permuted(np.tile(np.arange(length), (n, 1)), axis=1)[:, :predicted], axis=1)
-    x = {"token_ids": ids[:, :-1], "segment_ids": np.zeros((n, length), "int32"),
-         "padding_mask": np.ones((n, length), bool), "mask_positions": positions.astype("int32")}
+    x = {
+        "token_ids": ids[:, :-1],
+        "segment_ids": np.zeros((n, length), "int32"),
+        "padding_mask": np.ones((n, length), bool),
+        "mask_positions": positions.astype("int32"),
+    }
     return x, np.take_along_axis(ids[:, :-1], positions, axis=1)
 
 
@@ -94,8 +125,9 @@ class KerasRow:
     def __init__(self, name, model, shape, steps, jit_compile, ours_compile, function="fit"):
         self.name, self.model, self.shape, self.function = name, model, shape, function
         self.x, self.y = batches(shape, steps)
-        kwargs = dict(optimizer=keras.optimizers.AdamW(1e-4),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        kwargs = dict(
+            optimizer=keras.optimizers.AdamW(1e-4), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        )
         if ours_compile:  # the task's compile (its jit_compile default), without its default metrics
             model.compile(metrics=None, weighted_metrics=None, jit_compile=jit_compile, **kwargs)
         else:
@@ -104,8 +136,9 @@ class KerasRow:
     def run(self, steps=None):
         batch = self.shape["batch"]
         if self.function == "fit":
-            keras.Model.fit(self.model, self.x, self.y, batch_size=batch, epochs=1, steps_per_epoch=steps,
-                            verbose=0, shuffle=False)
+            keras.Model.fit(
+                self.model, self.x, self.y, batch_size=batch, epochs=1, steps_per_epoch=steps, verbose=0, shuffle=False
+            )
             return
         n = batch * steps if steps else len(self.y)
         x = {name: value[:n] for name, value in self.x.items()}
@@ -135,18 +168,29 @@ class TransformersRow:
         self.torch, self.shape = torch, shape
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if shape["family"] == "gpt":
-            config = transformers.GPT2Config(vocab_size=shape["vocabulary_size"], n_positions=shape["sequence"],
-                                             n_embd=shape["hidden_dim"], n_layer=shape["num_layers"],
-                                             n_head=shape["num_heads"], n_inner=shape["intermediate_dim"],
-                                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+            config = transformers.GPT2Config(
+                vocab_size=shape["vocabulary_size"],
+                n_positions=shape["sequence"],
+                n_embd=shape["hidden_dim"],
+                n_layer=shape["num_layers"],
+                n_head=shape["num_heads"],
+                n_inner=shape["intermediate_dim"],
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+                attn_pdrop=0.0,
+            )
             model = transformers.GPT2LMHeadModel(config)
         else:
-            config = transformers.BertConfig(vocab_size=shape["vocabulary_size"], hidden_size=shape["hidden_dim"],
-                                             num_hidden_layers=shape["num_layers"],
-                                             num_attention_heads=shape["num_heads"],
-                                             intermediate_size=shape["intermediate_dim"],
-                                             max_position_embeddings=shape["sequence"],
-                                             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+            config = transformers.BertConfig(
+                vocab_size=shape["vocabulary_size"],
+                hidden_size=shape["hidden_dim"],
+                num_hidden_layers=shape["num_layers"],
+                num_attention_heads=shape["num_heads"],
+                intermediate_size=shape["intermediate_dim"],
+                max_position_embeddings=shape["sequence"],
+                hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0,
+            )
             model = transformers.BertForMaskedLM(config)
         self.model = model.to(self.device).train()
         fused = {"fused": True} if self.device == "cuda" else {"foreach": True}
@@ -156,13 +200,16 @@ class TransformersRow:
         b = shape["batch"]
         self.batches = []
         for i in range(steps):
-            ids = torch.as_tensor(x["token_ids"][i * b:(i + 1) * b], device=self.device).long()
+            ids = torch.as_tensor(x["token_ids"][i * b : (i + 1) * b], device=self.device).long()
             if shape["family"] == "gpt":
                 labels = ids  # GPT2LMHeadModel shifts them: position t predicts id t + 1
             else:
                 labels = torch.full_like(ids, -100)
-                labels.scatter_(1, torch.as_tensor(x["mask_positions"][i * b:(i + 1) * b]).long(),
-                                torch.as_tensor(y[i * b:(i + 1) * b]).long())
+                labels.scatter_(
+                    1,
+                    torch.as_tensor(x["mask_positions"][i * b : (i + 1) * b]).long(),
+                    torch.as_tensor(y[i * b : (i + 1) * b]).long(),
+                )
             self.batches.append((ids, labels.to(self.device)))
         self.step = torch.compile(self._step)
 
@@ -185,8 +232,13 @@ class TransformersRow:
 
 
 def flops_per_token(shape, function="fit"):
-    d, layers, v, f, t = (shape["hidden_dim"], shape["num_layers"], shape["vocabulary_size"],
-                          shape["intermediate_dim"], shape["sequence"])
+    d, layers, v, f, t = (
+        shape["hidden_dim"],
+        shape["num_layers"],
+        shape["vocabulary_size"],
+        shape["intermediate_dim"],
+        shape["sequence"],
+    )
     parameters = v * d + t * d + layers * (4 * d * d + 2 * d * f)  # embeddings (tied head) and blocks
     if function != "fit":  # the forward pass only: a third of a training step
         return 2 * parameters + 4 * layers * t * d
@@ -222,12 +274,18 @@ def main():
     parser.add_argument("--dtype", choices=["float32", "mixed_bfloat16"], default="float32")
     parser.add_argument("--steps", type=int, default=20, help="steps per timed round")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--rows", default="ours,ours-eager,keras-hub,transformers",
-                        help="comma-separated subset of the rows (also: ours-bf16, ours under mixed_bfloat16 "
-                             "beside a float32 run)")
+    parser.add_argument(
+        "--rows",
+        default="ours,ours-eager,keras-hub,transformers",
+        help="comma-separated subset of the rows (also: ours-bf16, ours under mixed_bfloat16 beside a float32 run)",
+    )
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's peak, for MFU")
-    parser.add_argument("--function", choices=["fit", "evaluate", "predict"], default="fit",
-                        help="what the Keras rows time (transformers: fit only)")
+    parser.add_argument(
+        "--function",
+        choices=["fit", "evaluate", "predict"],
+        default="fit",
+        help="what the Keras rows time (transformers: fit only)",
+    )
     args = parser.parse_args()
     if args.steps < 1 or args.rounds < 1:
         raise ValueError(f"--steps and --rounds must be >= 1. Received: {args.steps}, {args.rounds}")
@@ -263,13 +321,17 @@ def main():
     tokens = args.steps * shape["batch"] * shape["sequence"]
     peak = peak_flops(args.dtype, args.peak_tflops)
     flops = flops_per_token(shape, args.function)
-    print(f"{args.function}  shape={args.shape} dtype={args.dtype} backend={backend} steps={args.steps} "
-          f"rounds={args.rounds} flops/token={flops:.3g}")
+    print(
+        f"{args.function}  shape={args.shape} dtype={args.dtype} backend={backend} steps={args.steps} "
+        f"rounds={args.rounds} flops/token={flops:.3g}"
+    )
     for row in rows:
         tps = tokens / best[row.name]
         mfu = f"{100 * tps * flops / peak:5.1f}%" if peak else "  n/a"
-        print(f"  {row.name:<28} {tps:10.0f} tok/s  {tps * flops / 1e12:7.3f} TFLOP/s  "
-              f"MFU {mfu}  (warm-up {row.warmup_seconds:.0f} s)")
+        print(
+            f"  {row.name:<28} {tps:10.0f} tok/s  {tps * flops / 1e12:7.3f} TFLOP/s  "
+            f"MFU {mfu}  (warm-up {row.warmup_seconds:.0f} s)"
+        )
     if "ours" in best:
         ours_tps = tokens / best["ours"]
         for name in best:

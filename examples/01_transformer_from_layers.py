@@ -25,11 +25,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from keras import ops
 
-from keras_transformer.layers import (
-    PositionalEmbedding,
-    TransformerDecoderBlock,
-    TransformerEncoderBlock,
-)
+from keras_transformer.layers import PositionalEmbedding, TransformerDecoderBlock, TransformerEncoderBlock
 
 EXAMPLES = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()  # script | notebook
 OUT = Path(os.environ.get("KT_EXAMPLES_OUT", EXAMPLES / "out")) / "01_transformer_from_layers"
@@ -127,8 +123,10 @@ model.compile(
 )
 model.fit(x_train, y_train, batch_size=64, epochs=2, verbose=2)
 predictions = np.argmax(ops.convert_to_numpy(model(x_test)), axis=-1)  # one eager call: nothing to compile
-print(f"held-out: {np.mean(predictions == y_test):.1%} of digits and "
-      f"{np.mean(np.all(predictions == y_test, axis=1)):.1%} of whole strings reversed (teacher forcing)")
+print(
+    f"held-out: {np.mean(predictions == y_test):.1%} of digits and "
+    f"{np.mean(np.all(predictions == y_test, axis=1)):.1%} of whole strings reversed (teacher forcing)"
+)
 
 # %% [markdown]
 # ## What the trained model attends to

@@ -55,8 +55,10 @@ train_texts = stdlib_texts("train", max_chars=1_300_000)
 train_chunks = chunks(train_texts)
 held_out_chunks = chunks(stdlib_texts("held_out", max_chars=40_000))[:128]
 tokenizer = kt.tokenizers.BytePairTokenizer.train(train_texts, vocabulary_size=1024)
-print(f"{len(train_chunks)} training chunks, {len(held_out_chunks)} held-out chunks; "
-      f"vocabulary of {tokenizer.vocabulary_size} tokens")
+print(
+    f"{len(train_chunks)} training chunks, {len(held_out_chunks)} held-out chunks; "
+    f"vocabulary of {tokenizer.vocabulary_size} tokens"
+)
 print(tokenizer.tokenize("    def __init__(self, name):"))
 print([tokenizer.id_to_token(i) for i in tokenizer.tokenize("    def __init__(self, name):")])
 
@@ -70,7 +72,11 @@ print([tokenizer.id_to_token(i) for i in tokenizer.tokenize("    def __init__(se
 # %%
 preprocessor = kt.models.GPTCausalLMPreprocessor(tokenizer, sequence_length=SEQUENCE_LENGTH, truncate=True)
 backbone = kt.models.GPTBackbone(
-    vocabulary_size=tokenizer.vocabulary_size, num_layers=2, num_heads=4, hidden_dim=64, intermediate_dim=256,
+    vocabulary_size=tokenizer.vocabulary_size,
+    num_layers=2,
+    num_heads=4,
+    hidden_dim=64,
+    intermediate_dim=256,
     max_sequence_length=128,
 )
 lm = kt.models.GPTCausalLM(backbone, preprocessor)
@@ -85,9 +91,7 @@ lm.summary()
 
 # %%
 start = time.perf_counter()
-history = lm.fit(
-    train_chunks, batch_size=32, epochs=10, steps_per_epoch=15, validation_data=held_out_chunks, verbose=2
-)
+history = lm.fit(train_chunks, batch_size=32, epochs=10, steps_per_epoch=15, validation_data=held_out_chunks, verbose=2)
 print(f"trained in {time.perf_counter() - start:.0f} s")
 steps = 15 * np.arange(1, 11)
 
@@ -132,7 +136,7 @@ lines = []
 for i, prompt in enumerate(PROMPTS):
     lines.append(f"=== prompt {prompt!r}")
     for name in SAMPLERS:
-        lines.append(f"  {name:10} {results[name][i][len(prompt):]!r}")
+        lines.append(f"  {name:10} {results[name][i][len(prompt) :]!r}")
 print("\n".join(lines))
 (OUT / "samples.txt").write_text("\n".join(lines) + "\n")
 assert all(text.startswith(prompt) for texts in results.values() for prompt, text in zip(PROMPTS, texts))

@@ -45,12 +45,29 @@ def save(fig, name):
 # share no sentence with the training set.
 
 # %%
-SUBJECTS = ["the film", "the movie", "the plot", "the acting", "the music", "the ending", "the book",
-            "the dinner", "the service", "the hotel", "this show", "the game"]
+SUBJECTS = [
+    "the film",
+    "the movie",
+    "the plot",
+    "the acting",
+    "the music",
+    "the ending",
+    "the book",
+    "the dinner",
+    "the service",
+    "the hotel",
+    "this show",
+    "the game",
+]
 POSITIVE = ["good", "great", "wonderful", "excellent", "lovely", "brilliant", "fun", "superb"]
 NEGATIVE = ["bad", "awful", "boring", "terrible", "dull", "poor", "weak", "dreadful"]
 INTENSIFIERS = ["", "really ", "quite ", "very ", "rather "]
-TEMPLATES = ["{s} was {n}{i}{a}", "i thought {s} was {n}{i}{a}", "honestly {s} is {n}{i}{a}", "{s} felt {n}{i}{a} to me"]
+TEMPLATES = [
+    "{s} was {n}{i}{a}",
+    "i thought {s} was {n}{i}{a}",
+    "honestly {s} is {n}{i}{a}",
+    "{s} felt {n}{i}{a} to me",
+]
 CLASSES = ["negative", "positive"]
 
 
@@ -86,7 +103,11 @@ print(f"{len(train_texts)} training and {len(test_texts)} unseen held-out senten
 tokenizer = kt.tokenizers.WordPieceTokenizer.train(train_texts, vocabulary_size=200)
 preprocessor = kt.models.BertTextClassifierPreprocessor(tokenizer, sequence_length=16)
 backbone = kt.models.BertBackbone(
-    vocabulary_size=tokenizer.vocabulary_size, num_layers=2, num_heads=2, hidden_dim=64, intermediate_dim=128,
+    vocabulary_size=tokenizer.vocabulary_size,
+    num_layers=2,
+    num_heads=2,
+    hidden_dim=64,
+    intermediate_dim=128,
     max_sequence_length=32,
 )
 classifier = kt.models.BertClassifier(backbone, num_classes=2, preprocessor=preprocessor)
@@ -109,8 +130,13 @@ print(f"{classifier.count_params():,} parameters")
 # %%
 validation_data = classifier.preprocessor(test_texts, test_labels)[:2]  # (x, y) arrays
 history = classifier.fit(
-    train_texts, train_labels, batch_size=BATCH_SIZE, epochs=EPOCHS, validation_data=validation_data,
-    validation_batch_size=len(test_texts), verbose=2,
+    train_texts,
+    train_labels,
+    batch_size=BATCH_SIZE,
+    epochs=EPOCHS,
+    validation_data=validation_data,
+    validation_batch_size=len(test_texts),
+    verbose=2,
 )
 
 # %% [markdown]
@@ -152,8 +178,12 @@ save(fig, "training_and_confusion.png")
 # `predict` on raw strings returns logits (B, 2); a softmax turns them into probabilities.
 
 # %%
-new = ["the soundtrack was not boring", "the soundtrack was boring", "i thought the museum was superb",
-       "honestly the museum is not superb"]
+new = [
+    "the soundtrack was not boring",
+    "the soundtrack was boring",
+    "i thought the museum was superb",
+    "honestly the museum is not superb",
+]
 probabilities = keras.ops.convert_to_numpy(keras.ops.softmax(classifier.predict(new, verbose=0)))
 for text, p in zip(new, probabilities):
     print(f"{CLASSES[int(np.argmax(p))]:>8} ({p.max():.0%})  {text}")

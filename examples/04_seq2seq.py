@@ -72,8 +72,13 @@ preprocessor = kt.models.TransformerSeq2SeqLMPreprocessor(
     tokenizer, encoder_sequence_length=MAX_LENGTH + 1, decoder_sequence_length=MAX_LENGTH + 1
 )
 backbone = kt.models.TransformerBackbone(
-    tokenizer.vocabulary_size, num_layers=2, num_heads=4, hidden_dim=32, intermediate_dim=64,
-    max_sequence_length=MAX_LENGTH + 2, dropout=0.0,  # + the start and end tokens
+    tokenizer.vocabulary_size,
+    num_layers=2,
+    num_heads=4,
+    hidden_dim=32,
+    intermediate_dim=64,
+    max_sequence_length=MAX_LENGTH + 2,
+    dropout=0.0,  # + the start and end tokens
 )
 lm = kt.models.TransformerSeq2SeqLM(backbone, preprocessor)
 EPOCHS, BATCH_SIZE = 3, 32

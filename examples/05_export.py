@@ -8,7 +8,8 @@
 # forward pass and the whole decoding loop as signatures. Both are made under the TensorFlow
 # backend: from JAX or PyTorch, `export` runs the conversion in a TensorFlow child process.
 #
-# We export a tiny GPT both ways and check that the logits and the generated text match Keras. Plots go to `$KT_EXAMPLES_OUT/05_export/` (default `examples/out/`).
+# We export a tiny GPT both ways and check that the logits and the generated text match Keras.
+# Plots go to `$KT_EXAMPLES_OUT/05_export/` (default `examples/out/`).
 
 # %%
 import importlib.util
@@ -52,7 +53,11 @@ def save(fig, name):
 texts = stdlib_texts("train", max_chars=300_000)
 tokenizer = kt.tokenizers.BytePairTokenizer.train(texts, vocabulary_size=512)
 backbone = kt.models.GPTBackbone(
-    vocabulary_size=tokenizer.vocabulary_size, num_layers=2, num_heads=2, hidden_dim=32, intermediate_dim=64,
+    vocabulary_size=tokenizer.vocabulary_size,
+    num_layers=2,
+    num_heads=2,
+    hidden_dim=32,
+    intermediate_dim=64,
     max_sequence_length=96,
 )
 lm = kt.models.GPTCausalLM(backbone, kt.models.GPTCausalLMPreprocessor(tokenizer, sequence_length=48, truncate=True))
@@ -95,9 +100,9 @@ onnx_logits = session.run(
 import tensorflow as tf
 
 loaded = tf.saved_model.load(str(saved_model))
-tf_logits = loaded.signatures["forward"](
-    token_ids=tf.constant(x["token_ids"]), padding_mask=tf.constant(real)
-)["logits"].numpy()
+tf_logits = loaded.signatures["forward"](token_ids=tf.constant(x["token_ids"]), padding_mask=tf.constant(real))[
+    "logits"
+].numpy()
 
 differences = {
     "ONNX Runtime": np.abs(onnx_logits - keras_logits)[real].max(),
@@ -144,21 +149,37 @@ for sampler, options in [("greedy", {}), ("beam", {"num_beams": 3})]:
 
 # The SavedModel's `generate` and `generate_beam` signatures: ids in, ids out, the Keras decoding
 # loop itself inside the graph (the same samplers and noise: a seed gives the same tokens).
-prompts = {"token_ids": tf.constant(x["token_ids"]), "padding_mask": tf.constant(real),
-           "max_new_tokens": tf.constant(16), "min_new_tokens": tf.constant(0), "repetition_penalty": tf.constant(1.0)}
+prompts = {
+    "token_ids": tf.constant(x["token_ids"]),
+    "padding_mask": tf.constant(real),
+    "max_new_tokens": tf.constant(16),
+    "min_new_tokens": tf.constant(0),
+    "repetition_penalty": tf.constant(1.0),
+}
 
 
 def texts(outputs):
-    return [tokenizer.detokenize(np.asarray(row)[np.asarray(mask)])
-            for row, mask in zip(outputs["token_ids"], outputs["padding_mask"])]
+    return [
+        tokenizer.detokenize(np.asarray(row)[np.asarray(mask)])
+        for row, mask in zip(outputs["token_ids"], outputs["padding_mask"])
+    ]
 
 
 for name, outputs, keras_sampler in [
-    ("greedy", loaded.generate(**prompts, temperature=tf.constant(0.0), top_k=tf.constant(0),
-                               top_p=tf.constant(1.0), seed=tf.constant(0)), "greedy"),
-    ("random", loaded.generate(**prompts, temperature=tf.constant(0.8), top_k=tf.constant(40),
-                               top_p=tf.constant(0.9), seed=tf.constant(7)),
-     kt.samplers.RandomSampler(temperature=0.8, top_k=40, top_p=0.9, seed=7)),
+    (
+        "greedy",
+        loaded.generate(
+            **prompts, temperature=tf.constant(0.0), top_k=tf.constant(0), top_p=tf.constant(1.0), seed=tf.constant(0)
+        ),
+        "greedy",
+    ),
+    (
+        "random",
+        loaded.generate(
+            **prompts, temperature=tf.constant(0.8), top_k=tf.constant(40), top_p=tf.constant(0.9), seed=tf.constant(7)
+        ),
+        kt.samplers.RandomSampler(temperature=0.8, top_k=40, top_p=0.9, seed=7),
+    ),
     ("beam-4", loaded.generate_beam(**prompts, length_penalty=tf.constant(1.0)), kt.samplers.BeamSampler(num_beams=4)),
 ]:
     identical = texts(outputs) == lm.generate(PROMPTS, max_new_tokens=16, sampler=keras_sampler)

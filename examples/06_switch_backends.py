@@ -52,7 +52,11 @@ texts = stdlib_texts("train", max_chars=300_000)
 tokenizer = kt.tokenizers.BytePairTokenizer.train(texts, vocabulary_size=512)
 chunks = [text[i : i + 160] for text in texts for i in range(0, len(text) - 160, 160)][:960]
 backbone = kt.models.GPTBackbone(
-    vocabulary_size=tokenizer.vocabulary_size, num_layers=2, num_heads=2, hidden_dim=32, intermediate_dim=64,
+    vocabulary_size=tokenizer.vocabulary_size,
+    num_layers=2,
+    num_heads=2,
+    hidden_dim=32,
+    intermediate_dim=64,
     max_sequence_length=96,
 )
 lm = kt.models.GPTCausalLM(backbone, kt.models.GPTCausalLMPreprocessor(tokenizer, sequence_length=48, truncate=True))
@@ -94,7 +98,8 @@ for backend in OTHERS:
     result = subprocess.run(
         [sys.executable, "-c", CHILD, str(preset), json.dumps(PROMPTS), str(MAX_NEW_TOKENS), str(logits_file)],
         env={**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"},
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     if result.returncode != 0:
         raise RuntimeError(f"the {backend} child failed:\n{result.stderr[-3000:]}")
@@ -106,7 +111,7 @@ for backend in OTHERS:
 for i, prompt in enumerate(PROMPTS):
     print(f"=== {prompt!r}")
     for backend, outputs in texts.items():
-        print(f"  {backend:10} {outputs[i][len(prompt):]!r}")
+        print(f"  {backend:10} {outputs[i][len(prompt) :]!r}")
 identical = all(texts[backend] == texts[HERE] for backend in OTHERS)
 print("greedy output identical on all three backends:", identical)
 assert identical
@@ -127,8 +132,12 @@ assert max(differences.values()) < 1e-4
 
 fig, ax = plt.subplots(figsize=(5, 3))
 ax.bar([f"{HERE} vs {backend}" for backend in OTHERS], list(differences.values()), color=["C0", "C1"])
-ax.set(yscale="log", ylim=(1e-9, 1e-3), ylabel="max |logit difference|",
-       title=f"Preset trained on {HERE}, loaded on every backend")
+ax.set(
+    yscale="log",
+    ylim=(1e-9, 1e-3),
+    ylabel="max |logit difference|",
+    title=f"Preset trained on {HERE}, loaded on every backend",
+)
 ax.axhline(1e-4, color="gray", linestyle="--", linewidth=1, label="tolerance asserted above")
 ax.legend()
 fig.tight_layout()
@@ -170,7 +179,10 @@ for label, *cells in rows:
     label = re.sub(r"\s*\(\d{4}-\d{2}-\d{2}\)|;\s*\d{4}-\d{2}-\d{2}", "", label.replace("`", ""))
     ratios[label] = [(float(m[1]), float(m[2] or m[1])) for m in parsed]
 for label, values in ratios.items():
-    print(f"{label:56}", "  ".join(f"{b} {lo:.2f}" + (f"-{hi:.2f}" if hi > lo else "") for b, (lo, hi) in zip(backends, values)))
+    print(
+        f"{label:56}",
+        "  ".join(f"{b} {lo:.2f}" + (f"-{hi:.2f}" if hi > lo else "") for b, (lo, hi) in zip(backends, values)),
+    )
 assert len(ratios) >= 5 and all(0 < lo <= hi for values in ratios.values() for lo, hi in values)
 
 fig, ax = plt.subplots(figsize=(9, 0.55 * len(ratios) + 1.2))
@@ -188,8 +200,11 @@ ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
 ax.tick_params(axis="x", which="minor", labelbottom=False)
 ax.set_yticks(range(len(ratios)), list(ratios), fontsize=8)
 ax.invert_yaxis()
-ax.set(xscale="log", xlabel="speed, ours / keras-hub (log scale; 1 = as fast; README benchmark table)",
-       title="keras_transformer against keras-hub, same model shape, on each backend (2-core CPU)")
+ax.set(
+    xscale="log",
+    xlabel="speed, ours / keras-hub (log scale; 1 = as fast; README benchmark table)",
+    title="keras_transformer against keras-hub, same model shape, on each backend (2-core CPU)",
+)
 ax.legend(loc="lower right")
 fig.tight_layout()
 save(fig, "speed_vs_keras_hub.png")

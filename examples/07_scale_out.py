@@ -55,7 +55,7 @@ except NotImplementedError as error:
 # the sharding of a few weights, and how many bytes of weights each device holds.
 
 # %%
-CHILD = r'''
+CHILD = r"""
 import json, random
 import keras, numpy as np
 import keras_transformer as kt
@@ -100,7 +100,7 @@ with distribution.scope():
 reference.set_weights(lm.get_weights())
 report["generate_one_device"] = reference.generate(prompt, max_new_tokens=8, stop_token_ids=None)[0]
 print("REPORT " + json.dumps(report, default=int))
-'''
+"""
 
 env = {
     **os.environ,
@@ -115,8 +115,10 @@ if result.returncode != 0:
 report = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("REPORT "))[7:])
 print(len(report["devices"]), "devices:", ", ".join(report["devices"][:3]), "...")
 for name in ("one_device", "data_parallel", "model_parallel"):
-    print(f"{name:15} loss after one step {report[name]['loss']:.6f}   weights per device "
-          f"{report[name]['bytes'] / 1e6:.2f} MB")
+    print(
+        f"{name:15} loss after one step {report[name]['loss']:.6f}   weights per device "
+        f"{report[name]['bytes'] / 1e6:.2f} MB"
+    )
 losses = [report[name]["loss"] for name in ("one_device", "data_parallel", "model_parallel")]
 assert max(losses) - min(losses) < 1e-5, losses
 

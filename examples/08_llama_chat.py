@@ -57,16 +57,24 @@ checkpoint = Path(tempfile.mkdtemp()) / "qwen2_tiny"
 backend_tokenizer = kt.tokenizers.Tokenizer.load(presets.resolve("llama_stdlib")).backend_tokenizer
 backend_tokenizer.add_special_tokens(["<|im_start|>", "<|im_end|>"])
 hf_tokenizer = transformers.PreTrainedTokenizerFast(
-    tokenizer_object=backend_tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+    tokenizer_object=backend_tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>"
 )
 hf_tokenizer.chat_template = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 config = transformers.Qwen2Config(
-    vocab_size=len(hf_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rope_theta=1e6,
-    tie_word_embeddings=True, eos_token_id=hf_tokenizer.eos_token_id, pad_token_id=hf_tokenizer.pad_token_id,
+    vocab_size=len(hf_tokenizer),
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rope_theta=1e6,
+    tie_word_embeddings=True,
+    eos_token_id=hf_tokenizer.eos_token_id,
+    pad_token_id=hf_tokenizer.pad_token_id,
 )
 hf_model = transformers.Qwen2ForCausalLM(config).eval()
 with torch.no_grad():  # larger weights than the default init: peaked, decisive next-token choices
@@ -75,8 +83,15 @@ with torch.no_grad():  # larger weights than the default init: peaked, decisive 
 hf_model.save_pretrained(checkpoint)
 hf_tokenizer.save_pretrained(checkpoint)
 print(sorted(path.name for path in checkpoint.iterdir()))
-print(json.dumps({k: v for k, v in json.loads((checkpoint / "config.json").read_text()).items()
-                  if k in ("model_type", "num_key_value_heads", "rope_theta", "tie_word_embeddings")}))
+print(
+    json.dumps(
+        {
+            k: v
+            for k, v in json.loads((checkpoint / "config.json").read_text()).items()
+            if k in ("model_type", "num_key_value_heads", "rope_theta", "tie_word_embeddings")
+        }
+    )
+)
 
 # %% [markdown]
 # ## Load it: the base class picks the family
@@ -87,8 +102,15 @@ print(json.dumps({k: v for k, v in json.loads((checkpoint / "config.json").read_
 
 # %%
 lm = kt.models.CausalLM.from_preset(str(checkpoint))
-print(type(lm).__name__, lm.backbone.num_key_value_heads, "key/value heads,",
-      "q/k/v bias:", lm.backbone.attention_bias, "output bias:", lm.backbone.attention_output_bias)
+print(
+    type(lm).__name__,
+    lm.backbone.num_key_value_heads,
+    "key/value heads,",
+    "q/k/v bias:",
+    lm.backbone.attention_bias,
+    "output bias:",
+    lm.backbone.attention_output_bias,
+)
 
 ids = np.random.default_rng(0).integers(0, len(hf_tokenizer), (2, 24)).astype("int32")
 ours = np.asarray(lm.predict({"token_ids": ids, "padding_mask": np.ones_like(ids, bool)}, verbose=0))
@@ -120,10 +142,11 @@ assert prompt == hf_tokenizer.apply_chat_template(chat, tokenize=False, add_gene
 reply = lm.generate(chat, max_new_tokens=24, sampler="greedy")
 print("reply:", repr(reply))
 
-prompt_ids = hf_tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True,
-                                              return_tensors="pt")["input_ids"]
+prompt_ids = hf_tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True, return_tensors="pt")[
+    "input_ids"
+]
 with torch.no_grad():
-    hf_ids = hf_model.generate(prompt_ids, max_new_tokens=24, do_sample=False)[0, prompt_ids.shape[1]:]
+    hf_ids = hf_model.generate(prompt_ids, max_new_tokens=24, do_sample=False)[0, prompt_ids.shape[1] :]
 hf_reply = hf_tokenizer.decode(hf_ids, skip_special_tokens=True)
 print("transformers:", repr(hf_reply))
 assert reply == hf_reply

@@ -82,8 +82,10 @@ lm.preprocessor.packing = True
 train_texts = read([f for f in files if not is_held_out(f)], 400_000)
 train_x, train_y, train_w = windows(train_texts, STEPS * BATCH_SIZE, seed=0)
 held_out = windows(read([f for f in files if is_held_out(f)], None), HELD_OUT_WINDOWS, seed=1)  # all held-out files
-print(f"Keras {keras.__version__} source: {len(train_y)} training windows and {len(held_out[1])} held-out windows "
-      f"of {lm.preprocessor.sequence_length} tokens")
+print(
+    f"Keras {keras.__version__} source: {len(train_y)} training windows and {len(held_out[1])} held-out windows "
+    f"of {lm.preprocessor.sequence_length} tokens"
+)
 
 # %% [markdown]
 # ## Held-out perplexity, one function for every model
@@ -136,16 +138,22 @@ frozen_before = {v.path: keras.ops.convert_to_numpy(v) for v in lm.weights}
 lm.backbone.enable_lora(RANK, target_names=TARGETS)
 trainable = lm.trainable_weights
 lora_parameters = sum(int(np.prod(v.shape)) for v in trainable)
-print(f"{len(trainable)} trainable tensors, {lora_parameters:,} parameters "
-      f"({lora_parameters / lm.count_params():.1%} of the model):", sorted({v.path.split("/")[-1] for v in trainable}))
+print(
+    f"{len(trainable)} trainable tensors, {lora_parameters:,} parameters "
+    f"({lora_parameters / lm.count_params():.1%} of the model):",
+    sorted({v.path.split("/")[-1] for v in trainable}),
+)
 assert trainable and all(v.path.endswith(("lora_kernel_a", "lora_kernel_b")) for v in trainable)
 
 lm.compile(optimizer=keras.optimizers.AdamW(5e-3, weight_decay=0.0))
 start = time.perf_counter()
 history = lm.fit(train_x, train_y, sample_weight=train_w, batch_size=BATCH_SIZE, epochs=1, verbose=2)
 print(f"{STEPS} LoRA steps in {time.perf_counter() - start:.0f} s")
-unchanged = [path for path, value in frozen_before.items()
-             if np.array_equal(value, keras.ops.convert_to_numpy(next(v for v in lm.weights if v.path == path)))]
+unchanged = [
+    path
+    for path, value in frozen_before.items()
+    if np.array_equal(value, keras.ops.convert_to_numpy(next(v for v in lm.weights if v.path == path)))
+]
 print(f"{len(unchanged)} of the preset's {len(frozen_before)} weight tensors are bit-for-bit unchanged")
 assert len(unchanged) == len(frozen_before)
 
@@ -218,8 +226,10 @@ print(f"three bundles in {time.perf_counter() - start:.0f} s")
 size = {mode: sum(path.stat().st_size for path in bundle.glob("*.onnx")) for mode, bundle in bundles.items()}
 for mode in bundles:
     ppl[f"ONNX {mode}"] = perplexity(onnx_logits(bundles[mode]))
-    print(f"{mode:8} graphs {size[mode] / 1e6:5.2f} MB ({size[mode] / size['float32']:4.0%})   "
-          f"held-out perplexity {ppl[f'ONNX {mode}']:.2f}")
+    print(
+        f"{mode:8} graphs {size[mode] / 1e6:5.2f} MB ({size[mode] / size['float32']:4.0%})   "
+        f"held-out perplexity {ppl[f'ONNX {mode}']:.2f}"
+    )
 assert size["int4"] < size["int8"] < 0.5 * size["float32"]
 assert abs(ppl["ONNX float32"] / ppl["merged"] - 1) < 1e-3  # the float bundle computes what Keras does
 assert ppl["ONNX int8"] < 1.03 * ppl["ONNX float32"] and ppl["ONNX int4"] < 1.10 * ppl["ONNX float32"]
@@ -257,7 +267,9 @@ modes = MODES
 colors = ["C0", "C1", "C2"]
 fig, (left, middle, right) = plt.subplots(1, 3, figsize=(13, 3.6))
 left.bar(modes, [size[m] / 1e6 for m in modes], color=colors)
-left.set(ylabel="MB", title=f"ONNX graphs (prefill + decode)\nLoRA adapter alone: {adapter.stat().st_size / 1e3:.0f} kB")
+left.set(
+    ylabel="MB", title=f"ONNX graphs (prefill + decode)\nLoRA adapter alone: {adapter.stat().st_size / 1e3:.0f} kB"
+)
 middle.bar(modes, [tokens_per_s[m] for m in modes], color=colors)
 middle.set(ylabel="tokens / s", title="greedy generation, batch 1 (ONNX Runtime)")
 width = 0.38

@@ -1,4 +1,5 @@
-"""The main job, end to end: fine-tune the trained `gpt_stdlib` on the Python standard library, generate, export, deploy.
+"""The main job, end to end: fine-tune the trained `gpt_stdlib` on the Python standard library, generate,
+export, deploy.
 
     make demo                        # default backend (TensorFlow)
     KERAS_BACKEND=jax make demo      # or jax / torch
@@ -22,7 +23,9 @@ import numpy as np
 
 from keras_transformer import startup
 
-keras = startup.import_keras_quietly()  # without TensorFlow's C++ startup lines (KERAS_TRANSFORMER_VERBOSE=1 shows them)
+keras = (
+    startup.import_keras_quietly()
+)  # without TensorFlow's C++ startup lines (KERAS_TRANSFORMER_VERBOSE=1 shows them)
 if keras.config.backend() == "tensorflow" and not startup.verbose():
     import tensorflow as tf
 
@@ -84,8 +87,10 @@ def load_data(lm, steps, batch_size):
     order = np.random.default_rng(0).permutation(len(y))[: steps * batch_size]
     train_windows = {name: value[order] for name, value in x.items()}, y[order], w[order]
     held_out = first(lm.preprocessor(stdlib_texts("held_out", max_chars=HELD_OUT_WINDOWS * 600)), HELD_OUT_WINDOWS)
-    print(f"  {len(order)} training windows drawn from {len(train)} whole files and {len(held_out[1])} held-out "
-          f"windows of {lm.preprocessor.sequence_length} tokens, from {sys.base_prefix}")
+    print(
+        f"  {len(order)} training windows drawn from {len(train)} whole files and {len(held_out[1])} held-out "
+        f"windows of {lm.preprocessor.sequence_length} tokens, from {sys.base_prefix}"
+    )
     return train_windows, held_out
 
 
@@ -109,7 +114,7 @@ def train(lm, windows, batch_size):
 def show(name, outputs, prompts=PROMPTS):
     print(f"  --- {name}")
     for prompt, text in zip(prompts, outputs):
-        continuation = text[len(prompt):] if text.startswith(prompt) else text
+        continuation = text[len(prompt) :] if text.startswith(prompt) else text
         print("    " + (prompt + continuation).replace("\n", "\n    ").rstrip())
         print("    ...")
 
@@ -120,7 +125,9 @@ def sample(lm, max_new_tokens):
     options = ", ".join(f"{k}={v}" for k, v in AGAINST_REPETITION.items())
     samplers = {
         f"greedy, {options}": "greedy",
-        f"top-p 0.9 (temperature 0.7, seed 1), {options}": kt.samplers.RandomSampler(temperature=0.7, top_p=0.9, seed=1),
+        f"top-p 0.9 (temperature 0.7, seed 1), {options}": kt.samplers.RandomSampler(
+            temperature=0.7, top_p=0.9, seed=1
+        ),
         f"beam search (4 beams), {options}": kt.samplers.BeamSampler(num_beams=4),
     }
     for name, sampler in samplers.items():
@@ -135,8 +142,16 @@ def export(lm, out):
 
 
 def run_bundle(bundle, max_new_tokens):
-    command = [sys.executable, str(bundle / "generate.py"), "--prompt", PROMPTS[0], "--sampler", "beam",
-               "--max-new-tokens", str(max_new_tokens)]
+    command = [
+        sys.executable,
+        str(bundle / "generate.py"),
+        "--prompt",
+        PROMPTS[0],
+        "--sampler",
+        "beam",
+        "--max-new-tokens",
+        str(max_new_tokens),
+    ]
     print("  $", " ".join(repr(c) if " " in c else c for c in command))
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     print("    " + result.stdout.strip().replace("\n", "\n    "))
@@ -157,8 +172,9 @@ def main():
 
     stages = Stages()
     lm = stages.run(f"Load the trained preset {args.preset!r}", load_model, args.preset, args.sequence_length)
-    train_windows, held_out = stages.run("Read the standard library and pack it into windows", load_data, lm,
-                                         args.steps, args.batch_size)
+    train_windows, held_out = stages.run(
+        "Read the standard library and pack it into windows", load_data, lm, args.steps, args.batch_size
+    )
     before = stages.run("Evaluate on held-out files, before training", evaluate, lm, held_out, "before")
     stages.run("Train with model.fit", train, lm, train_windows, args.batch_size)
     after = stages.run("Evaluate on held-out files, after training", evaluate, lm, held_out, "after")

@@ -104,11 +104,15 @@ def write_kernel_spec(directory):
     """
     spec = Path(directory) / "kt-examples"
     spec.mkdir(parents=True, exist_ok=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "keras_transformer examples",
-        "language": "python",
-    }))
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "keras_transformer examples",
+                "language": "python",
+            }
+        )
+    )
     return Path(directory)
 
 
@@ -136,8 +140,14 @@ def execute(notebook, kernel_spec_dir, env, timeout=CELL_TIMEOUT_S):
 
 def notebook_env(out_dir, backend, matplotlibrc_dir):
     """The kernel's environment: this one, with the backend, the plots' folder and quiet TensorFlow."""
-    env = {**os.environ, "KERAS_BACKEND": backend, "KT_EXAMPLES_OUT": str(out_dir), "TF_CPP_MIN_LOG_LEVEL": "3",
-           "MATPLOTLIBRC": str(matplotlibrc_dir), "TQDM_DISABLE": "1"}  # no progress bars of downloads or shards
+    env = {
+        **os.environ,
+        "KERAS_BACKEND": backend,
+        "KT_EXAMPLES_OUT": str(out_dir),
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        "MATPLOTLIBRC": str(matplotlibrc_dir),
+        "TQDM_DISABLE": "1",
+    }  # no progress bars of downloads or shards
     # One OpenMP thread: on a shared 2-core machine PyTorch's spinning worker threads otherwise
     # burn several times the CPU time of the work itself. Results do not depend on it.
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -174,7 +184,9 @@ def _without_noise(output):
     """`output` without the NOISE lines of a stderr stream; None when nothing else is left."""
     if output.output_type != "stream" or output.name != "stderr":
         return output
-    output.text = "".join(line for line in output.text.splitlines(keepends=True) if not NOISE.fullmatch(line.rstrip("\n")))
+    output.text = "".join(
+        line for line in output.text.splitlines(keepends=True) if not NOISE.fullmatch(line.rstrip("\n"))
+    )
     return output if output.text.strip() else None
 
 
@@ -198,8 +210,12 @@ def main(argv=None):
     if unknown:
         parser.error(f"no script examples/<name>.py for {unknown}")
     if args.check:
-        stale = [script.stem for script in chosen if not script.with_suffix(".ipynb").is_file()
-                 or cells(nbformat.read(script.with_suffix(".ipynb"), as_version=4)) != cells(build(script))]
+        stale = [
+            script.stem
+            for script in chosen
+            if not script.with_suffix(".ipynb").is_file()
+            or cells(nbformat.read(script.with_suffix(".ipynb"), as_version=4)) != cells(build(script))
+        ]
         if stale:
             print("out of date (run `make notebooks`):", ", ".join(stale))
             return 1

@@ -19,15 +19,15 @@ from keras_transformer.version import __version__
 check_backend_installed()
 
 # A config.json with a `model_type` (and no "backbone") is a Hugging Face checkpoint, converted on the fly.
-entry_points.declare(entry_points.CHECKPOINT_READERS, "model_type",
-                     "keras_transformer.convert.hugging_face:convert_config")
+entry_points.declare(
+    entry_points.CHECKPOINT_READERS, "model_type", "keras_transformer.convert.hugging_face:convert_config"
+)
 for _format in ("onnx", "tf_saved_model", "huggingface"):  # keras_transformer.export.FORMATS
     entry_points.declare(entry_points.EXPORTERS, _format, "keras_transformer.export:export_model")
 del _format
 
 __all__ = ["layers", "list_presets", "metrics", "models", "samplers", "tokenizers", "__version__"]
-_SUBPACKAGES = ("convert", "distribution", "export", "layers", "metrics", "models", "presets", "samplers",
-                "tokenizers")
+_SUBPACKAGES = ("convert", "distribution", "export", "layers", "metrics", "models", "presets", "samplers", "tokenizers")
 
 
 def __getattr__(name):

@@ -1,7 +1,8 @@
 """The `keras-transformer` command line.
 
     keras-transformer presets
-    keras-transformer export PRESET_OR_DIR OUT_DIR --format onnx|tf_saved_model|huggingface [--overwrite] [--quantize int8|int4]
+    keras-transformer export PRESET_OR_DIR OUT_DIR --format onnx|tf_saved_model|huggingface
+        [--overwrite] [--quantize int8|int4]
     keras-transformer generate BUNDLE_OR_PRESET --prompt "..." [--sampler greedy|random|beam]
     keras-transformer convert HF_DIR OUT_PRESET_DIR [--allow-pickle] [--overwrite]
     keras-transformer serve BUNDLE [--host 127.0.0.1] [--port 8000] [serve.py's options]
@@ -69,8 +70,13 @@ def _presets(parser):
         rows = list_presets()
         header = ("name", "family", "parameters", "weights", "description")
         table = [header] + [
-            (r["name"], str(r["family"]), f"{r['parameter_count'] or 0:,}", "trained" if r["trained"] else "random",
-             r["description"])
+            (
+                r["name"],
+                str(r["family"]),
+                f"{r['parameter_count'] or 0:,}",
+                "trained" if r["trained"] else "random",
+                r["description"],
+            )
             for r in rows
         ]
         widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
@@ -85,17 +91,28 @@ def _presets(parser):
 
 @command("export", help="Export a preset to an ONNX bundle, a TensorFlow SavedModel or a Hugging Face folder.")
 def _export(parser):
-    parser.add_argument("preset", metavar="PRESET_OR_DIR",
-                        help="a registered preset name, a preset directory or hf://org/name[@revision]")
+    parser.add_argument(
+        "preset",
+        metavar="PRESET_OR_DIR",
+        help="a registered preset name, a preset directory or hf://org/name[@revision]",
+    )
     parser.add_argument("out_dir", metavar="OUT_DIR")
     parser.add_argument("--format", default="onnx", choices=("onnx", "tf_saved_model", "huggingface"))
     parser.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
-    parser.add_argument("--quantize", choices=("int8", "int4"), default=None,
-                        help="ONNX only: the graphs' weights in 8 or 4 bits")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
-                        help="huggingface only: the weights' dtype (default: the model's)")
-    parser.add_argument("--max-shard-size", default=None,
-                        help="huggingface only: split the weights into shards of at most this size, e.g. 5GB")
+    parser.add_argument(
+        "--quantize", choices=("int8", "int4"), default=None, help="ONNX only: the graphs' weights in 8 or 4 bits"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default=None,
+        help="huggingface only: the weights' dtype (default: the model's)",
+    )
+    parser.add_argument(
+        "--max-shard-size",
+        default=None,
+        help="huggingface only: split the weights into shards of at most this size, e.g. 5GB",
+    )
 
     def run(args):
         import_keras_quietly()
@@ -106,10 +123,13 @@ def _export(parser):
             size = args.max_shard_size or "5GB"
             options = {"dtype": args.dtype, "max_shard_size": int(size) if size.isdigit() else size}  # bytes or "5GB"
         elif args.dtype or args.max_shard_size:
-            raise ValueError(f"--dtype and --max-shard-size apply to --format huggingface. Received: --format {args.format}")
+            raise ValueError(
+                f"--dtype and --max-shard-size apply to --format huggingface. Received: --format {args.format}"
+            )
         task = export.load_preset_task(args.preset)
-        path = export.export_model(task, args.out_dir, format=args.format, overwrite=args.overwrite,
-                                   quantize=args.quantize, **options)
+        path = export.export_model(
+            task, args.out_dir, format=args.format, overwrite=args.overwrite, quantize=args.quantize, **options
+        )
         quantized = f", {args.quantize} weights" if args.quantize else ""
         print(f"Exported {type(task).__name__} to {path} ({args.format}{quantized}).")
 
@@ -121,8 +141,11 @@ def _export(parser):
 
 @command("generate", help="Generate text with an ONNX bundle (no Keras needed) or a preset.")
 def _generate(parser):
-    parser.add_argument("model", metavar="BUNDLE_OR_PRESET",
-                        help="an exported ONNX bundle, a preset name or directory, or hf://org/name[@revision]")
+    parser.add_argument(
+        "model",
+        metavar="BUNDLE_OR_PRESET",
+        help="an exported ONNX bundle, a preset name or directory, or hf://org/name[@revision]",
+    )
     parser.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for a batch)")
     parser.add_argument("--sampler", default="greedy", choices=SAMPLERS)
     parser.add_argument("--max-new-tokens", type=int, default=32)
@@ -133,8 +156,15 @@ def _generate(parser):
     parser.add_argument("--seed", type=int, default=None)
 
     def run(args):
-        options = dict(max_new_tokens=args.max_new_tokens, sampler=args.sampler, num_beams=args.num_beams,
-                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+        options = dict(
+            max_new_tokens=args.max_new_tokens,
+            sampler=args.sampler,
+            num_beams=args.num_beams,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+        )
         if (Path(args.model) / "bundle.json").is_file():
             texts = load_bundle_runtime(args.model).Generator(args.model).generate(args.prompt, **options)
         else:
@@ -151,14 +181,19 @@ def _generate(parser):
 @command("serve", help="Serve an ONNX bundle over HTTP (OpenAI-compatible; runs the bundle's serve.py, no Keras).")
 def _serve(parser):
     parser.add_argument("bundle", metavar="BUNDLE", help="an exported ONNX bundle directory")
-    parser.add_argument("options", nargs=argparse.REMAINDER,
-                        help="serve.py's options: --host, --port, --max-batch, --max-queue, --timeout, ...")
+    parser.add_argument(
+        "options",
+        nargs=argparse.REMAINDER,
+        help="serve.py's options: --host, --port, --max-batch, --max-queue, --timeout, ...",
+    )
 
     def run(args):
         path = Path(args.bundle) / "serve.py"
         if not path.is_file():
-            raise ValueError(f"{args.bundle} has no serve.py: not an ONNX bundle (or one exported before serving "
-                             "existed: export it again).")
+            raise ValueError(
+                f"{args.bundle} has no serve.py: not an ONNX bundle (or one exported before serving "
+                "existed: export it again)."
+            )
         # The bundle's own server replaces this process: it imports no Keras, and signals reach it directly.
         os.execv(sys.executable, [sys.executable, str(path), "--bundle", str(args.bundle), *args.options])
 
@@ -177,8 +212,9 @@ def _generate_with_keras(preset, prompts, options):
     if options["sampler"] == "beam":
         sampler = BeamSampler(num_beams=options["num_beams"])
     elif options["sampler"] == "random":
-        sampler = RandomSampler(temperature=options["temperature"], top_k=options["top_k"], top_p=options["top_p"],
-                                seed=options["seed"])
+        sampler = RandomSampler(
+            temperature=options["temperature"], top_k=options["top_k"], top_p=options["top_p"], seed=options["seed"]
+        )
     else:
         sampler = GreedySampler()
     return task.generate(prompts, max_new_tokens=options["max_new_tokens"], sampler=sampler)
@@ -189,13 +225,18 @@ def _generate_with_keras(preset, prompts, options):
 
 @command("convert", help="Convert a Hugging Face checkpoint (a directory or hf://org/name[@revision]) into a preset.")
 def _convert(parser):
-    parser.add_argument("hf_dir", metavar="HF_DIR",
-                        help="a directory with config.json, model.safetensors and tokenizer.json, "
-                             "or hf://org/name[@revision]")
+    parser.add_argument(
+        "hf_dir",
+        metavar="HF_DIR",
+        help="a directory with config.json, model.safetensors and tokenizer.json, or hf://org/name[@revision]",
+    )
     parser.add_argument("out_dir", metavar="OUT_PRESET_DIR")
-    parser.add_argument("--allow-pickle", action="store_true",
-                        help="read pytorch_model.bin when there is no safetensors file: pickle can run code, "
-                             "so only for sources you trust (read with torch.load(weights_only=True))")
+    parser.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="read pytorch_model.bin when there is no safetensors file: pickle can run code, "
+        "so only for sources you trust (read with torch.load(weights_only=True))",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace OUT_PRESET_DIR if it exists")
 
     def run(args):

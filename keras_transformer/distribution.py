@@ -77,9 +77,12 @@ def megatron_layout_map(model, device_mesh, model_axis="model", batch_axis="batc
         `keras.distribution.ModelParallel(layout_map=..., batch_dim_name=batch_axis)`.
 
     Example:
-    >>> mesh = keras.distribution.DeviceMesh((2, 4), ("batch", "model"), keras.distribution.list_devices())
-    >>> layout_map = megatron_layout_map(backbone, mesh)
-    >>> with keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch").scope():
+    >>> # Needs 8 devices and the JAX backend: not run by the tests (docs/distribution.md simulates them).
+    >>> from keras_transformer.models import GPTBackbone, GPTCausalLM  # doctest: +SKIP
+    >>> backbone = GPTBackbone.from_preset("gpt_small", load_weights=False)  # doctest: +SKIP
+    >>> mesh = keras.distribution.DeviceMesh((2, 4), ("batch", "model"))  # all 8 devices  # doctest: +SKIP
+    >>> layout_map = megatron_layout_map(backbone, mesh)  # doctest: +SKIP
+    >>> with keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch").scope():  # doctest: +SKIP
     ...     lm = GPTCausalLM.from_preset("gpt_small")
     """
     check_backend("A layout map")
@@ -128,8 +131,11 @@ def model_parallel(model, device_mesh, model_axis="model", batch_axis="batch"):
         build (or load) the model inside its `scope()`, or `keras.distribution.set_distribution` it.
 
     Example:
-    >>> distribution = model_parallel(GPTBackbone.from_preset("gpt_small", load_weights=False), (2, 4))
-    >>> with distribution.scope():
+    >>> # Needs 8 devices and the JAX backend: not run by the tests (docs/distribution.md simulates them).
+    >>> from keras_transformer.models import GPTBackbone, GPTCausalLM  # doctest: +SKIP
+    >>> backbone = GPTBackbone.from_preset("gpt_small", load_weights=False)  # doctest: +SKIP
+    >>> distribution = model_parallel(backbone, (2, 4))  # doctest: +SKIP
+    >>> with distribution.scope():  # doctest: +SKIP
     ...     lm = GPTCausalLM.from_preset("gpt_small")
     """
     check_backend("Model parallelism")
@@ -144,7 +150,9 @@ def data_parallel(devices=None):
     """A `keras.distribution.DataParallel` over `devices` (default: all of them): replicated weights, split batch.
 
     Example:
-    >>> with data_parallel().scope():
+    >>> # Needs several devices and the JAX backend: not run by the tests (docs/distribution.md simulates them).
+    >>> from keras_transformer.models import GPTCausalLM  # doctest: +SKIP
+    >>> with data_parallel().scope():  # doctest: +SKIP
     ...     lm = GPTCausalLM.from_preset("gpt_tiny")
     ...     lm.fit(texts, batch_size=8 * keras.distribution.get_device_count())
     """
@@ -175,8 +183,7 @@ def _check_divisible(variable, axes, model_axis, size):
     shape = tuple(variable.shape)
     if len(axes) != len(shape):
         raise ValueError(
-            f"The layout {axes} of variable '{variable.path}' has {len(axes)} axes but the variable has shape "
-            f"{shape}."
+            f"The layout {axes} of variable '{variable.path}' has {len(axes)} axes but the variable has shape {shape}."
         )
     for dimension, axis in enumerate(axes):
         if axis == model_axis and shape[dimension] % size:

@@ -11,8 +11,10 @@ fetched again, `HF_HUB_OFFLINE=1` reads the cache only, `HF_TOKEN` (or `hf auth 
 and private repositories, `HF_HOME` / `HF_HUB_CACHE` move the cache and `HF_ENDPOINT` picks a mirror.
 
 Example:
->>> lm = kt.models.GPTCausalLM.from_preset("hf://openai-community/gpt2")
->>> lm = kt.models.GPTCausalLM.from_preset("hf://openai-community/gpt2@main")
+>>> # Downloads from the Hugging Face Hub (the network): not run by the tests.
+>>> import keras_transformer as kt  # doctest: +SKIP
+>>> lm = kt.models.GPTCausalLM.from_preset("hf://openai-community/gpt2")  # doctest: +SKIP
+>>> lm = kt.models.GPTCausalLM.from_preset("hf://openai-community/gpt2@main")  # doctest: +SKIP
 """
 
 import re
@@ -76,8 +78,8 @@ def resolve_handle(handle):
 
 
 def _parse_hf_handle(handle):
-    """"hf://org/name@rev" -> ("org/name", "rev"); the revision defaults to "main"."""
-    body = handle[len("hf://"):]
+    """ "hf://org/name@rev" -> ("org/name", "rev"); the revision defaults to "main"."""
+    body = handle[len("hf://") :]
     repo_id, at, revision = body.partition("@")  # a repository id never holds "@"; a revision may hold "/"
     if not _REPO_ID.fullmatch(repo_id) or (at and not revision):
         raise ValueError(

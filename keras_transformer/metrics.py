@@ -13,6 +13,7 @@ class Perplexity(keras.metrics.Mean):
         name: metric name.
 
     Example:
+    >>> import numpy as np
     >>> metric = Perplexity()
     >>> metric.update_state(np.array([[1]]), np.log(np.array([[[0.5, 0.5]]])))
     >>> round(float(metric.result()), 3)

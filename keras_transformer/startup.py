@@ -50,8 +50,11 @@ def import_keras_quietly():
 
     TensorFlow, when Keras loads it later (another backend seeding it, or its data utilities), loads
     quietly too."""
-    if not verbose() and "tensorflow" not in sys.modules and not any(
-            isinstance(finder, _QuietTensorFlowImport) for finder in sys.meta_path):
+    if (
+        not verbose()
+        and "tensorflow" not in sys.modules
+        and not any(isinstance(finder, _QuietTensorFlowImport) for finder in sys.meta_path)
+    ):
         sys.meta_path.insert(0, _QuietTensorFlowImport())
     with quiet_startup():
         import keras

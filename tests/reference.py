@@ -155,7 +155,9 @@ def multi_head_attention(
             attention_mask = padding_to_attention_mask(attention_mask, T)
         mask = attention_mask[:, None, :, :]  # (B, T, S) -> (B, 1, T, S)
     if use_causal_mask:
-        causal = causal_mask(T, S) if sliding_window is None else sliding_window_mask(np.arange(S - T, S), S, sliding_window)
+        causal = (
+            causal_mask(T, S) if sliding_window is None else sliding_window_mask(np.arange(S - T, S), S, sliding_window)
+        )
         mask = combine_masks(mask, causal[None, None])
 
     heads, probs = scaled_dot_product_attention(q, k, v, scale, attention_bias, mask)
@@ -377,9 +379,7 @@ def encoder_block(
     """
     x = _f64(x)
     T = x.shape[1]
-    mask = combine_masks(
-        None if padding_mask is None else padding_to_attention_mask(padding_mask, T), attention_mask
-    )
+    mask = combine_masks(None if padding_mask is None else padding_to_attention_mask(padding_mask, T), attention_mask)
 
     def attend(h):
         return multi_head_attention(

@@ -18,8 +18,9 @@ def _blocks(text):
 
 def _packages():
     """Every package of the library, as the doc writes it: `decoding/`, `models/bert/`."""
-    return sorted(f"{p.parent.relative_to(LIBRARY).as_posix()}/" for p in LIBRARY.rglob("__init__.py")
-                  if p.parent != LIBRARY)
+    return sorted(
+        f"{p.parent.relative_to(LIBRARY).as_posix()}/" for p in LIBRARY.rglob("__init__.py") if p.parent != LIBRARY
+    )
 
 
 def _files():
@@ -29,7 +30,9 @@ def _files():
 def _folders():
     found = set()
     for base in (ROOT, LIBRARY):
-        found |= {f"{p.relative_to(base).as_posix()}/" for p in base.rglob("*") if p.is_dir() and ".venv" not in p.parts}
+        found |= {
+            f"{p.relative_to(base).as_posix()}/" for p in base.rglob("*") if p.is_dir() and ".venv" not in p.parts
+        }
     return found
 
 
@@ -46,8 +49,11 @@ def test_every_folder_named_in_the_maps_exists():
 
 def test_every_package_is_named():
     text = DOC.read_text()
-    missing = [package for package in _packages() if package not in text
-               and f"{package.rstrip('/').rpartition('/')[2]}/" not in text]
+    missing = [
+        package
+        for package in _packages()
+        if package not in text and f"{package.rstrip('/').rpartition('/')[2]}/" not in text
+    ]
     assert missing == []
 
 

@@ -53,7 +53,9 @@ def models():
     rng = np.random.default_rng(0)
     texts = [" ".join(rng.choice(WORDS, 5)) for _ in range(50)]
     bpe = kt.tokenizers.BytePairTokenizer.train(texts, vocabulary_size=280)
-    word_piece = kt.tokenizers.WordPieceTokenizer.from_vocabulary(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS)
+    word_piece = kt.tokenizers.WordPieceTokenizer.from_vocabulary(
+        ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
+    )
     digits = digit_tokenizer()
     small = dict(num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16, max_sequence_length=MAX_LENGTH)
 
@@ -77,8 +79,11 @@ def models():
     }
     for task in tasks.values():
         task.compile(optimizer="sgd")  # plain SGD: cheap to create; no step ever runs here
-    return {"backbones": {"gpt": gpt, "bert": bert, "t5": t5, "transformer": transformer}, "tasks": tasks,
-            "texts": texts}
+    return {
+        "backbones": {"gpt": gpt, "bert": bert, "t5": t5, "transformer": transformer},
+        "tasks": tasks,
+        "texts": texts,
+    }
 
 
 BACKBONES = ["gpt", "bert", "t5", "transformer"]
@@ -95,8 +100,12 @@ def good_inputs(family, batch=2, length=6):
         if family == "bert":
             x["segment_ids"] = np.zeros((batch, length), "int32")
         return x
-    return {"encoder_token_ids": ids, "encoder_padding_mask": mask, "decoder_token_ids": ids.copy(),
-            "decoder_padding_mask": mask.copy()}
+    return {
+        "encoder_token_ids": ids,
+        "encoder_padding_mask": mask,
+        "decoder_token_ids": ids.copy(),
+        "decoder_padding_mask": mask.copy(),
+    }
 
 
 def task_inputs(task_name, **kwargs):
@@ -124,7 +133,11 @@ def bad_ids(x, key, case, vocabulary_size):
     name = re.escape(f"`{key}`")
     if case == "too_large":
         x[key][0, 5] = vocabulary_size + 3
-        return x, rf"{name} has id {vocabulary_size + 3} at \[0, 5\], outside \[0, {vocabulary_size}\) \(vocabulary_size={vocabulary_size}\)"
+        return (
+            x,
+            rf"{name} has id {vocabulary_size + 3} at \[0, 5\], outside \[0, {vocabulary_size}\) "
+            rf"\(vocabulary_size={vocabulary_size}\)",
+        )
     if case == "negative":
         x[key][1, 2] = -1
         return x, rf"{name} has id -1 at \[1, 2\], outside \[0, {vocabulary_size}\)"
@@ -141,14 +154,19 @@ def bad_ids(x, key, case, vocabulary_size):
 def bad_shape(family_inputs, case, key):
     """Cases that change shapes: too long, empty batch, a mask of another shape."""
     if case == "too_long":
-        return family_inputs(length=MAX_LENGTH + 1), rf"has {MAX_LENGTH + 1} positions, more than max_sequence_length={MAX_LENGTH}"
+        return family_inputs(
+            length=MAX_LENGTH + 1
+        ), rf"has {MAX_LENGTH + 1} positions, more than max_sequence_length={MAX_LENGTH}"
     if case == "empty_batch":
         return family_inputs(batch=0), r"is an empty batch.*shape=\(0, 6\)"
     if case == "mask_shape":
         x = family_inputs()
         mask_key = key.replace("token_ids", "padding_mask")
         x[mask_key] = x[mask_key][:, :-1]
-        return x, rf"`{mask_key}` must have the shape of `{key}`. Received: {mask_key}.shape=\(2, 5\), {key}.shape=\(2, 6\)"
+        return (
+            x,
+            rf"`{mask_key}` must have the shape of `{key}`. Received: {mask_key}.shape=\(2, 5\), {key}.shape=\(2, 6\)",
+        )
     raise AssertionError(case)
 
 
@@ -320,7 +338,9 @@ def test_task_text_labels_and_nan(models, method):
 def test_task_text_tokenizer_larger_than_model(models, method):
     # The tokenizer's byte tokens have ids up to 279; the model embeds 100.
     task = models["tasks"]["narrow_gpt"]
-    with pytest.raises(ValueError, match=r"`token_ids` has id \d+ at \[0, \d+\], outside \[0, 100\) \(vocabulary_size=100\)"):
+    with pytest.raises(
+        ValueError, match=r"`token_ids` has id \d+ at \[0, \d+\], outside \[0, 100\) \(vocabulary_size=100\)"
+    ):
         _text_call(task, method, ["apple river"])
 
 

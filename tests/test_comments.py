@@ -25,14 +25,16 @@ def _text(path):
 
 
 def _headings():
-    return [line.lstrip("#").strip() for line in RESULTS.read_text(encoding="utf-8").splitlines()
-            if line.startswith("#")]
+    return [
+        line.lstrip("#").strip() for line in RESULTS.read_text(encoding="utf-8").splitlines() if line.startswith("#")
+    ]
 
 
 def test_sources_are_read():
     assert len(SOURCES) > 50 and any("runtime" in path.parts for path in SOURCES)
     assert CITATION.findall('see (benchmarks/RESULTS.md,\n    # "first_argmax")'.replace("\n    # ", " ")) == [
-        "first_argmax"]
+        "first_argmax"
+    ]
     assert MEASUREMENT.search("took 131 us at 4 rows") and MEASUREMENT.search("1.6x faster")
     assert not MEASUREMENT.search("the (D, V) array, 2 x (B, Hkv, S, Dh)")
 
@@ -44,14 +46,20 @@ def test_every_results_citation_names_a_heading():
         text, name = _text(path), str(path.relative_to(ROOT))
         if text.count("RESULTS") != len(CITATION.findall(text)):
             uncited.append(name)  # cite it as: RESULTS.md, "<a heading>"
-        unknown += [f"{name}: {cited!r}" for cited in CITATION.findall(text)
-                    if not any(cited in heading for heading in headings)]
+        unknown += [
+            f"{name}: {cited!r}"
+            for cited in CITATION.findall(text)
+            if not any(cited in heading for heading in headings)
+        ]
     assert (uncited, unknown) == ([], [])
 
 
 def test_no_measurement_in_the_source():
-    found = [f"{path.relative_to(ROOT)}: {match.group(0)!r}" for path in SOURCES
-             for match in MEASUREMENT.finditer(_text(path))]
+    found = [
+        f"{path.relative_to(ROOT)}: {match.group(0)!r}"
+        for path in SOURCES
+        for match in MEASUREMENT.finditer(_text(path))
+    ]
     assert found == []
 
 
@@ -65,13 +73,15 @@ DOCS = [ROOT / "README.md", ROOT / "export" / "README.md"] + sorted((ROOT / "doc
 def test_named_files_exist():
     """A renamed or split module leaves no docstring or doc pointing at its old file."""
     roots = {path.name for path in ROOT.iterdir() if path.is_dir()} | {
-        path.name for path in (ROOT / "keras_transformer").iterdir() if path.is_dir()}
+        path.name for path in (ROOT / "keras_transformer").iterdir() if path.is_dir()
+    }
     missing = []
     for path in SOURCES + DOCS:
         for name in sorted(set(NAMED_PATH.findall(path.read_text(encoding="utf-8")))):
             if name.split("/")[0] not in roots:
                 continue
-            if not any(candidate.exists() for candidate in (ROOT / name, ROOT / "keras_transformer" / name,
-                                                             path.parent / name)):
+            if not any(
+                candidate.exists() for candidate in (ROOT / name, ROOT / "keras_transformer" / name, path.parent / name)
+            ):
                 missing.append(f"{path.relative_to(ROOT)}: {name}")
     assert missing == []

@@ -10,8 +10,8 @@ Conventions, written as HTML comments (GitHub does not show them):
     lm = kt.models.GPTCausalLM.from_preset("gpt_stdlib")
     -->                                  hidden code run just before the next ```python block:
                                          the context a block shows only in words (`lm`, `texts`)
-    <!-- docs-test skip: why -->         the next ```python block is not run; the reason is the
-                                         pytest skip message, and every skipped block is listed
+    <!-- docs-test skip: why -->         the next ```python block is not run; it is listed as a
+                                         skipped test of its own, with the reason as message
     <!-- docs-test backends: jax -->     the backends the document claims (default: all three);
                                          on the others its test is skipped with that reason
     <!-- docs-test env: NAME=value -->   an environment variable for the document's process
@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # their errors, every cell of which tests/test_bad_input.py runs on every backend.
 RUN_ELSEWHERE = {"docs/bad_input.md": "tests/test_bad_input.py"}
 DOCS = ["README.md", "export/README.md"] + sorted(
-    str(path.relative_to(ROOT)) for path in (ROOT / "docs").glob("*.md")
+    str(path.relative_to(ROOT))
+    for path in (ROOT / "docs").glob("*.md")
     if str(path.relative_to(ROOT)) not in RUN_ELSEWHERE
 )
 BACKENDS = ("tensorflow", "jax", "torch")
@@ -108,17 +109,31 @@ if __name__ != "__main__":  # the runner's process imports nothing a document di
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         completed = subprocess.run(
             [sys.executable, str(Path(__file__).resolve()), str(ROOT / doc)],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         assert completed.returncode == 0, (
             f"{doc} failed on {backend}:\n{completed.stdout[-3000:]}\n{completed.stderr[-6000:]}"
         )
         ran = re.findall(r"^ran block at line (\d+)$", completed.stdout, re.M)
         expected = [str(block["line"]) for block in found if not block["skip"]]
-        assert ran == expected, completed.stdout
-        skipped = [f"line {block['line']}: {block['skip']}" for block in found if block["skip"]]
-        if skipped:
-            pytest.skip(f"{doc}: every other block ran; not run: " + "; ".join(skipped))
+        assert ran == expected, completed.stdout  # every block not marked skip ran (those are listed below)
+
+    def _blocks_not_run():
+        for doc in DOCS:
+            for block in blocks((ROOT / doc).read_text(encoding="utf-8"))[0]:
+                if block["skip"]:
+                    yield pytest.param(doc, block["line"], block["skip"], id=f"{doc}:{block['line']}")
+
+    @pytest.mark.parametrize("doc, line, reason", list(_blocks_not_run()))
+    def test_block_marked_skip_is_listed_with_its_reason(doc, line, reason):
+        """Each block a document marks `docs-test skip` is reported here, as a skip of its own with the document's
+        reason (its document's test passes: every other block ran). A mark without a reason fails."""
+        assert reason != "no reason given", f"{doc}, line {line}: `docs-test skip` needs a reason after the colon"
+        pytest.skip(f"{doc}, block at line {line} not run: {reason}")
 
     @pytest.mark.parametrize("doc", DOCS)
     def test_every_block_compiles(doc):
@@ -137,15 +152,22 @@ if __name__ != "__main__":  # the runner's process imports nothing a document di
         found, settings = blocks(text)
         assert settings == {"backends": ["jax"], "env": {"A": "1"}}
         assert [(b["line"], b["code"], b["skip"]) for b in found] == [
-            (4, "x = 1\n", None), (11, "print(x + y)\n", None), (18, "boom()\n", "needs two hosts"),
+            (4, "x = 1\n", None),
+            (11, "print(x + y)\n", None),
+            (18, "boom()\n", "needs two hosts"),
         ]
         assert found[1]["setup"] == [(8, "y = 2\n")]
 
     def test_a_failing_block_fails_with_the_document_line(tmp_path):
         doc = tmp_path / "doc.md"
         doc.write_text("# t\n\n```python\nx = 1\n```\n\ntext\n\n```python\nx.no_such_method()\n```\n")
-        completed = subprocess.run([sys.executable, str(Path(__file__).resolve()), str(doc)], cwd=tmp_path,
-                                   capture_output=True, text=True, timeout=60)
+        completed = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), str(doc)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert completed.returncode != 0
         assert f'File "{doc}", line 10' in completed.stderr and "no_such_method" in completed.stderr
         assert "ran block at line 4" in completed.stdout

@@ -15,7 +15,8 @@ from tests.export.helpers import run_python
 def test_the_declared_providers_are_the_ones_that_exist():
     assert entry_points.names(entry_points.EXPORTERS) == keras_transformer.export.FORMATS
     assert {entry_points.load(entry_points.EXPORTERS, name) for name in keras_transformer.export.FORMATS} == {
-        keras_transformer.export.export_model}
+        keras_transformer.export.export_model
+    }
     assert entry_points.names(entry_points.CHECKPOINT_READERS) == ("model_type",)
     assert entry_points.load(entry_points.CHECKPOINT_READERS, "model_type") is hugging_face.convert_config
 

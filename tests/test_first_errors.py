@@ -16,8 +16,14 @@ from keras_transformer import cli, export, presets
 
 def test_over_long_text_in_fit_names_packing():
     tokenizer = kt.tokenizers.Tokenizer.load(presets.resolve("gpt_tiny"))
-    backbone = kt.models.GPTBackbone(vocabulary_size=tokenizer.vocabulary_size, num_layers=1, num_heads=2,
-                                     hidden_dim=8, intermediate_dim=16, max_sequence_length=32)
+    backbone = kt.models.GPTBackbone(
+        vocabulary_size=tokenizer.vocabulary_size,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=32,
+    )
     lm = kt.models.GPTCausalLM(backbone, kt.models.GPTCausalLMPreprocessor(tokenizer, sequence_length=32))
     document = "def f(x):\n    return x\n" * 20
     with pytest.raises(ValueError, match=r"A sequence of \d+ tokens is longer than `sequence_length`=32") as error:
@@ -29,7 +35,8 @@ def test_over_long_text_in_fit_names_packing():
 
 
 @pytest.mark.parametrize(
-    "typo, best", [("gpt_stdlb", "gpt_stdlib"), ("GPT-tiny", "gpt_tiny"), ("bert tiny", "bert_tiny"), ("t5-smal", "t5_small")]
+    "typo, best",
+    [("gpt_stdlb", "gpt_stdlib"), ("GPT-tiny", "gpt_tiny"), ("bert tiny", "bert_tiny"), ("t5-smal", "t5_small")],
 )
 def test_mistyped_preset_suggests_the_closest_names(typo, best):
     with pytest.raises(ValueError, match=rf"Unknown preset {typo!r}.*Did you mean {best!r}") as error:
@@ -39,8 +46,11 @@ def test_mistyped_preset_suggests_the_closest_names(typo, best):
 
 
 def test_preset_of_another_family_lists_the_fitting_presets():
-    with pytest.raises(ValueError, match=r"holds a BertBackbone, not a GPTBackbone\. Presets for a GPTBackbone: "
-                                         r"gpt_medium, gpt_small, gpt_stdlib, gpt_tiny\."):
+    with pytest.raises(
+        ValueError,
+        match=r"holds a BertBackbone, not a GPTBackbone\. Presets for a GPTBackbone: "
+        r"gpt_medium, gpt_small, gpt_stdlib, gpt_tiny\.",
+    ):
         kt.models.GPTCausalLM.from_preset("bert_tiny", load_weights=False)
 
 
@@ -66,8 +76,9 @@ def _import_with(backend, blocked=None, tmp_path=None):
             "sys.meta_path.insert(0, Block())\n"
         )
         env["PYTHONPATH"] = str(tmp_path)
-    return subprocess.run([sys.executable, "-c", "import keras_transformer"], env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", "import keras_transformer"], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_backend_not_installed_names_the_extra_and_an_installed_backend(tmp_path):

@@ -91,24 +91,38 @@ def _handler(hub):
                 info = {"id": repo_id, "sha": commit, "siblings": [{"rfilename": name} for name in files]}
                 return self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"}, send_body)
             if "kind" in match.groupdict():  # the tree
-                tree = [{"type": "file", "path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
-                        for name, data in files.items()]
+                tree = [
+                    {"type": "file", "path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+                    for name, data in files.items()
+                ]
                 return self._send(200, json.dumps(tree).encode(), {"Content-Type": "application/json"}, send_body)
             # As on the hub, a gated repository's listing is public and its files need a token.
             if repo_id in hub.tokens and self.headers.get("Authorization") != f"Bearer {hub.tokens[repo_id]}":
                 return self._error(401, "GatedRepo", f"Access to model {repo_id} is restricted", send_body)
             filename = urllib.parse.unquote(match["file"])
             if filename not in files or filename in hub.withheld:
-                return self._error(404, "EntryNotFound", f"{filename} does not exist on {revision}", send_body,
-                                   {"X-Repo-Commit": commit})
+                return self._error(
+                    404,
+                    "EntryNotFound",
+                    f"{filename} does not exist on {revision}",
+                    send_body,
+                    {"X-Repo-Commit": commit},
+                )
             data = files[filename]
-            headers = {"ETag": f'"{hashlib.sha1(data).hexdigest()}"', "X-Repo-Commit": commit,
-                       "Content-Type": "application/octet-stream"}
+            headers = {
+                "ETag": f'"{hashlib.sha1(data).hexdigest()}"',
+                "X-Repo-Commit": commit,
+                "Content-Type": "application/octet-stream",
+            }
             return self._send(200, data, headers, send_body)
 
         def _error(self, status, code, message, send_body, headers=None):
-            headers = {"X-Error-Code": code, "X-Error-Message": message, "Content-Type": "application/json",
-                       **(headers or {})}
+            headers = {
+                "X-Error-Code": code,
+                "X-Error-Message": message,
+                "Content-Type": "application/json",
+                **(headers or {}),
+            }
             self._send(status, json.dumps({"error": message}).encode(), headers, send_body)
 
         def _send(self, status, body, headers, send_body):
@@ -181,8 +195,9 @@ def test_hf_checkpoint_loads_as_the_local_directory(hub, checkpoints):
     text = "def add(a, b):"
     np.testing.assert_array_equal(lm.preprocessor.tokenizer.tokenize(text), local.preprocessor.tokenizer.tokenize(text))
     backbone = GPTBackbone.from_preset(f"hf://{REPO}")
-    np.testing.assert_array_equal(to_numpy(backbone.token_embedding.embeddings),
-                                  to_numpy(lm.backbone.token_embedding.embeddings))
+    np.testing.assert_array_equal(
+        to_numpy(backbone.token_embedding.embeddings), to_numpy(lm.backbone.token_embedding.embeddings)
+    )
     # The snapshot lies in the hub's standard cache layout.
     snapshot = kt.presets.resolve(f"hf://{REPO}")
     assert snapshot.parent.parent == Path(constants.HF_HUB_CACHE) / "models--org--tiny-gpt2"
@@ -212,8 +227,13 @@ def test_base_class_picks_the_family_from_a_handle(hub, checkpoints):
 
 
 def test_second_load_downloads_nothing_and_only_what_a_preset_reads(hub, checkpoints):
-    unread = {"pytorch_model.bin": b"not read", "flax_model.msgpack": b"not read", "README.md": b"# card",
-              "consolidated.safetensors": b"a second copy", "onnx/model.safetensors": b"a subfolder"}
+    unread = {
+        "pytorch_model.bin": b"not read",
+        "flax_model.msgpack": b"not read",
+        "README.md": b"# card",
+        "consolidated.safetensors": b"a second copy",
+        "onnx/model.safetensors": b"a subfolder",
+    }
     hub.publish(REPO, checkpoints["main"], extra=unread)
     GPTCausalLM.from_preset(f"hf://{REPO}")
     first = hub.downloads()
@@ -304,8 +324,14 @@ def test_missing_files(hub, checkpoints):
         GPTCausalLM.from_preset("hf://org/broken")
 
 
-@pytest.mark.parametrize("preset, scheme", [("kaggle://keras/gpt2/keras/gpt2_base_en", "kaggle://"),
-                                            ("gs://bucket/gpt2", "gs://"), ("HTTPS://example.com/x", "https://")])
+@pytest.mark.parametrize(
+    "preset, scheme",
+    [
+        ("kaggle://keras/gpt2/keras/gpt2_base_en", "kaggle://"),
+        ("gs://bucket/gpt2", "gs://"),
+        ("HTTPS://example.com/x", "https://"),
+    ],
+)
 def test_unsupported_scheme_names_it_and_the_supported_ones(hub, preset, scheme):
     with pytest.raises(ValueError, match=rf"Unsupported preset scheme '{re.escape(scheme)}'.*hf://org/name"):
         GPTCausalLM.from_preset(preset)
@@ -326,8 +352,9 @@ def test_cli_convert_takes_a_handle(hub, checkpoints, tmp_path, capsys):
     hub.publish(REPO, checkpoints["main"])
     assert cli.main(["convert", f"hf://{REPO}", str(tmp_path / "preset")]) == 0
     assert "GPTCausalLM" in capsys.readouterr().out
-    np.testing.assert_array_equal(_logits(GPTCausalLM.from_preset(tmp_path / "preset")),
-                                  _logits(GPTCausalLM.from_preset(checkpoints["main"])))
+    np.testing.assert_array_equal(
+        _logits(GPTCausalLM.from_preset(tmp_path / "preset")), _logits(GPTCausalLM.from_preset(checkpoints["main"]))
+    )
     assert cli.main(["convert", "kaggle://x/y", str(tmp_path / "out")]) == 2
     assert "Unsupported preset scheme 'kaggle://'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

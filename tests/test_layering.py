@@ -68,6 +68,7 @@ def _imports(path):
                     target = _resolve(name)
                     if target is not None and target != module:
                         found.append((target, child.lineno, in_function))
+
     visit(ast.parse(path.read_text(), str(path)), False)
     return found
 
@@ -115,8 +116,11 @@ def _cycles(graph):
 
 def test_the_graph_is_read():
     # The parser finds what a reader sees: the package's floors and their best-known edges.
-    assert {"keras_transformer.presets", "keras_transformer.layers.multi_head_attention",
-            "keras_transformer.models.backbone"} <= set(MODULES)
+    assert {
+        "keras_transformer.presets",
+        "keras_transformer.layers.multi_head_attention",
+        "keras_transformer.models.backbone",
+    } <= set(MODULES)
     assert "keras_transformer.presets" in _graph()["keras_transformer.models.backbone"]
     assert "keras_transformer.layers.kv_cache" in _graph()["keras_transformer.layers.multi_head_attention"]
 
@@ -144,8 +148,12 @@ def test_no_function_level_import_of_our_own_modules():
 
 
 def test_nothing_imports_a_door():
-    assert [(name, target) for name, edges in IMPORTS.items() for target, _, _ in edges
-            if target in DOORS and name not in DOORS] == []
+    assert [
+        (name, target)
+        for name, edges in IMPORTS.items()
+        for target, _, _ in edges
+        if target in DOORS and name not in DOORS
+    ] == []
 
 
 def test_allowlist_holds_only_edges_that_exist():
@@ -155,8 +163,12 @@ def test_allowlist_holds_only_edges_that_exist():
 
 
 def _imports_of(prefix):
-    return {(name, target) for name, edges in IMPORTS.items() if name == prefix or name.startswith(prefix + ".")
-            for target, _, _ in edges}
+    return {
+        (name, target)
+        for name, edges in IMPORTS.items()
+        if name == prefix or name.startswith(prefix + ".")
+        for target, _, _ in edges
+    }
 
 
 @pytest.mark.parametrize(
@@ -168,8 +180,11 @@ def _imports_of(prefix):
     ],
 )
 def test_lower_floors_import_only_themselves(floor, allowed):
-    outside = sorted((name, target) for name, target in _imports_of(floor)
-                     if not any(target == a or target.startswith(a + ".") for a in allowed))
+    outside = sorted(
+        (name, target)
+        for name, target in _imports_of(floor)
+        if not any(target == a or target.startswith(a + ".") for a in allowed)
+    )
     assert outside == []
 
 
@@ -179,9 +194,17 @@ def test_lower_floors_import_only_themselves(floor, allowed):
 # top-level package, a door, declares and loads the floors above lazily and sits on no floor.
 FLOORS = (
     # stand-alone modules: none imports a floor of ours
-    ("keras_transformer.version", "keras_transformer.backend_check", "keras_transformer.entry_points",
-     "keras_transformer.startup", "keras_transformer.bundle_runtime", "keras_transformer.hub",
-     "keras_transformer.distribution", "keras_transformer.metrics", "keras_transformer.corpus"),
+    (
+        "keras_transformer.version",
+        "keras_transformer.backend_check",
+        "keras_transformer.entry_points",
+        "keras_transformer.startup",
+        "keras_transformer.bundle_runtime",
+        "keras_transformer.hub",
+        "keras_transformer.distribution",
+        "keras_transformer.metrics",
+        "keras_transformer.corpus",
+    ),
     ("keras_transformer.layers", "keras_transformer.tokenizers"),  # the KV cache lives with the layers
     ("keras_transformer.kernels",),  # the layer-kernel table and its runtimes
     ("keras_transformer.samplers",),  # what a user passes: samplers choose tokens
@@ -195,15 +218,25 @@ FLOORS = (
 
 def _floor(module):
     """The index in FLOORS of `module`'s most specific entry; None for the top-level door (and the unknown)."""
-    matches = [(len(entry), level) for level, entries in enumerate(FLOORS) for entry in entries
-               if module == entry or module.startswith(entry + ".")]
+    matches = [
+        (len(entry), level)
+        for level, entries in enumerate(FLOORS)
+        for entry in entries
+        if module == entry or module.startswith(entry + ".")
+    ]
     return max(matches)[1] if matches else None
 
 
 def _upward(edges):
     """The (importer, imported) edges that run back up: the imported module sits on a higher floor."""
-    return sorted((name, target) for name, target in edges if name != PACKAGE and (name, target) not in ALLOWLIST
-                  and _floor(target) is not None and _floor(target) > _floor(name))
+    return sorted(
+        (name, target)
+        for name, target in edges
+        if name != PACKAGE
+        and (name, target) not in ALLOWLIST
+        and _floor(target) is not None
+        and _floor(target) > _floor(name)
+    )
 
 
 def test_every_module_stands_on_a_floor():
@@ -213,12 +246,16 @@ def test_every_module_stands_on_a_floor():
 
 def test_upward_imports_are_found():
     # What the models package once did to register the converters and exporters, and the loader's old sin.
-    assert _upward([("keras_transformer.models", "keras_transformer.convert"),
-                    ("keras_transformer.models.task", "keras_transformer.export.onnx"),
-                    ("keras_transformer.presets.loading", "keras_transformer.models.backbone"),
-                    ("keras_transformer.samplers.sampler", "keras_transformer.decoding.rows"),
-                    ("keras_transformer.export", "keras_transformer.models"),
-                    ("keras_transformer", "keras_transformer.cli")]) == [
+    assert _upward(
+        [
+            ("keras_transformer.models", "keras_transformer.convert"),
+            ("keras_transformer.models.task", "keras_transformer.export.onnx"),
+            ("keras_transformer.presets.loading", "keras_transformer.models.backbone"),
+            ("keras_transformer.samplers.sampler", "keras_transformer.decoding.rows"),
+            ("keras_transformer.export", "keras_transformer.models"),
+            ("keras_transformer", "keras_transformer.cli"),
+        ]
+    ) == [
         ("keras_transformer.models", "keras_transformer.convert"),
         ("keras_transformer.models.task", "keras_transformer.export.onnx"),
         ("keras_transformer.presets.loading", "keras_transformer.models.backbone"),
@@ -231,8 +268,9 @@ def test_no_import_runs_back_up():
     reader behind `from_preset`, the writers behind `Task.export`) the top-level package declares
     (keras_transformer/entry_points.py)."""
     edges = [(name, target) for name, found in IMPORTS.items() for target, _, _ in found]
-    assert [f"{name} (floor {_floor(name)}) -> {target} (floor {_floor(target)})"
-            for name, target in _upward(edges)] == []
+    assert [
+        f"{name} (floor {_floor(name)}) -> {target} (floor {_floor(target)})" for name, target in _upward(edges)
+    ] == []
 
 
 def test_no_source_file_is_longer_than_450_lines():
@@ -247,13 +285,18 @@ def test_the_cache_module_is_self_contained():
     """layers/kv_cache.py (every cache layout, and a backbone's L-layer cache forms) needs only the mask helpers,
     which need nothing of ours: samplers and models take their cache code from it, nothing else."""
     assert sorted({target for target, _, _ in IMPORTS["keras_transformer.layers.kv_cache"]}) == [
-        "keras_transformer.layers.masks"]
+        "keras_transformer.layers.masks"
+    ]
     assert IMPORTS["keras_transformer.layers.masks"] == []
     # The cache helpers are defined there and nowhere else.
-    defined = {name: [module for module, path in MODULES.items()
-                      if any(isinstance(node, ast.FunctionDef) and node.name == name
-                             for node in ast.parse(path.read_text()).body)]
-               for name in ("split_cache", "layer_cache_of", "like_cache", "cache_keys", "as_cache")}
+    defined = {
+        name: [
+            module
+            for module, path in MODULES.items()
+            if any(isinstance(node, ast.FunctionDef) and node.name == name for node in ast.parse(path.read_text()).body)
+        ]
+        for name in ("split_cache", "layer_cache_of", "like_cache", "cache_keys", "as_cache")
+    }
     assert defined == {name: ["keras_transformer.layers.kv_cache"] for name in defined}
 
 
@@ -264,12 +307,19 @@ def _imported_names(prefix, source_module):
         if module != prefix and not module.startswith(prefix + "."):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and not node.level and node.module and (
-                    node.module == source_module or node.module.startswith(source_module + ".")):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and not node.level
+                and node.module
+                and (node.module == source_module or node.module.startswith(source_module + "."))
+            ):
                 found |= {(module, node.module, alias.name) for alias in node.names}
             elif isinstance(node, ast.Import):
-                found |= {(module, alias.name, None) for alias in node.names
-                          if alias.name == source_module or alias.name.startswith(source_module + ".")}
+                found |= {
+                    (module, alias.name, None)
+                    for alias in node.names
+                    if alias.name == source_module or alias.name.startswith(source_module + ".")
+                }
     return found
 
 
@@ -278,8 +328,11 @@ def test_export_uses_the_samplers_public_entry_points(prefix):
     """Export and convert import decoding from the `keras_transformer.samplers` package's `__all__` only:
     no private module (`samplers.decode_loop`, ...), no private name (`_...`)."""
     init = MODULES["keras_transformer.samplers"]
-    public = next(ast.literal_eval(node.value) for node in ast.parse(init.read_text()).body
-                  if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "__all__")
+    public = next(
+        ast.literal_eval(node.value)
+        for node in ast.parse(init.read_text()).body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "__all__"
+    )
     used = _imported_names(prefix, "keras_transformer.samplers")
     assert sorted(f"{module}: {source}" for module, source, _ in used if source != "keras_transformer.samplers") == []
     assert sorted(f"{module}: {name}" for module, _, name in used if name not in public) == []
@@ -322,7 +375,9 @@ def test_the_bundle_runtime_has_no_import_cycle():
     file, each importing only files below it (docs/architecture.md draws them)."""
     runtime = ROOT / "export" / "runtime"
     own = {path.stem for path in runtime.glob("*.py")}
-    graph = {path.stem: sorted({name.split(".")[0] for name in _top_level_imports(path)} & own - {path.stem})
-             for path in runtime.glob("*.py")}
+    graph = {
+        path.stem: sorted({name.split(".")[0] for name in _top_level_imports(path)} & own - {path.stem})
+        for path in runtime.glob("*.py")
+    }
     assert graph["generate"] and graph["serve"]  # the graph is read
     assert _cycles(graph) == []

@@ -62,12 +62,20 @@ def batch(family, rng):
     if family == "bert":
         task = kt.models.BertMaskedLM(kt.models.BertBackbone(vocabulary_size=V, **SMALL))
         positions = np.tile(np.array([[1, 2]], "int32"), (B, 1))  # (B, P)
-        x = {"token_ids": ids, "segment_ids": np.zeros((B, T), "int32"), "padding_mask": mask,
-             "mask_positions": positions}
+        x = {
+            "token_ids": ids,
+            "segment_ids": np.zeros((B, T), "int32"),
+            "padding_mask": mask,
+            "mask_positions": positions,
+        }
         return task, x, ids[:, 1:3]
     task = kt.models.T5Seq2SeqLM(kt.models.T5Backbone(vocabulary_size=V, **SMALL))
-    x = {"encoder_token_ids": ids, "encoder_padding_mask": mask, "decoder_token_ids": ids[:, ::-1].copy(),
-         "decoder_padding_mask": mask.copy()}
+    x = {
+        "encoder_token_ids": ids,
+        "encoder_padding_mask": mask,
+        "decoder_token_ids": ids[:, ::-1].copy(),
+        "decoder_padding_mask": mask.copy(),
+    }
     return task, x, ids
 
 

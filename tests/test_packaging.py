@@ -58,8 +58,10 @@ def installed(tmp_path_factory):
         shutil.copytree(ROOT / name, source / name, ignore=ignore)
     dist = tmp / "dist"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
-    log = _run(pip + ["wheel", "--no-deps", "--no-build-isolation", "-v", "-w", str(dist), str(source)],
-               stderr=subprocess.STDOUT)
+    log = _run(
+        pip + ["wheel", "--no-deps", "--no-build-isolation", "-v", "-w", str(dist), str(source)],
+        stderr=subprocess.STDOUT,
+    )
     (wheel,) = dist.glob("keras_transformer-*.whl")
     site = tmp / "site"
     _run(pip + ["install", "--no-deps", "--no-index", "--quiet", "--target", str(site), str(wheel)])

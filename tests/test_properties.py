@@ -26,8 +26,13 @@ from tests.samplers.helpers import tiny_gpt
 # luck; KT_HYPOTHESIS_EXAMPLES=300 explores fresh random examples (a developer's sweep; a failure
 # prints the example to reproduce).
 _EXPLORE = int(os.environ.get("KT_HYPOTHESIS_EXAMPLES", "0"))
-SETTINGS = settings(max_examples=_EXPLORE or 15, derandomize=not _EXPLORE, deadline=None, database=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=_EXPLORE or 15,
+    derandomize=not _EXPLORE,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 seeds = st.integers(0, 2**31 - 1)
 
 VOCAB, MAX_LENGTH = 11, 64  # the model of the cache and padding properties
@@ -55,8 +60,13 @@ def test_causal_mask_matches_reference(data):
 
 
 @SETTINGS
-@given(seed=seeds, batch=st.integers(1, 3), query_length=st.integers(1, 4), key_length=st.integers(1, 5),
-       use=st.tuples(st.booleans(), st.booleans(), st.booleans()))
+@given(
+    seed=seeds,
+    batch=st.integers(1, 3),
+    query_length=st.integers(1, 4),
+    key_length=st.integers(1, 5),
+    use=st.tuples(st.booleans(), st.booleans(), st.booleans()),
+)
 def test_merged_masks_match_reference(seed, batch, query_length, key_length, use):
     rng = np.random.default_rng(seed)
     padding = rng.random((batch, key_length)) < 0.7 if use[0] else None
@@ -189,8 +199,14 @@ def test_greedy_is_argmax(seed, rows, vocabulary):
 
 
 @settings(SETTINGS, max_examples=_EXPLORE or 10)
-@given(seed=seeds, rows=st.integers(1, 3), vocabulary=st.sampled_from([7, 16]), top_k=st.integers(1, 8),
-       top_p=st.none() | st.floats(0.05, 1.0), temperature=st.sampled_from([0.5, 1.0, 2.0]))
+@given(
+    seed=seeds,
+    rows=st.integers(1, 3),
+    vocabulary=st.sampled_from([7, 16]),
+    top_k=st.integers(1, 8),
+    top_p=st.none() | st.floats(0.05, 1.0),
+    temperature=st.sampled_from([0.5, 1.0, 2.0]),
+)
 def test_random_sampling_stays_in_the_top_k_and_the_nucleus(seed, rows, vocabulary, top_k, top_p, temperature):
     logits = _logits(seed, rows, vocabulary)
     uniform = 1.0 - np.random.default_rng(seed + 1).random(rows).astype("float32")  # (0, 1]
@@ -220,8 +236,13 @@ def test_categorical_sampling_inverts_the_cdf(seed, rows, vocabulary):
 
 
 @settings(SETTINGS, max_examples=_EXPLORE or 10)
-@given(seed=seeds, length=st.integers(2, 12), other=st.integers(2, 16), new=st.integers(1, 6),
-       sampler=st.sampled_from(["greedy", "random"]))
+@given(
+    seed=seeds,
+    length=st.integers(2, 12),
+    other=st.integers(2, 16),
+    new=st.integers(1, 6),
+    sampler=st.sampled_from(["greedy", "random"]),
+)
 def test_padding_never_changes_a_continuation(lm, seed, length, other, new, sampler):
     """A prompt decodes the same next to a prompt of any other length (padded or padding), with
     greedy and with seeded sampling (a row's noise depends only on the seed and the row index)."""

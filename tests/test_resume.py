@@ -19,8 +19,9 @@ VOCAB, ROWS, LENGTH, BATCH = 50, 8, 8, 4  # 2 steps per epoch
 
 
 def _build(initial_weights=None):
-    backbone = kt.models.GPTBackbone(vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=16,
-                                     intermediate_dim=32, max_sequence_length=16)
+    backbone = kt.models.GPTBackbone(
+        vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32, max_sequence_length=16
+    )
     lm = kt.models.GPTCausalLM(backbone)
     if initial_weights is not None:
         lm.set_weights(initial_weights)
@@ -31,8 +32,10 @@ def _build(initial_weights=None):
 
 def _data():
     rng = np.random.default_rng(0)
-    x = {"token_ids": rng.integers(0, VOCAB, (ROWS, LENGTH)).astype("int32"),
-         "padding_mask": np.ones((ROWS, LENGTH), bool)}
+    x = {
+        "token_ids": rng.integers(0, VOCAB, (ROWS, LENGTH)).astype("int32"),
+        "padding_mask": np.ones((ROWS, LENGTH), bool),
+    }
     return x, rng.integers(0, VOCAB, (ROWS, LENGTH)).astype("int32")
 
 

@@ -25,8 +25,14 @@ def saved(tmp_path_factory):
     """(directory, task): a tiny GPT task saved as a preset ("preset") and as a .keras file ("lm.keras")."""
     directory = tmp_path_factory.mktemp("saved")
     tokenizer = kt.tokenizers.Tokenizer.load(presets.resolve("gpt_tiny"))
-    backbone = kt.models.GPTBackbone(vocabulary_size=tokenizer.vocabulary_size, num_layers=2, num_heads=2,
-                                     hidden_dim=16, intermediate_dim=32, max_sequence_length=32)
+    backbone = kt.models.GPTBackbone(
+        vocabulary_size=tokenizer.vocabulary_size,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=32,
+    )
     lm = kt.models.GPTCausalLM(backbone, kt.models.GPTCausalLMPreprocessor(tokenizer, sequence_length=16))
     lm.save_to_preset(directory / "preset")
     lm.save(directory / "lm.keras")
@@ -123,8 +129,10 @@ def test_unedited_files_load(saved, tmp_path):
 
 def test_keras_file_of_a_task_with_a_lambda_layer_is_refused(saved, tmp_path):
     _, lm = saved
-    inputs = {name: keras.Input(shape=(None,), dtype=dtype, name=name)
-              for name, dtype in (("token_ids", "int32"), ("padding_mask", "bool"))}
+    inputs = {
+        name: keras.Input(shape=(None,), dtype=dtype, name=name)
+        for name, dtype in (("token_ids", "int32"), ("padding_mask", "bool"))
+    }
     wrapped = keras.Model(inputs, keras.layers.Lambda(lambda logits: logits * 2.0)(lm(inputs)))
     wrapped.save(tmp_path / "lambda.keras")
     with pytest.raises(ValueError, match="lambda"):
@@ -143,13 +151,19 @@ def test_keras_file_of_a_task_with_a_lambda_layer_is_refused(saved, tmp_path):
         ("activation lambda", lambda m: _set(["config", "backbone", "config", "activation"], _serialized_lambda())),
         ("preprocessor class", lambda m: _set(["config", "preprocessor", "class_name"], "os.system")),
         ("tokenizer class", lambda m: _set(["config", "preprocessor", "tokenizer", "class_name"], "os.system")),
-        ("backbone of another package", lambda m: _foreign_class(["config", "backbone"], "keras_hub.models", "GPT2Backbone")),
+        (
+            "backbone of another package",
+            lambda m: _foreign_class(["config", "backbone"], "keras_hub.models", "GPT2Backbone"),
+        ),
     ],
     ids=lambda where: where[0],
 )
 def test_keras_file_naming_a_foreign_class_or_lambda_is_refused(saved, tmp_path, marker, where):
     path = _edited_keras_file(saved, tmp_path, where[1](marker))
-    with pytest.raises((ValueError, TypeError), match="system|lambda|Could not locate|not a keras_transformer|must be one of|Cannot convert"):
+    with pytest.raises(
+        (ValueError, TypeError),
+        match="system|lambda|Could not locate|not a keras_transformer|must be one of|Cannot convert",
+    ):
         keras.saving.load_model(path)
 
 
@@ -246,9 +260,16 @@ def test_truncated_keras_file_is_named(saved, tmp_path):
 
 def test_weights_of_another_shape_change_no_variable(saved, tmp_path):
     _, lm = saved
-    other = kt.models.GPTCausalLM(kt.models.GPTBackbone(
-        vocabulary_size=lm.backbone.vocabulary_size, num_layers=2, num_heads=2, hidden_dim=16,
-        intermediate_dim=48, max_sequence_length=32))
+    other = kt.models.GPTCausalLM(
+        kt.models.GPTBackbone(
+            vocabulary_size=lm.backbone.vocabulary_size,
+            num_layers=2,
+            num_heads=2,
+            hidden_dim=16,
+            intermediate_dim=48,
+            max_sequence_length=32,
+        )
+    )
     other.save_weights(tmp_path / "other.weights.h5")
     before = _weights(lm)
     # Keras alone assigns the layers before the first mismatch, then raises: a half-loaded model.

@@ -25,7 +25,12 @@ try:
 finally:
     sys.path.pop(0)
 
-TRAINED = {"gpt_stdlib": "perplexity", "llama_stdlib": "perplexity", "bert_stdlib": "accuracy", "t5_reverse": "exact_match"}
+TRAINED = {
+    "gpt_stdlib": "perplexity",
+    "llama_stdlib": "perplexity",
+    "bert_stdlib": "accuracy",
+    "t5_reverse": "exact_match",
+}
 
 
 def _record(name):

@@ -17,63 +17,200 @@ from keras_transformer.corpus import stdlib_texts
 ROOT = Path(__file__).resolve().parent.parent
 ZOO = ROOT / "models"
 
-GPT_TINY = dict(vocabulary_size=8000, num_layers=4, num_heads=4, hidden_dim=256, intermediate_dim=1024, max_sequence_length=512)
-GPT_SMALL = dict(vocabulary_size=50257, num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072, max_sequence_length=1024)
-GPT_MEDIUM = dict(vocabulary_size=50257, num_layers=24, num_heads=16, hidden_dim=1024, intermediate_dim=4096, max_sequence_length=1024)
-BERT_TINY = dict(vocabulary_size=8000, num_layers=2, num_heads=2, hidden_dim=128, intermediate_dim=512, max_sequence_length=512)
-BERT_SMALL = dict(vocabulary_size=30522, num_layers=4, num_heads=8, hidden_dim=512, intermediate_dim=2048, max_sequence_length=512)
-BERT_BASE = dict(vocabulary_size=30522, num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072, max_sequence_length=512)
+GPT_TINY = dict(
+    vocabulary_size=8000, num_layers=4, num_heads=4, hidden_dim=256, intermediate_dim=1024, max_sequence_length=512
+)
+GPT_SMALL = dict(
+    vocabulary_size=50257, num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072, max_sequence_length=1024
+)
+GPT_MEDIUM = dict(
+    vocabulary_size=50257, num_layers=24, num_heads=16, hidden_dim=1024, intermediate_dim=4096, max_sequence_length=1024
+)
+BERT_TINY = dict(
+    vocabulary_size=8000, num_layers=2, num_heads=2, hidden_dim=128, intermediate_dim=512, max_sequence_length=512
+)
+BERT_SMALL = dict(
+    vocabulary_size=30522, num_layers=4, num_heads=8, hidden_dim=512, intermediate_dim=2048, max_sequence_length=512
+)
+BERT_BASE = dict(
+    vocabulary_size=30522, num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072, max_sequence_length=512
+)
 T5_TINY = dict(vocabulary_size=8000, num_layers=2, num_heads=4, hidden_dim=128, intermediate_dim=512, key_dim=32)
 T5_SMALL = dict(vocabulary_size=32128, num_layers=6, num_heads=8, hidden_dim=512, intermediate_dim=2048, key_dim=64)
 T5_BASE = dict(vocabulary_size=32128, num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072, key_dim=64)
-LLAMA_TINY = dict(vocabulary_size=8000, num_layers=4, num_heads=4, num_key_value_heads=2, hidden_dim=256,
-                  intermediate_dim=768, max_sequence_length=1024)
-SMOLLM2_135M = dict(vocabulary_size=49152, num_layers=30, num_heads=9, num_key_value_heads=3, hidden_dim=576,
-                    intermediate_dim=1536, max_sequence_length=8192, rope_max_wavelength=100000.0, norm_epsilon=1e-5)
-QWEN2_0_5B = dict(vocabulary_size=151936, num_layers=24, num_heads=14, num_key_value_heads=2, hidden_dim=896,
-                  intermediate_dim=4864, max_sequence_length=32768, rope_max_wavelength=1000000.0, attention_bias=True,
-                  attention_output_bias=False, norm_epsilon=1e-6)
-TRANSFORMER_BASE = dict(vocabulary_size=37000, num_layers=6, num_heads=8, hidden_dim=512, intermediate_dim=2048, max_sequence_length=512)
+LLAMA_TINY = dict(
+    vocabulary_size=8000,
+    num_layers=4,
+    num_heads=4,
+    num_key_value_heads=2,
+    hidden_dim=256,
+    intermediate_dim=768,
+    max_sequence_length=1024,
+)
+SMOLLM2_135M = dict(
+    vocabulary_size=49152,
+    num_layers=30,
+    num_heads=9,
+    num_key_value_heads=3,
+    hidden_dim=576,
+    intermediate_dim=1536,
+    max_sequence_length=8192,
+    rope_max_wavelength=100000.0,
+    norm_epsilon=1e-5,
+)
+QWEN2_0_5B = dict(
+    vocabulary_size=151936,
+    num_layers=24,
+    num_heads=14,
+    num_key_value_heads=2,
+    hidden_dim=896,
+    intermediate_dim=4864,
+    max_sequence_length=32768,
+    rope_max_wavelength=1000000.0,
+    attention_bias=True,
+    attention_output_bias=False,
+    norm_epsilon=1e-6,
+)
+TRANSFORMER_BASE = dict(
+    vocabulary_size=37000, num_layers=6, num_heads=8, hidden_dim=512, intermediate_dim=2048, max_sequence_length=512
+)
 
-# name: (family, tokenizer class, backbone class, backbone config, task class, preprocessor class, preprocessor config, description)
+# name: (family, tokenizer class, backbone class, backbone config, task class, preprocessor class, preprocessor config,
+# description)
 PRESETS = {
-    "gpt_tiny": ("gpt", "BytePairTokenizer", "GPTBackbone", GPT_TINY, "GPTCausalLM", "GPTCausalLMPreprocessor",
-                 {"sequence_length": 128}, "GPT-style decoder, 4 layers, d 256, 4 heads, byte-level BPE 8k."),
-    "gpt_small": ("gpt", "BytePairTokenizer", "GPTBackbone", GPT_SMALL, "GPTCausalLM", "GPTCausalLMPreprocessor",
-                  {"sequence_length": 1024}, "GPT-2 small shape (124M): 12 layers, d 768, 12 heads, BPE 50257."),
-    "gpt_medium": ("gpt", "BytePairTokenizer", "GPTBackbone", GPT_MEDIUM, "GPTCausalLM", "GPTCausalLMPreprocessor",
-                   {"sequence_length": 1024}, "GPT-2 medium shape (355M): 24 layers, d 1024, 16 heads, BPE 50257."),
-    "llama_tiny": ("llama", "BytePairTokenizer", "LlamaBackbone", LLAMA_TINY, "LlamaCausalLM",
-                   "LlamaCausalLMPreprocessor", {"sequence_length": 128},
-                   "Llama-style decoder, 4 layers, d 256, 4 heads (2 key/value), SwiGLU 768, RoPE, byte-level BPE 8k."),
-    "smollm2_135m": ("llama", "BytePairTokenizer", "LlamaBackbone", SMOLLM2_135M, "LlamaCausalLM",
-                     "LlamaCausalLMPreprocessor", {"sequence_length": 2048},
-                     "SmolLM2-135M shape: 30 layers, d 576, 9 heads (3 key/value), SwiGLU 1536, rope_theta 1e5, "
-                     "tied head, BPE 49152."),
-    "qwen2_0_5b": ("llama", "BytePairTokenizer", "LlamaBackbone", QWEN2_0_5B, "LlamaCausalLM",
-                   "LlamaCausalLMPreprocessor", {"sequence_length": 2048},
-                   "Qwen2.5-0.5B shape: 24 layers, d 896, 14 heads (2 key/value), SwiGLU 4864, q/k/v biases, "
-                   "rope_theta 1e6, tied head, 151936 embedding rows (the tokenizer here has 49152)."),
-    "bert_tiny": ("bert", "WordPieceTokenizer", "BertBackbone", BERT_TINY, "BertMaskedLM", "BertMaskedLMPreprocessor",
-                  {"sequence_length": 128}, "BERT-style encoder, 2 layers, d 128, 2 heads, WordPiece 8k."),
-    "bert_small": ("bert", "WordPieceTokenizer", "BertBackbone", BERT_SMALL, "BertMaskedLM", "BertMaskedLMPreprocessor",
-                   {"sequence_length": 512}, "BERT-style encoder, 4 layers, d 512, 8 heads, WordPiece 30522."),
-    "bert_base": ("bert", "WordPieceTokenizer", "BertBackbone", BERT_BASE, "BertMaskedLM", "BertMaskedLMPreprocessor",
-                  {"sequence_length": 512}, "BERT-base shape (110M): 12 layers, d 768, 12 heads, WordPiece 30522."),
-    "t5_tiny": ("t5", "UnigramTokenizer", "T5Backbone", T5_TINY, "T5Seq2SeqLM", "T5Seq2SeqLMPreprocessor",
-                {"encoder_sequence_length": 128, "decoder_sequence_length": 128},
-                "T5-style encoder-decoder, 2+2 layers, d 128, 4 heads, Unigram 8k."),
-    "t5_small": ("t5", "UnigramTokenizer", "T5Backbone", T5_SMALL, "T5Seq2SeqLM", "T5Seq2SeqLMPreprocessor",
-                 {"encoder_sequence_length": 512, "decoder_sequence_length": 512},
-                 "T5-small shape (60M): 6+6 layers, d 512, 8 heads, Unigram 32128."),
-    "t5_base": ("t5", "UnigramTokenizer", "T5Backbone", T5_BASE, "T5Seq2SeqLM", "T5Seq2SeqLMPreprocessor",
-                {"encoder_sequence_length": 512, "decoder_sequence_length": 512},
-                "T5-base shape (220M): 12+12 layers, d 768, 12 heads, Unigram 32128."),
-    "transformer_base": ("transformer", "BytePairTokenizer", "TransformerBackbone", TRANSFORMER_BASE,
-                         "TransformerSeq2SeqLM", "TransformerSeq2SeqLMPreprocessor",
-                         {"encoder_sequence_length": 256, "decoder_sequence_length": 256},
-                         "The original Transformer base (Vaswani et al. 2017): 6+6 post-norm layers, d 512, 8 heads, "
-                         "d_ff 2048, ReLU, sinusoidal positions, shared BPE 37000."),
+    "gpt_tiny": (
+        "gpt",
+        "BytePairTokenizer",
+        "GPTBackbone",
+        GPT_TINY,
+        "GPTCausalLM",
+        "GPTCausalLMPreprocessor",
+        {"sequence_length": 128},
+        "GPT-style decoder, 4 layers, d 256, 4 heads, byte-level BPE 8k.",
+    ),
+    "gpt_small": (
+        "gpt",
+        "BytePairTokenizer",
+        "GPTBackbone",
+        GPT_SMALL,
+        "GPTCausalLM",
+        "GPTCausalLMPreprocessor",
+        {"sequence_length": 1024},
+        "GPT-2 small shape (124M): 12 layers, d 768, 12 heads, BPE 50257.",
+    ),
+    "gpt_medium": (
+        "gpt",
+        "BytePairTokenizer",
+        "GPTBackbone",
+        GPT_MEDIUM,
+        "GPTCausalLM",
+        "GPTCausalLMPreprocessor",
+        {"sequence_length": 1024},
+        "GPT-2 medium shape (355M): 24 layers, d 1024, 16 heads, BPE 50257.",
+    ),
+    "llama_tiny": (
+        "llama",
+        "BytePairTokenizer",
+        "LlamaBackbone",
+        LLAMA_TINY,
+        "LlamaCausalLM",
+        "LlamaCausalLMPreprocessor",
+        {"sequence_length": 128},
+        "Llama-style decoder, 4 layers, d 256, 4 heads (2 key/value), SwiGLU 768, RoPE, byte-level BPE 8k.",
+    ),
+    "smollm2_135m": (
+        "llama",
+        "BytePairTokenizer",
+        "LlamaBackbone",
+        SMOLLM2_135M,
+        "LlamaCausalLM",
+        "LlamaCausalLMPreprocessor",
+        {"sequence_length": 2048},
+        "SmolLM2-135M shape: 30 layers, d 576, 9 heads (3 key/value), SwiGLU 1536, rope_theta 1e5, "
+        "tied head, BPE 49152.",
+    ),
+    "qwen2_0_5b": (
+        "llama",
+        "BytePairTokenizer",
+        "LlamaBackbone",
+        QWEN2_0_5B,
+        "LlamaCausalLM",
+        "LlamaCausalLMPreprocessor",
+        {"sequence_length": 2048},
+        "Qwen2.5-0.5B shape: 24 layers, d 896, 14 heads (2 key/value), SwiGLU 4864, q/k/v biases, "
+        "rope_theta 1e6, tied head, 151936 embedding rows (the tokenizer here has 49152).",
+    ),
+    "bert_tiny": (
+        "bert",
+        "WordPieceTokenizer",
+        "BertBackbone",
+        BERT_TINY,
+        "BertMaskedLM",
+        "BertMaskedLMPreprocessor",
+        {"sequence_length": 128},
+        "BERT-style encoder, 2 layers, d 128, 2 heads, WordPiece 8k.",
+    ),
+    "bert_small": (
+        "bert",
+        "WordPieceTokenizer",
+        "BertBackbone",
+        BERT_SMALL,
+        "BertMaskedLM",
+        "BertMaskedLMPreprocessor",
+        {"sequence_length": 512},
+        "BERT-style encoder, 4 layers, d 512, 8 heads, WordPiece 30522.",
+    ),
+    "bert_base": (
+        "bert",
+        "WordPieceTokenizer",
+        "BertBackbone",
+        BERT_BASE,
+        "BertMaskedLM",
+        "BertMaskedLMPreprocessor",
+        {"sequence_length": 512},
+        "BERT-base shape (110M): 12 layers, d 768, 12 heads, WordPiece 30522.",
+    ),
+    "t5_tiny": (
+        "t5",
+        "UnigramTokenizer",
+        "T5Backbone",
+        T5_TINY,
+        "T5Seq2SeqLM",
+        "T5Seq2SeqLMPreprocessor",
+        {"encoder_sequence_length": 128, "decoder_sequence_length": 128},
+        "T5-style encoder-decoder, 2+2 layers, d 128, 4 heads, Unigram 8k.",
+    ),
+    "t5_small": (
+        "t5",
+        "UnigramTokenizer",
+        "T5Backbone",
+        T5_SMALL,
+        "T5Seq2SeqLM",
+        "T5Seq2SeqLMPreprocessor",
+        {"encoder_sequence_length": 512, "decoder_sequence_length": 512},
+        "T5-small shape (60M): 6+6 layers, d 512, 8 heads, Unigram 32128.",
+    ),
+    "t5_base": (
+        "t5",
+        "UnigramTokenizer",
+        "T5Backbone",
+        T5_BASE,
+        "T5Seq2SeqLM",
+        "T5Seq2SeqLMPreprocessor",
+        {"encoder_sequence_length": 512, "decoder_sequence_length": 512},
+        "T5-base shape (220M): 12+12 layers, d 768, 12 heads, Unigram 32128.",
+    ),
+    "transformer_base": (
+        "transformer",
+        "BytePairTokenizer",
+        "TransformerBackbone",
+        TRANSFORMER_BASE,
+        "TransformerSeq2SeqLM",
+        "TransformerSeq2SeqLMPreprocessor",
+        {"encoder_sequence_length": 256, "decoder_sequence_length": 256},
+        "The original Transformer base (Vaswani et al. 2017): 6+6 post-norm layers, d 512, 8 heads, "
+        "d_ff 2048, ReLU, sinusoidal positions, shared BPE 37000.",
+    ),
 }
 
 
@@ -102,11 +239,23 @@ def parameter_count(backbone_class, config):
 
 
 def model_card(name, family, description, config, count):
-    lines = [f"# {name}", "", description, "", f"- family: {family}",
-             f"- parameters: {count:,}" if count else "- parameters: (computed when the family is installed)",
-             "- weights: none shipped; the model starts from random initialisation (train it with `fit`).",
-             "- tokenizer: trained on the Python standard library's source files (tools/build_presets.py).",
-             "", "## Config", "", "```json", json.dumps(config, indent=2), "```", ""]
+    lines = [
+        f"# {name}",
+        "",
+        description,
+        "",
+        f"- family: {family}",
+        f"- parameters: {count:,}" if count else "- parameters: (computed when the family is installed)",
+        "- weights: none shipped; the model starts from random initialisation (train it with `fit`).",
+        "- tokenizer: trained on the Python standard library's source files (tools/build_presets.py).",
+        "",
+        "## Config",
+        "",
+        "```json",
+        json.dumps(config, indent=2),
+        "```",
+        "",
+    ]
     return "\n".join(lines)
 
 

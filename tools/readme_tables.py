@@ -1,6 +1,6 @@
 """Print the README's preset table, generated from the registry (tests/test_readme.py keeps them equal).
 
-    python tools/readme_tables.py
+python tools/readme_tables.py
 """
 
 import os

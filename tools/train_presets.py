@@ -66,26 +66,52 @@ def gpt_eval_data(tokenizer):
 
 def train_gpt_stdlib(steps=580, batch_size=32):
     def task(tokenizer):
-        backbone = kt.models.GPTBackbone(vocabulary_size=tokenizer.vocabulary_size, num_layers=2, num_heads=4,
-                                         hidden_dim=128, intermediate_dim=512, max_sequence_length=GPT_LENGTH)
+        backbone = kt.models.GPTBackbone(
+            vocabulary_size=tokenizer.vocabulary_size,
+            num_layers=2,
+            num_heads=4,
+            hidden_dim=128,
+            intermediate_dim=512,
+            max_sequence_length=GPT_LENGTH,
+        )
         return kt.models.GPTCausalLM(backbone, kt.models.GPTCausalLMPreprocessor(tokenizer, sequence_length=GPT_LENGTH))
 
-    _train_causal_stdlib("gpt_stdlib", "GPT-style decoder trained on the Python standard library: 2 layers, d 128, "
-                         "4 heads, byte-level BPE 4096.", task, steps, batch_size)
+    _train_causal_stdlib(
+        "gpt_stdlib",
+        "GPT-style decoder trained on the Python standard library: 2 layers, d 128, 4 heads, byte-level BPE 4096.",
+        task,
+        steps,
+        batch_size,
+    )
 
 
 def train_llama_stdlib(steps=580, batch_size=32):
     """gpt_stdlib's data, tokenizer, optimizer and steps, with a Llama-style decoder of the same parameter count
     (RoPE instead of learned positions, RMS norm, SwiGLU of width 366 instead of a GELU MLP of 512, no biases)."""
-    def task(tokenizer):
-        backbone = kt.models.LlamaBackbone(vocabulary_size=tokenizer.vocabulary_size, num_layers=2, num_heads=4,
-                                           hidden_dim=128, intermediate_dim=366, max_sequence_length=GPT_LENGTH)
-        return kt.models.LlamaCausalLM(
-            backbone, kt.models.LlamaCausalLMPreprocessor(tokenizer, sequence_length=GPT_LENGTH))
 
-    _train_causal_stdlib("llama_stdlib", "Llama-style decoder trained on the Python standard library: 2 layers, "
-                         "d 128, 4 heads, SwiGLU 366, RoPE, RMS norm, byte-level BPE 4096 (gpt_stdlib's data, steps "
-                         "and parameter count).", task, steps, batch_size, same_as=", as gpt_stdlib")
+    def task(tokenizer):
+        backbone = kt.models.LlamaBackbone(
+            vocabulary_size=tokenizer.vocabulary_size,
+            num_layers=2,
+            num_heads=4,
+            hidden_dim=128,
+            intermediate_dim=366,
+            max_sequence_length=GPT_LENGTH,
+        )
+        return kt.models.LlamaCausalLM(
+            backbone, kt.models.LlamaCausalLMPreprocessor(tokenizer, sequence_length=GPT_LENGTH)
+        )
+
+    _train_causal_stdlib(
+        "llama_stdlib",
+        "Llama-style decoder trained on the Python standard library: 2 layers, "
+        "d 128, 4 heads, SwiGLU 366, RoPE, RMS norm, byte-level BPE 4096 (gpt_stdlib's data, steps "
+        "and parameter count).",
+        task,
+        steps,
+        batch_size,
+        same_as=", as gpt_stdlib",
+    )
 
 
 def _train_causal_stdlib(name, description, make_task, steps, batch_size, same_as=""):
@@ -100,28 +126,49 @@ def _train_causal_stdlib(name, description, make_task, steps, batch_size, same_a
     eval_inputs, eval_labels = gpt_eval_data(tokenizer)
     baseline = _gpt_evaluate(type(lm)(_clone(lm.backbone)), eval_inputs, eval_labels)
     start = time.time()
-    lm.fit({"token_ids": inputs[order], "padding_mask": np.ones_like(inputs[order], bool)}, labels[order],
-           batch_size=batch_size, epochs=1, shuffle=False, verbose=2)
+    lm.fit(
+        {"token_ids": inputs[order], "padding_mask": np.ones_like(inputs[order], bool)},
+        labels[order],
+        batch_size=batch_size,
+        epochs=1,
+        shuffle=False,
+        verbose=2,
+    )
     train_seconds = time.time() - start
     metrics = _gpt_evaluate(lm, eval_inputs, eval_labels)
     prompts = ("import", "def __init__(self", "    for")
     samples = {prompt: lm.generate(prompt, max_new_tokens=40, sampler="greedy") for prompt in prompts}
     data = {
         "train": f"{len(train_texts)} files, {sum(map(len, train_texts)):,} characters, {len(inputs):,} windows of "
-                 f"{GPT_LENGTH + 1} tokens; trained on {len(order):,} of them ({len(order) * GPT_LENGTH:,} tokens, "
-                 f"one pass, batch {batch_size}, {steps} steps){same_as}",
+        f"{GPT_LENGTH + 1} tokens; trained on {len(order):,} of them ({len(order) * GPT_LENGTH:,} tokens, "
+        f"one pass, batch {batch_size}, {steps} steps){same_as}",
         "eval": f"the first {GPT_EVAL_WINDOWS} windows of {GPT_LENGTH + 1} tokens of the held-out files "
-                f"({GPT_EVAL_WINDOWS * GPT_LENGTH:,} predicted tokens){same_as}",
+        f"({GPT_EVAL_WINDOWS * GPT_LENGTH:,} predicted tokens){same_as}",
     }
-    sample_text = "\n\n".join(f"Prompt {prompt!r}, greedy, 40 new tokens:\n\n```python\n{text}\n```"
-                              for prompt, text in samples.items())
-    write_preset(lm, name, description, data, metrics, baseline, train_seconds,
-                 {"eval_data_sha256": fingerprint(eval_inputs, eval_labels)}, sample_text)
+    sample_text = "\n\n".join(
+        f"Prompt {prompt!r}, greedy, 40 new tokens:\n\n```python\n{text}\n```" for prompt, text in samples.items()
+    )
+    write_preset(
+        lm,
+        name,
+        description,
+        data,
+        metrics,
+        baseline,
+        train_seconds,
+        {"eval_data_sha256": fingerprint(eval_inputs, eval_labels)},
+        sample_text,
+    )
 
 
 def _gpt_evaluate(lm, inputs, labels):
-    result = lm.evaluate({"token_ids": inputs, "padding_mask": np.ones_like(inputs, bool)}, labels,
-                         batch_size=64, verbose=0, return_dict=True)
+    result = lm.evaluate(
+        {"token_ids": inputs, "padding_mask": np.ones_like(inputs, bool)},
+        labels,
+        batch_size=64,
+        verbose=0,
+        return_dict=True,
+    )
     return {"perplexity": float(result["perplexity"]), "accuracy": float(result["accuracy"])}
 
 
@@ -154,8 +201,14 @@ def bert_eval_data(tokenizer):
 
     Returns (inputs, labels, weights) as `BertMaskedLMPreprocessor` gives them: numpy, the same on every backend.
     """
-    preprocessor = kt.models.BertMaskedLMPreprocessor(tokenizer, sequence_length=BERT_LENGTH, mask_token_rate=1.0,
-                                                      random_token_rate=0.0, seed=EVAL_SEED, truncate=True)
+    preprocessor = kt.models.BertMaskedLMPreprocessor(
+        tokenizer,
+        sequence_length=BERT_LENGTH,
+        mask_token_rate=1.0,
+        random_token_rate=0.0,
+        seed=EVAL_SEED,
+        truncate=True,
+    )
     return preprocessor(line_chunks(tokenizer, stdlib_texts("held_out"))[:BERT_EVAL_CHUNKS])
 
 
@@ -165,9 +218,15 @@ def train_bert_stdlib(steps=600, batch_size=32):
     chunks = line_chunks(tokenizer, train_texts)
     chunks = [chunks[i] for i in np.random.default_rng(SEED).permutation(len(chunks))[: steps * batch_size]]
     preprocessor = kt.models.BertMaskedLMPreprocessor(tokenizer, sequence_length=BERT_LENGTH, seed=SEED, truncate=True)
-    backbone = kt.models.BertBackbone(vocabulary_size=tokenizer.vocabulary_size, num_layers=2, num_heads=2,
-                                      hidden_dim=128, intermediate_dim=512, max_sequence_length=BERT_LENGTH,
-                                      dropout=0.0)
+    backbone = kt.models.BertBackbone(
+        vocabulary_size=tokenizer.vocabulary_size,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=128,
+        intermediate_dim=512,
+        max_sequence_length=BERT_LENGTH,
+        dropout=0.0,
+    )
     lm = kt.models.BertMaskedLM(backbone, preprocessor)
     lm.compile(optimizer=_adamw(2e-3, steps))
     eval_inputs, eval_labels, eval_weights = bert_eval_data(tokenizer)
@@ -179,16 +238,26 @@ def train_bert_stdlib(steps=600, batch_size=32):
     metrics = _bert_evaluate(lm, eval_inputs, eval_labels, eval_weights)
     data = {
         "train": f"{len(train_texts)} files, {sum(map(len, train_texts)):,} characters, cut into chunks of whole "
-                 f"lines of at most {BERT_LENGTH - 2} tokens; trained on {len(chunks):,} chunks "
-                 f"(one pass, batch {batch_size}, {steps} steps, 15% of tokens selected: 80% [MASK], "
-                 "10% random, 10% kept)",
+        f"lines of at most {BERT_LENGTH - 2} tokens; trained on {len(chunks):,} chunks "
+        f"(one pass, batch {batch_size}, {steps} steps, 15% of tokens selected: 80% [MASK], "
+        "10% random, 10% kept)",
         "eval": f"the first {BERT_EVAL_CHUNKS} chunks of the held-out files, 15% of tokens replaced by [MASK] with "
-                f"seed {EVAL_SEED} ({int(eval_weights.sum()):,} masked tokens)",
+        f"seed {EVAL_SEED} ({int(eval_weights.sum()):,} masked tokens)",
     }
-    write_preset(lm, "bert_stdlib", "BERT-style encoder trained on the Python standard library (masked LM): "
-                 "2 layers, d 128, 2 heads, WordPiece 2048.", data, metrics, baseline, train_seconds,
-                 {"eval_data_sha256": fingerprint(eval_inputs["token_ids"], eval_labels, eval_weights),
-                  "masked_tokens": int(eval_weights.sum())})
+    write_preset(
+        lm,
+        "bert_stdlib",
+        "BERT-style encoder trained on the Python standard library (masked LM): "
+        "2 layers, d 128, 2 heads, WordPiece 2048.",
+        data,
+        metrics,
+        baseline,
+        train_seconds,
+        {
+            "eval_data_sha256": fingerprint(eval_inputs["token_ids"], eval_labels, eval_weights),
+            "masked_tokens": int(eval_weights.sum()),
+        },
+    )
 
 
 def _bert_evaluate(lm, inputs, labels, weights):
@@ -227,9 +296,17 @@ def train_t5_reverse(steps=5000, batch_size=64):
     pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [(f"\u2581{d}", -2.3) for d in range(10)]
     tokenizer = kt.tokenizers.UnigramTokenizer.from_vocabulary(pieces)
     preprocessor = kt.models.T5Seq2SeqLMPreprocessor(tokenizer, encoder_sequence_length=16, decoder_sequence_length=16)
-    backbone = kt.models.T5Backbone(vocabulary_size=tokenizer.vocabulary_size, num_layers=2, num_heads=4,
-                                    hidden_dim=64, intermediate_dim=256, key_dim=16, dropout=0.0,
-                                    relative_attention_num_buckets=64, relative_attention_max_distance=64)
+    backbone = kt.models.T5Backbone(
+        vocabulary_size=tokenizer.vocabulary_size,
+        num_layers=2,
+        num_heads=4,
+        hidden_dim=64,
+        intermediate_dim=256,
+        key_dim=16,
+        dropout=0.0,
+        relative_attention_num_buckets=64,
+        relative_attention_max_distance=64,
+    )
     lm = kt.models.T5Seq2SeqLM(backbone, preprocessor)
     lm.compile(optimizer=_adamw(3e-3, steps))
     baseline = t5_exact_match(kt.models.T5Seq2SeqLM(_clone(backbone), preprocessor), eval_sources, eval_targets)
@@ -241,15 +318,24 @@ def train_t5_reverse(steps=5000, batch_size=64):
     examples = lm.generate(eval_sources[:3], max_new_tokens=T5_LENGTHS[1] + 1, sampler="greedy")
     data = {
         "train": f"{len(sources):,} random sequences of {T5_LENGTHS[0]} to {T5_LENGTHS[1]} digits (seed {SEED}), "
-                 f"the held-out ones removed; one pass, batch {batch_size}, {steps} steps",
+        f"the held-out ones removed; one pass, batch {batch_size}, {steps} steps",
         "eval": f"{T5_EVAL_EXAMPLES} sequences drawn with seed {EVAL_SEED}, none seen in training; greedy `generate`, "
-                f"exact match of the whole output",
+        f"exact match of the whole output",
     }
     sample_text = "Greedy outputs on held-out sources:\n\n" + "\n".join(
-        f"- `{s}` -> `{o}`" for s, o in zip(eval_sources, examples))
-    write_preset(lm, "t5_reverse", "T5-style encoder-decoder trained to reverse digit sequences (3 to 12 digits): "
-                 "2+2 layers, d 64, 4 heads.", data, metrics, baseline, train_seconds,
-                 {"eval_data_sha256": fingerprint(np.array(eval_sources + eval_targets))}, sample_text)
+        f"- `{s}` -> `{o}`" for s, o in zip(eval_sources, examples)
+    )
+    write_preset(
+        lm,
+        "t5_reverse",
+        "T5-style encoder-decoder trained to reverse digit sequences (3 to 12 digits): 2+2 layers, d 64, 4 heads.",
+        data,
+        metrics,
+        baseline,
+        train_seconds,
+        {"eval_data_sha256": fingerprint(np.array(eval_sources + eval_targets))},
+        sample_text,
+    )
 
 
 def t5_exact_match(lm, sources, targets):
@@ -261,8 +347,9 @@ def t5_exact_match(lm, sources, targets):
 
 
 def _adamw(peak, steps):
-    schedule = keras.optimizers.schedules.CosineDecay(0.0, decay_steps=steps - steps // 10, alpha=0.1,
-                                                      warmup_target=peak, warmup_steps=steps // 10)
+    schedule = keras.optimizers.schedules.CosineDecay(
+        0.0, decay_steps=steps - steps // 10, alpha=0.1, warmup_target=peak, warmup_steps=steps // 10
+    )
     return keras.optimizers.AdamW(learning_rate=schedule, weight_decay=0.01, clipnorm=1.0)
 
 
@@ -302,9 +389,9 @@ def write_preset(task, name, description, data, metrics, baseline, train_seconds
 Trained weights, written by `tools/train_presets.py` (fixed seeds); `tests/test_trained_presets.py` re-measures the
 held-out metrics below on TensorFlow, JAX and PyTorch.
 
-- parameters: {config['parameter_count']:,}; weights: {weight_bytes / 1e6:.1f} MB (float32)
-- training data: {data['train']}
-- held-out data: {data['eval']}
+- parameters: {config["parameter_count"]:,}; weights: {weight_bytes / 1e6:.1f} MB (float32)
+- training data: {data["train"]}
+- held-out data: {data["eval"]}
 - trained on: KERAS_BACKEND={keras.config.backend()}, {os.cpu_count()} CPU cores, Python {platform.python_version()},
   Keras {keras.__version__}; training took {train_seconds / 60:.1f} min (wall clock, on a shared machine)
 - command: `KERAS_BACKEND={keras.config.backend()} python tools/train_presets.py {name}`
@@ -370,8 +457,9 @@ def write_quantized_metrics(name):
     record["quantized"] = {**quantized, "backend": keras.config.backend()}
     (folder / "metrics.json").write_text(json.dumps(record, indent=2) + "\n")
     rows = "\n".join(
-        f"| {k} | {v:.4f} | " + " | ".join(f"{quantized[m][k]:.4f} ({quantized[m][k] / v - 1:+.2%})"
-                                           for m in QUANTIZATION_MODES) + " |"
+        f"| {k} | {v:.4f} | "
+        + " | ".join(f"{quantized[m][k]:.4f} ({quantized[m][k] / v - 1:+.2%})" for m in QUANTIZATION_MODES)
+        + " |"
         for k, v in record["metrics"].items()
     )
     head = ", the masked-LM head's dense layer" if name == "bert_stdlib" else ""
@@ -396,7 +484,12 @@ and the output head that reads the token table, stay float32. Same held-out data
     print(json.dumps(record["quantized"], indent=2))
 
 
-RECIPES = {"gpt_stdlib": train_gpt_stdlib, "llama_stdlib": train_llama_stdlib, "bert_stdlib": train_bert_stdlib, "t5_reverse": train_t5_reverse}
+RECIPES = {
+    "gpt_stdlib": train_gpt_stdlib,
+    "llama_stdlib": train_llama_stdlib,
+    "bert_stdlib": train_bert_stdlib,
+    "t5_reverse": train_t5_reverse,
+}
 
 if __name__ == "__main__":
     # `--quantized NAME...`: only (re)measure the quantized metrics of trained presets, without training.

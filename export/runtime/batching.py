@@ -17,7 +17,8 @@ The cache rows themselves (prefill, insert, step, remove; M rows of in-place cac
 runs the batch (their graph runs overlap: ONNX Runtime releases the GIL). A thread of its own
 answers waiting sequences at their deadlines: one queued behind a full batch (or a running beam
 search) finishes with "timeout" on time and leaves the queue, never prefilled or decoded. At each step boundary
-the batch thread puts the prefilled sequences into free rows, runs one step for all, hands each row its token (`on_event`), removes rows that stopped,
+the batch thread puts the prefilled sequences into free rows, runs one step for all, hands each row its
+token (`on_event`), removes rows that stopped,
 were cancelled (a client that went away) or ran past their deadline, and calls `on_step` once
 (a server wakes its readers once per step, not once per token and row). Tokens are chosen for all rows
 at once (`choose`): one argmax for the greedy rows, and random rows drawn together per
@@ -89,11 +90,15 @@ class Scheduler:
         self._prefilling = 0  # of which being prefilled
         self._stopping = self._prefill_done = False
         self._deadlines, self._order = [], itertools.count()  # heap of (deadline, order, sequence) submitted
-        self._threads = [threading.Thread(target=self._run_whole_loop, name="kt-whole", daemon=True),
-                         threading.Thread(target=self._run_expiry, name="kt-expiry", daemon=True)]
+        self._threads = [
+            threading.Thread(target=self._run_whole_loop, name="kt-whole", daemon=True),
+            threading.Thread(target=self._run_expiry, name="kt-expiry", daemon=True),
+        ]
         if self.decoder is not None:
-            self._threads += [threading.Thread(target=self._run_prefill, name="kt-prefill", daemon=True),
-                              threading.Thread(target=self._run_batch, name="kt-batch", daemon=True)]
+            self._threads += [
+                threading.Thread(target=self._run_prefill, name="kt-prefill", daemon=True),
+                threading.Thread(target=self._run_batch, name="kt-batch", daemon=True),
+            ]
 
     @property
     def batched(self):
@@ -224,7 +229,7 @@ class Scheduler:
             self.active.extend(group)
             if logits is None:
                 continue
-            positions = self.decoder.position_ids[first: first + len(group), 0]
+            positions = self.decoder.position_ids[first : first + len(group), 0]
             for row, (sequence, token) in enumerate(zip(group, choose(group, logits, positions).tolist()), first):
                 reason = sequence.accept(token)
                 if reason is not None:
@@ -326,8 +331,13 @@ class Scheduler:
         if first.num_beams > 1:
             options.update(sampler="beam", num_beams=first.num_beams, length_penalty=first.length_penalty)
         elif first.temperature > 0:
-            options.update(sampler="random", temperature=first.temperature, top_k=first.top_k, top_p=first.top_p,
-                           seed=first.noise_seed)
+            options.update(
+                sampler="random",
+                temperature=first.temperature,
+                top_k=first.top_k,
+                top_p=first.top_p,
+                seed=first.noise_seed,
+            )
         rows = 1 + max(sequence.choice for sequence in running) if first.temperature > 0 else 1  # greedy rows are equal
 
         def interrupt():  # every choice past its deadline or cancelled: stop before the next step
@@ -335,8 +345,9 @@ class Scheduler:
             return all(sequence.interrupted(now) for sequence in running)
 
         try:
-            found = self.generator.generate_ids([first.prompt_ids] * rows, first.max_tokens, interrupt=interrupt,
-                                                **options)
+            found = self.generator.generate_ids(
+                [first.prompt_ids] * rows, first.max_tokens, interrupt=interrupt, **options
+            )
         except Interrupted:
             now = time.monotonic()
             for sequence in running:

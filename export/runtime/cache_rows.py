@@ -31,19 +31,25 @@ class BatchDecoder:
 
     def __init__(self, generator, max_rows):
         if not self.supports(generator):
-            raise ValueError(f"Continuous batching needs a bundle whose decode graph takes position_ids. "
-                             f"Received: bundle_dir={generator.bundle_dir!r}")
+            raise ValueError(
+                f"Continuous batching needs a bundle whose decode graph takes position_ids. "
+                f"Received: bundle_dir={generator.bundle_dir!r}"
+            )
         if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
             raise ValueError(f"`max_rows` must be a positive int. Received: max_rows={max_rows!r}")
         self.generator, self.max_rows = generator, max_rows
         self.length = int(generator.config["max_length"])  # L
         heads, head_dim = generator._cache_shape
-        self.caches = [np.zeros((max_rows, heads, self.length, head_dim), np.float32)  # 2 x layers x (M, Hkv, L, Dh)
-                       for _ in generator._past_names]
+        self.caches = [
+            np.zeros((max_rows, heads, self.length, head_dim), np.float32)  # 2 x layers x (M, Hkv, L, Dh)
+            for _ in generator._past_names
+        ]
         self.cross, self.encoder_mask = [], None
         if generator.kind == "encoder_decoder":  # sources of up to S_src = L tokens, as `Generator` reads them
-            self.cross = [np.zeros((max_rows, heads, self.length, head_dim), np.float32)  # (M, Hkv, S_src, Dh)
-                          for _ in generator._cross_names]
+            self.cross = [
+                np.zeros((max_rows, heads, self.length, head_dim), np.float32)  # (M, Hkv, S_src, Dh)
+                for _ in generator._cross_names
+            ]
             self.encoder_mask = np.zeros((max_rows, self.length), np.int64)  # (M, S_src): 0 past a row's source
         self.input_ids = np.zeros((max_rows, 1), np.int64)
         self.position_ids = np.zeros((max_rows, 1), np.int64)  # each row's next position = its written length
@@ -70,8 +76,10 @@ class BatchDecoder:
         tokens = np.asarray(prompts, np.int64)  # (k, T)
         limit = self.length if self.encoder_mask is not None else self.length - 1
         if tokens.ndim != 2 or not 0 < tokens.shape[1] <= limit:
-            raise ValueError(f"`prompts` must be prompts of one length, 1 to {limit} tokens. "
-                             f"Received: an array of shape {tokens.shape}")
+            raise ValueError(
+                f"`prompts` must be prompts of one length, 1 to {limit} tokens. "
+                f"Received: an array of shape {tokens.shape}"
+            )
         if self.encoder_mask is None:
             logits, state = self.generator._prefill(tokens)  # past: (k, T, Hkv, Dh)
         else:
@@ -99,7 +107,8 @@ class BatchDecoder:
         return first
 
     def step(self, tokens):
-        """Feed each active row its token (N,) at its position -> the next logits (N, V) (a view, valid until the next step)."""
+        """Feed each active row its token (N,) at its position -> the next logits (N, V) (a view, valid until
+        the next step)."""
         n = self.size
         if n == 0:
             raise RuntimeError("No active row to step.")
@@ -111,7 +120,8 @@ class BatchDecoder:
         return self.logits[:n, -1]
 
     def remove(self, row):
-        """Free `row`: the last active row moves into it (its written positions copied). Returns the moved row's old index."""
+        """Free `row`: the last active row moves into it (its written positions copied). Returns the moved
+        row's old index."""
         last = self.size - 1
         if not 0 <= row <= last:
             raise ValueError(f"`row` must be an active row in [0, {self.size}). Received: row={row}")
@@ -128,7 +138,8 @@ class BatchDecoder:
         return last
 
     def _bind(self, n):
-        """IO binding over the first n rows of every buffer (views share the buffers' memory); rebuilt when n changes."""
+        """IO binding over the first n rows of every buffer (views share the buffers' memory); rebuilt when n
+        changes."""
         if n != self._bound_size:
             generator = self.generator
             binding = generator.sessions[generator._step_graph].io_binding()

@@ -51,7 +51,7 @@ class DecodeLoop:
                 break
             logits, state = self._step(tokens[:, i], state)
             i += 1
-        return [_cut(tokens[r, lengths[r]: lengths[r] + self.max_new_tokens], self.stop) for r in range(len(tokens))]
+        return [_cut(tokens[r, lengths[r] : lengths[r] + self.max_new_tokens], self.stop) for r in range(len(tokens))]
 
     def beam_search(self, i, logits, state, beams, length_penalty, early_stopping):
         """Beam search exactly as `keras_transformer.samplers.BeamSampler` (finished store, length penalty).
@@ -89,8 +89,9 @@ class DecodeLoop:
 
             # The others compete for the K beams.
             new_beam_scores, next_beam, next_token = _running_beams(top_scores, top_beam, top_token, finishes, K)
-            now_done = self._search_over(finished, new_beam_scores[:, 0], generated, at_limit, length_penalty,
-                                         early_stopping)
+            now_done = self._search_over(
+                finished, new_beam_scores[:, 0], generated, at_limit, length_penalty, early_stopping
+            )
             done = np.where(active, now_done, done)
             tokens, order = _follow_beams(tokens, i, next_beam, next_token, active, in_prompt, self.pad)
             beam_scores = np.where(active[:, None], new_beam_scores, beam_scores)
@@ -100,7 +101,7 @@ class DecodeLoop:
                 state = reorder_state(state, order)
             logits, state = self._step(tokens[:, i], state)
             i += 1
-        return [finished.tokens[b, 0, lengths[b]: finished.ends[b, 0]] for b in range(B)]
+        return [finished.tokens[b, 0, lengths[b] : finished.ends[b, 0]] for b in range(B)]
 
     def _search_over(self, finished, best_running, generated, at_limit, length_penalty, early_stopping):
         """(B,) whether each input's search is over: it reached its length limit, or its best running
@@ -222,10 +223,10 @@ def _top_k(values, k):
     if size >= 64:
         maxima = values[:, : size * chunks].reshape(rows, chunks, size).max(axis=-1)  # (rows, 4k)
         if size * chunks < width:  # the tail is one more chunk
-            maxima = np.concatenate([maxima, values[:, size * chunks:].max(axis=-1, keepdims=True)], axis=-1)
-        kth = -np.partition(-maxima, k - 1, axis=-1)[:, k - 1: k]  # (rows, 1) <= the k-th largest value
+            maxima = np.concatenate([maxima, values[:, size * chunks :].max(axis=-1, keepdims=True)], axis=-1)
+        kth = -np.partition(-maxima, k - 1, axis=-1)[:, k - 1 : k]  # (rows, 1) <= the k-th largest value
     else:
-        kth = -np.partition(-values, k - 1, axis=-1)[:, k - 1: k]  # (rows, 1) the k-th largest value
+        kth = -np.partition(-values, k - 1, axis=-1)[:, k - 1 : k]  # (rows, 1) the k-th largest value
     index = np.empty((values.shape[0], k), np.int64)
     for row in range(values.shape[0]):
         candidates = np.flatnonzero(values[row] >= kth[row])

@@ -19,7 +19,8 @@ class Encoder:
         providers, num_threads: as `Generator`.
 
     Example:
-    >>> Encoder("out/bert_onnx")(["a good film"])["logits"].shape
+    >>> # Needs a bundle, written by `classifier.export("out/bert_onnx", format="onnx")`: not run by the tests.
+    >>> Encoder("out/bert_onnx")(["a good film"])["logits"].shape  # doctest: +SKIP
     (1, 2)
     """
 
@@ -27,13 +28,18 @@ class Encoder:
         self.bundle_dir = os.path.abspath(bundle_dir or os.path.dirname(os.path.abspath(__file__)))
         self.bundle = read_json(os.path.join(self.bundle_dir, "bundle.json"))
         if self.bundle["kind"] != "encoder":
-            raise ValueError(f"This bundle holds a {self.bundle['task']}: use `Generator`. Received: bundle_dir={bundle_dir!r}")
+            raise ValueError(
+                f"This bundle holds a {self.bundle['task']}: use `Generator`. Received: bundle_dir={bundle_dir!r}"
+            )
         self.config = read_json(os.path.join(self.bundle_dir, "preprocessor_config.json"))
-        self.session = open_session(os.path.join(self.bundle_dir, self.bundle["graphs"]["encoder"]["file"]), providers,
-                                    num_threads)
+        self.session = open_session(
+            os.path.join(self.bundle_dir, self.bundle["graphs"]["encoder"]["file"]), providers, num_threads
+        )
         self.tokenizer = read_tokenizer(self.bundle_dir)
         if self.tokenizer is None:
-            raise ValueError(f"Not a keras_transformer bundle: missing {os.path.join(self.bundle_dir, 'tokenizer.json')}")
+            raise ValueError(
+                f"Not a keras_transformer bundle: missing {os.path.join(self.bundle_dir, 'tokenizer.json')}"
+            )
 
     def pack(self, texts, pairs=None):
         """Texts (and second segments) -> the graph's inputs {token_ids, segment_ids, padding_mask}, int64."""

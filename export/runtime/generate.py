@@ -64,8 +64,11 @@ def main(argv=None):
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--chat", action="store_true",
-                        help="each prompt is a user message, rendered by the bundle's chat template; prints the reply")
+    parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="each prompt is a user message, rendered by the bundle's chat template; prints the reply",
+    )
     args = parser.parse_args(argv)
     if read_json(os.path.join(args.bundle, "bundle.json"))["kind"] == "encoder":
         outputs = Encoder(args.bundle)(args.prompt)
@@ -73,9 +76,16 @@ def main(argv=None):
         return 0
     generator = Generator(args.bundle)
     prompts = [[{"role": "user", "content": prompt}] for prompt in args.prompt] if args.chat else args.prompt
-    texts = generator.generate(prompts, max_new_tokens=args.max_new_tokens, sampler=args.sampler,
-                               num_beams=args.num_beams, temperature=args.temperature, top_k=args.top_k,
-                               top_p=args.top_p, seed=args.seed)
+    texts = generator.generate(
+        prompts,
+        max_new_tokens=args.max_new_tokens,
+        sampler=args.sampler,
+        num_beams=args.num_beams,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
     for text in texts:
         print(text)
     return 0

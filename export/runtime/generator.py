@@ -35,8 +35,9 @@ class Generator:
         num_threads: int, ONNX Runtime intra-op threads (default: ONNX Runtime's choice).
 
     Example:
-    >>> generator = Generator("out/gpt_onnx")
-    >>> generator.generate(["def add("], max_new_tokens=16)
+    >>> # Needs a bundle, written by `lm.export("out/gpt_onnx", format="onnx")`: not run by the tests.
+    >>> generator = Generator("out/gpt_onnx")  # doctest: +SKIP
+    >>> generator.generate(["def add("], max_new_tokens=16)  # doctest: +SKIP
     ['def add(a, b):\\n    return a + b\\n']
     """
 
@@ -68,8 +69,20 @@ class Generator:
 
     # --- text in, text out ------------------------------------------------
 
-    def generate(self, prompts, max_new_tokens=32, sampler="greedy", num_beams=4, temperature=1.0, top_k=None,
-                 top_p=None, seed=None, length_penalty=1.0, early_stopping=False, stop_token_ids="auto"):
+    def generate(
+        self,
+        prompts,
+        max_new_tokens=32,
+        sampler="greedy",
+        num_beams=4,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        seed=None,
+        length_penalty=1.0,
+        early_stopping=False,
+        stop_token_ids="auto",
+    ):
         """Prompts (a string or a list of strings) or chat messages -> generated texts.
 
         Causal LMs return each prompt followed by its continuation; seq2seq LMs return
@@ -94,10 +107,19 @@ class Generator:
             if not prompts or not all(isinstance(p, str) for p in prompts):
                 raise ValueError(f"`prompts` must be a string or a non-empty list of strings. Received: {prompts!r}")
             prompt_ids = [self.encode(p) for p in prompts]
-        outputs = self.generate_ids(prompt_ids, max_new_tokens, sampler=sampler, num_beams=num_beams,
-                                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                                    length_penalty=length_penalty, early_stopping=early_stopping,
-                                    stop_token_ids=stop_token_ids)
+        outputs = self.generate_ids(
+            prompt_ids,
+            max_new_tokens,
+            sampler=sampler,
+            num_beams=num_beams,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            length_penalty=length_penalty,
+            early_stopping=early_stopping,
+            stop_token_ids=stop_token_ids,
+        )
         if chat is not None:
             rows = outputs
         elif self.kind == "decoder":
@@ -125,11 +147,13 @@ class Generator:
                 f"no chat_template.jinja), so it cannot take chat messages: pass prompt strings. Received: "
                 f"bundle_dir={self.bundle_dir!r}"
             )
-        return chat_template.apply(self.chat_template, messages, add_generation_prompt,
-                                   {**self.special_tokens, **template_variables})
+        return chat_template.apply(
+            self.chat_template, messages, add_generation_prompt, {**self.special_tokens, **template_variables}
+        )
 
     def encode(self, text):
-        """A prompt -> the ids the model reads: the start token first (causal LMs), the end token last (seq2seq sources)."""
+        """A prompt -> the ids the model reads: the start token first (causal LMs), the end token last (seq2seq
+        sources)."""
         ids = self.tokenizer.encode(text, add_special_tokens=True).ids
         if self.kind == "decoder":
             return ([self.config["bos_token_id"]] if self.config.get("add_start_token") else []) + ids
@@ -137,9 +161,21 @@ class Generator:
 
     # --- ids in, ids out --------------------------------------------------
 
-    def generate_ids(self, prompt_ids, max_new_tokens=32, sampler="greedy", num_beams=4, temperature=1.0,
-                     top_k=None, top_p=None, seed=None, length_penalty=1.0, early_stopping=False,
-                     stop_token_ids="auto", interrupt=None):
+    def generate_ids(
+        self,
+        prompt_ids,
+        max_new_tokens=32,
+        sampler="greedy",
+        num_beams=4,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        seed=None,
+        length_penalty=1.0,
+        early_stopping=False,
+        stop_token_ids="auto",
+        interrupt=None,
+    ):
         """Prompt id lists -> each row's new ids (int lists; the end token included when reached).
 
         Args:
@@ -185,10 +221,13 @@ class Generator:
         if self.kind == "decoder":
             logits, state = self._prefill(tokens[:, :start])
         else:
-            logits, state = self._step(tokens[:, 0], {**encoder_state, "past": self._empty_past(len(rows)), "position": 0})
+            logits, state = self._step(
+                tokens[:, 0], {**encoder_state, "past": self._empty_past(len(rows)), "position": 0}
+            )
         stop = stop_tokens(stop_token_ids, self.config.get("eos_token_id"), vocabulary_size)
-        loop = DecodeLoop(self, np.repeat(tokens, beams, axis=0), np.repeat(lengths, beams), max_new_tokens, pad, stop,
-                          interrupt)
+        loop = DecodeLoop(
+            self, np.repeat(tokens, beams, axis=0), np.repeat(lengths, beams), max_new_tokens, pad, stop, interrupt
+        )
         if beams == 1:
             noise_seed = None
             if sampler == "random":  # a fresh seed per call when none is given, as `RandomSampler(seed=None)`
@@ -196,9 +235,14 @@ class Generator:
             pick = Picker(sampler, temperature, top_k, top_p)
             found = loop.sample(start, logits, self._cache_buffers(state, length), pick, noise_seed)
         else:
-            found = loop.beam_search(start, np.repeat(logits, beams, axis=0),
-                                     self._cache_buffers(tile_state(state, beams), length), beams,
-                                     float(length_penalty), early_stopping)
+            found = loop.beam_search(
+                start,
+                np.repeat(logits, beams, axis=0),
+                self._cache_buffers(tile_state(state, beams), length),
+                beams,
+                float(length_penalty),
+                early_stopping,
+            )
         return [[int(t) for t in row] for row in found]
 
     # --- the graphs -------------------------------------------------------
@@ -247,8 +291,11 @@ class Generator:
             binding.bind_ortvalue_input(past_name, value)
             binding.bind_ortvalue_output(present_name, value)
             buffers.append((buffer, value))
-        feeds = {"input_ids": np.zeros((rows, 1), np.int64), "position_ids": np.zeros((rows, 1), np.int64),
-                 "logits": np.zeros((rows, 1, self.bundle["vocabulary_size"]), np.float32)}
+        feeds = {
+            "input_ids": np.zeros((rows, 1), np.int64),
+            "position_ids": np.zeros((rows, 1), np.int64),
+            "logits": np.zeros((rows, 1, self.bundle["vocabulary_size"]), np.float32),
+        }
         values = {name: onnxruntime.OrtValue.ortvalue_from_numpy(array) for name, array in feeds.items()}
         binding.bind_ortvalue_input("input_ids", values["input_ids"])
         binding.bind_ortvalue_input("position_ids", values["position_ids"])
@@ -258,8 +305,14 @@ class Generator:
                 binding.bind_cpu_input(name, array)
             binding.bind_cpu_input("encoder_attention_mask", state["encoder_mask"])
         # slots: the buffer row of each row of the loop (beam search moves histories, see `reorder_state`).
-        return {"past": [buffer for buffer, _ in buffers], "position": position, "binding": binding,
-                "feeds": feeds, "slots": None, "ortvalues": (buffers, values)}  # OrtValues live as long as the binding
+        return {
+            "past": [buffer for buffer, _ in buffers],
+            "position": position,
+            "binding": binding,
+            "feeds": feeds,
+            "slots": None,
+            "ortvalues": (buffers, values),
+        }  # OrtValues live as long as the binding
 
     def _step(self, tokens, state):
         """Feed one token per row (R,) at `state["position"]` -> (logits of the next position (R, V), new state)."""

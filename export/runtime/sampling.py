@@ -22,7 +22,9 @@ def check_arguments(max_new_tokens, sampler, num_beams, temperature, top_k, top_
         if isinstance(num_beams, bool) or not isinstance(num_beams, (int, np.integer)) or num_beams < 1:
             raise ValueError(f"`num_beams` must be a positive int. Received: num_beams={num_beams!r}")
         if early_stopping not in (True, False, "never"):
-            raise ValueError(f"`early_stopping` must be True, False or 'never'. Received: early_stopping={early_stopping!r}")
+            raise ValueError(
+                f"`early_stopping` must be True, False or 'never'. Received: early_stopping={early_stopping!r}"
+            )
     if sampler == "random":
         if not temperature > 0:
             raise ValueError(f"`temperature` must be positive. Received: temperature={temperature!r}")
@@ -47,7 +49,7 @@ class Picker:
         logits = logits.astype(np.float32) / self.temperature
         vocabulary_size = logits.shape[-1]
         if self.top_k is not None and self.top_k < vocabulary_size:
-            kth = -np.sort(-logits, axis=-1)[:, self.top_k - 1: self.top_k]  # the k-th largest logit
+            kth = -np.sort(-logits, axis=-1)[:, self.top_k - 1 : self.top_k]  # the k-th largest logit
             logits = np.where(logits < kth, NEG, logits)
         if self.top_p is not None and self.top_p < 1:
             descending = -np.sort(-logits, axis=-1)

@@ -37,8 +37,21 @@ class Sequence:
             it waits, at the next step while it holds a row or runs whole (beam search).
     """
 
-    def __init__(self, prompt_ids, max_tokens, on_event, temperature=0.0, top_k=None, top_p=None, seed=None,
-                 choice=0, stop_token_ids=(), num_beams=1, length_penalty=1.0, deadline=None):
+    def __init__(
+        self,
+        prompt_ids,
+        max_tokens,
+        on_event,
+        temperature=0.0,
+        top_k=None,
+        top_p=None,
+        seed=None,
+        choice=0,
+        stop_token_ids=(),
+        num_beams=1,
+        length_penalty=1.0,
+        deadline=None,
+    ):
         self.prompt_ids, self.max_tokens, self.on_event = list(prompt_ids), int(max_tokens), on_event
         self.temperature, self.top_k, self.top_p = float(temperature), top_k, top_p
         if seed is None and self.temperature > 0:
@@ -60,9 +73,20 @@ class Sequence:
 
     def same_request(self, other):
         """The same prompt and options (choices of one request): they can run as rows of one call."""
-        return all(getattr(self, name) == getattr(other, name) for name in (
-            "prompt_ids", "max_tokens", "temperature", "top_k", "top_p", "noise_seed", "stop_token_ids", "num_beams",
-            "length_penalty"))
+        return all(
+            getattr(self, name) == getattr(other, name)
+            for name in (
+                "prompt_ids",
+                "max_tokens",
+                "temperature",
+                "top_k",
+                "top_p",
+                "noise_seed",
+                "stop_token_ids",
+                "num_beams",
+                "length_penalty",
+            )
+        )
 
     def accept(self, token):
         """Record and announce a token -> the finish reason, or None to go on."""

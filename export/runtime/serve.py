@@ -82,8 +82,9 @@ class Service:
             self.generator = Generator(self.bundle_dir, num_threads=num_threads)
             if self.generator.tokenizer is None:
                 raise ValueError(f"Serving needs the bundle's tokenizer.json. Received: bundle_dir={bundle_dir!r}")
-            self.scheduler = batching.Scheduler(self.generator, max_rows=max_batch, max_queue=max_queue,
-                                                on_step=self.relay.flush)
+            self.scheduler = batching.Scheduler(
+                self.generator, max_rows=max_batch, max_queue=max_queue, on_step=self.relay.flush
+            )
             self.max_length = int(self.generator.config["max_length"])
         self.metrics = Metrics(self)
 
@@ -107,9 +108,14 @@ class Service:
             for p, ids in enumerate(prompt_ids):
                 for c in range(n):
                     index = p * n + c
-                    sequence = batching.Sequence(ids, on_event=lambda kind, value, index=index: self.relay.post(
-                                                     inbox, (index, kind, value)),
-                                                 choice=c, stop_token_ids=stop_ids, deadline=deadline, **options)
+                    sequence = batching.Sequence(
+                        ids,
+                        on_event=lambda kind, value, index=index: self.relay.post(inbox, (index, kind, value)),
+                        choice=c,
+                        stop_token_ids=stop_ids,
+                        deadline=deadline,
+                        **options,
+                    )
                     self.scheduler.submit(sequence)
                     sequences.append(sequence)
         except batching.QueueFull as error:
@@ -125,13 +131,19 @@ class Service:
         if self.generator.kind == "encoder_decoder" and longest > self.max_length:
             raise ApiError(f"The prompt has {longest} tokens; this model reads at most {self.max_length}.", "prompt")
         if room < 1:
-            raise ApiError(f"The prompt has {longest} tokens; this model reads at most {self.max_length} in all, "
-                           f"so a prompt may hold at most {self.max_length - 1}.", "prompt")
+            raise ApiError(
+                f"The prompt has {longest} tokens; this model reads at most {self.max_length} in all, "
+                f"so a prompt may hold at most {self.max_length - 1}.",
+                "prompt",
+            )
         if not explicit:
             return min(max_tokens, room)
         if max_tokens > room:
-            raise ApiError(f"max_tokens={max_tokens} is too large: the prompt has {longest} tokens and the model's "
-                           f"length is {self.max_length}, leaving room for at most {room}.", "max_tokens")
+            raise ApiError(
+                f"max_tokens={max_tokens} is too large: the prompt has {longest} tokens and the model's "
+                f"length is {self.max_length}, leaving room for at most {room}.",
+                "max_tokens",
+            )
         return max_tokens
 
 
@@ -139,13 +151,17 @@ class Metrics:
     def __init__(self, service):
         self.registry = prometheus_client.CollectorRegistry()
         labels = dict(registry=self.registry)
-        self.requests = prometheus_client.Counter("kt_requests", "HTTP requests answered", ["endpoint", "status"], **labels)
+        self.requests = prometheus_client.Counter(
+            "kt_requests", "HTTP requests answered", ["endpoint", "status"], **labels
+        )
         self.prompt_tokens = prometheus_client.Counter("kt_prompt_tokens", "Prompt tokens read", **labels)
         self.generated_tokens = prometheus_client.Counter("kt_generated_tokens", "Tokens generated", **labels)
-        self.latency = prometheus_client.Histogram("kt_request_latency_seconds", "Time from request to last byte",
-                                                   ["endpoint"], **labels)
-        self.ttft = prometheus_client.Histogram("kt_time_to_first_token_seconds", "Time from request to first token",
-                                                ["endpoint"], **labels)
+        self.latency = prometheus_client.Histogram(
+            "kt_request_latency_seconds", "Time from request to last byte", ["endpoint"], **labels
+        )
+        self.ttft = prometheus_client.Histogram(
+            "kt_time_to_first_token_seconds", "Time from request to first token", ["endpoint"], **labels
+        )
         if service.scheduler is not None:
             self.registry.register(_SchedulerCollector(service.scheduler))
 
@@ -163,13 +179,15 @@ class _SchedulerCollector:
         yield GaugeMetricFamily("kt_queue_depth", "Sequences waiting for a batch row", value=scheduler.queue_depth())
         yield GaugeMetricFamily("kt_batch_rows", "Sequences being decoded together", value=scheduler.rows())
         yield CounterMetricFamily("kt_decode_steps", "Batched decode steps run", value=scheduler.steps)
-        yield CounterMetricFamily("kt_decoded_rows", "Rows decoded, summed over steps (/ steps: the mean batch)",
-                                  value=scheduler.rows_decoded)
+        yield CounterMetricFamily(
+            "kt_decoded_rows", "Rows decoded, summed over steps (/ steps: the mean batch)", value=scheduler.rows_decoded
+        )
 
 
 def build_app(bundle_dir=None, **service_options):
     """The ASGI app serving the bundle at `bundle_dir` (default: this file's directory). See `Service` for options."""
     service = Service(bundle_dir or os.path.dirname(os.path.abspath(__file__)), **service_options)
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
         service.relay.loop = asyncio.get_running_loop()
@@ -217,18 +235,32 @@ def main(argv=None):
     parser.add_argument("--bundle", default=os.path.dirname(os.path.abspath(__file__)), help="bundle directory")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--model-name", default=None, help="the name clients ask for (default: the bundle's directory name)")
+    parser.add_argument(
+        "--model-name", default=None, help="the name clients ask for (default: the bundle's directory name)"
+    )
     parser.add_argument("--max-batch", type=int, default=32, help="the most requests decoded together")
     parser.add_argument("--max-queue", type=int, default=256, help="the most requests waiting; beyond, 503")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a request may take (waiting included)")
     parser.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
-    app = build_app(args.bundle, model_name=args.model_name, max_batch=args.max_batch, max_queue=args.max_queue,
-                    timeout=args.timeout, num_threads=args.threads)
+    app = build_app(
+        args.bundle,
+        model_name=args.model_name,
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        timeout=args.timeout,
+        num_threads=args.threads,
+    )
     # On SIGTERM, answers in flight get --timeout seconds (each request's own limit) and a little more to finish.
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_keep_alive=5,
-                            timeout_graceful_shutdown=args.timeout + 5)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_keep_alive=5,
+        timeout_graceful_shutdown=args.timeout + 5,
+    )
     server = _Server(config, app.state.service)
     print(f"Serving {app.state.service.name!r} on http://{args.host}:{args.port}", flush=True)
     server.run()

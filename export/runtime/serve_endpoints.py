@@ -39,11 +39,17 @@ def _endpoint(name):
 
 def _require(service, kind, param):
     if kind == "generator" and service.generator is None:
-        raise ApiError(f"The model {service.name!r} is an encoder ({service.bundle['task']}): it does not generate; "
-                       "use /v1/embeddings.", param)
+        raise ApiError(
+            f"The model {service.name!r} is an encoder ({service.bundle['task']}): it does not generate; "
+            "use /v1/embeddings.",
+            param,
+        )
     if kind == "encoder" and service.encoder is None:
-        raise ApiError(f"The model {service.name!r} generates text ({service.bundle['task']}): it has no embeddings; "
-                       "use /v1/completions.", param)
+        raise ApiError(
+            f"The model {service.name!r} generates text ({service.bundle['task']}): it has no embeddings; "
+            "use /v1/completions.",
+            param,
+        )
 
 
 @_endpoint("completions")
@@ -54,11 +60,14 @@ async def completions(request, service):
     prompt_ids = prompt_ids_of(service, field(body, "prompt", (str, list), required=True))
     options, n, stop, stream, usage = sampling_options(body, len(prompt_ids))
     max_tokens = field(body, "max_tokens", int, default=16, check=lambda m: m >= 1, rule="a positive integer")
-    options["max_tokens"] = service.limits(prompt_ids, max_tokens, "max_tokens" in body and body["max_tokens"] is not None)
+    options["max_tokens"] = service.limits(
+        prompt_ids, max_tokens, "max_tokens" in body and body["max_tokens"] is not None
+    )
     if field(body, "echo", bool, default=False):
         raise ApiError("echo is not supported by this server.", "echo")
-    return await completion_response(service, request, "completions", prompt_ids, options, n, stop, stream, usage,
-                                     chat=False)
+    return await completion_response(
+        service, request, "completions", prompt_ids, options, n, stop, stream, usage, chat=False
+    )
 
 
 @_endpoint("chat_completions")
@@ -84,8 +93,9 @@ async def chat_completions(request, service):
     except ApiError as error:
         error.param = "messages" if error.param == "prompt" else name
         raise
-    return await completion_response(service, request, "chat_completions", prompt_ids, options, n, stop, stream, usage,
-                                     chat=True)
+    return await completion_response(
+        service, request, "chat_completions", prompt_ids, options, n, stop, stream, usage, chat=True
+    )
 
 
 @_endpoint("embeddings")
@@ -97,8 +107,14 @@ async def embeddings(request, service):
     texts = [texts] if isinstance(texts, str) else texts
     if not texts or not all(isinstance(t, str) and t for t in texts) or len(texts) > 256:
         raise ApiError("'input' must be a non-empty string or a list of 1 to 256 of them.", "input")
-    encoding = field(body, "encoding_format", str, default="float", check=lambda e: e in ("float", "base64"),
-                      rule="'float' or 'base64'")
+    encoding = field(
+        body,
+        "encoding_format",
+        str,
+        default="float",
+        check=lambda e: e in ("float", "base64"),
+        rule="'float' or 'base64'",
+    )
     started = time.perf_counter()
     try:
         feeds = service.encoder.pack(texts)
@@ -109,11 +125,22 @@ async def embeddings(request, service):
     service.metrics.latency.labels("embeddings").observe(time.perf_counter() - started)
     tokens = int(feeds["padding_mask"].sum())
     service.metrics.prompt_tokens.inc(tokens)
-    data = [{"object": "embedding", "index": i,
-             "embedding": base64.b64encode(v.tobytes()).decode() if encoding == "base64" else v.tolist()}
-            for i, v in enumerate(vectors)]
-    return JSONResponse({"object": "list", "data": data, "model": service.name,
-                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+    data = [
+        {
+            "object": "embedding",
+            "index": i,
+            "embedding": base64.b64encode(v.tobytes()).decode() if encoding == "base64" else v.tolist(),
+        }
+        for i, v in enumerate(vectors)
+    ]
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": data,
+            "model": service.name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+    )
 
 
 def _model_card(service):
@@ -128,8 +155,11 @@ async def models(request, service):
 @_endpoint("model")
 async def model(request, service):
     if request.path_params["name"] != service.name:
-        raise ApiError(f"The model {request.path_params['name']!r} does not exist; this server serves "
-                       f"{service.name!r}.", "model", 404)
+        raise ApiError(
+            f"The model {request.path_params['name']!r} does not exist; this server serves {service.name!r}.",
+            "model",
+            404,
+        )
     return JSONResponse(_model_card(service))
 
 
@@ -145,11 +175,20 @@ async def health_ready(request, service):
 
 @_endpoint("server_metadata")
 async def server_metadata(request, service):
-    return JSONResponse({"name": "keras_transformer", "version": str(service.bundle.get("format_version")),
-                         "extensions": []})
+    return JSONResponse(
+        {"name": "keras_transformer", "version": str(service.bundle.get("format_version")), "extensions": []}
+    )
 
 
-_DATATYPES = {"int64": "INT64", "float": "FP32", "float32": "FP32", "double": "FP64", "int32": "INT32", "float16": "FP16", "bool": "BOOL"}
+_DATATYPES = {
+    "int64": "INT64",
+    "float": "FP32",
+    "float32": "FP32",
+    "double": "FP64",
+    "int32": "INT32",
+    "float16": "FP16",
+    "bool": "BOOL",
+}
 
 
 @_endpoint("model_metadata")
@@ -158,29 +197,47 @@ async def model_metadata(request, service):
     _known_model(request, service)
 
     def tensors(graph, side):
-        return [{"name": f"{graph}/{t['name']}", "datatype": _DATATYPES.get(t.get("dtype"), str(t.get("dtype")).upper()),
-                 "shape": [d if isinstance(d, int) else -1 for d in t.get("shape", [])]}
-                for t in service.bundle["graphs"][graph][side]]
+        return [
+            {
+                "name": f"{graph}/{t['name']}",
+                "datatype": _DATATYPES.get(t.get("dtype"), str(t.get("dtype")).upper()),
+                "shape": [d if isinstance(d, int) else -1 for d in t.get("shape", [])],
+            }
+            for t in service.bundle["graphs"][graph][side]
+        ]
 
     graphs = service.bundle["graphs"]
-    return JSONResponse({"name": service.name, "versions": ["1"], "platform": "onnxruntime_onnx",
-                         "inputs": [t for g in graphs for t in tensors(g, "inputs")],
-                         "outputs": [t for g in graphs for t in tensors(g, "outputs")],
-                         "parameters": {"kind": service.bundle["kind"], "task": service.bundle["task"],
-                                        "max_length": service.max_length}})
+    return JSONResponse(
+        {
+            "name": service.name,
+            "versions": ["1"],
+            "platform": "onnxruntime_onnx",
+            "inputs": [t for g in graphs for t in tensors(g, "inputs")],
+            "outputs": [t for g in graphs for t in tensors(g, "outputs")],
+            "parameters": {
+                "kind": service.bundle["kind"],
+                "task": service.bundle["task"],
+                "max_length": service.max_length,
+            },
+        }
+    )
 
 
 @_endpoint("model_ready")
 async def model_ready(request, service):
     _known_model(request, service)
-    return JSONResponse({"name": service.name, "ready": not service.draining},
-                        status_code=503 if service.draining else 200)
+    return JSONResponse(
+        {"name": service.name, "ready": not service.draining}, status_code=503 if service.draining else 200
+    )
 
 
 def _known_model(request, service):
     if request.path_params["name"] != service.name:
-        raise ApiError(f"The model {request.path_params['name']!r} does not exist; this server serves "
-                       f"{service.name!r}.", "name", 404)
+        raise ApiError(
+            f"The model {request.path_params['name']!r} does not exist; this server serves {service.name!r}.",
+            "name",
+            404,
+        )
 
 
 async def metrics(request):
@@ -190,8 +247,10 @@ async def metrics(request):
 
 async def _http_error(request, error):
     param = "path" if error.status_code == 404 else "method" if error.status_code == 405 else None
-    message = {404: f"No such endpoint: {request.url.path}",
-               405: f"{request.method} is not allowed on {request.url.path}"}.get(error.status_code, str(error.detail))
+    message = {
+        404: f"No such endpoint: {request.url.path}",
+        405: f"{request.method} is not allowed on {request.url.path}",
+    }.get(error.status_code, str(error.detail))
     return ApiError(message, param, error.status_code).response()
 
 

@@ -101,7 +101,7 @@ class _Choice:
         return self._send(self.tokenizer.decode(self.ids, skip_special_tokens=True))
 
     def _send(self, text):
-        new = text[len(self.sent):] if text.startswith(self.sent) else ""
+        new = text[len(self.sent) :] if text.startswith(self.sent) else ""
         self.sent = text if text.startswith(self.sent) else self.sent
         return new
 
@@ -114,15 +114,17 @@ async def _watch_disconnect(request, inbox):
     inbox.wake.set()
 
 
-async def completion_response(service, request, endpoint, prompt_ids, options, n, stop, stream, include_usage,
-                              chat):
+async def completion_response(service, request, endpoint, prompt_ids, options, n, stop, stream, include_usage, chat):
     """Submit a completion (n sequences per prompt) -> its answer: one JSON body, or a stream of
     server-sent events when `stream`. `chat` picks the chat completion's shapes over the text one's."""
     completion = _Completion(service, request, endpoint, prompt_ids, options, n, stop, chat)
     if not stream:
         return await completion.json_response()
-    return StreamingResponse(completion.events(include_usage), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        completion.events(include_usage),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
 
 
 class _Completion:
@@ -139,14 +141,21 @@ class _Completion:
         service.metrics.prompt_tokens.inc(self.prompt_tokens)
         self.choices = [_Choice(service.generator.tokenizer, stop) for _ in self.sequences]
         prefix = "chatcmpl" if chat else "cmpl"
-        self.head = {"id": f"{prefix}-{service.next_id()}", "object": "chat.completion" if chat else "text_completion",
-                     "created": int(time.time()), "model": service.name}
+        self.head = {
+            "id": f"{prefix}-{service.next_id()}",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": service.name,
+        }
 
     def usage(self):
         """OpenAI's usage object: the tokens of the prompts (once per sequence) and those generated so far."""
         completion_tokens = sum(len(c.ids) for c in self.choices)
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": self.prompt_tokens + completion_tokens}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": self.prompt_tokens + completion_tokens,
+        }
 
     async def json_response(self):
         """The answer not streamed: every choice's whole text (or 499 when the client went away)."""
@@ -155,9 +164,15 @@ class _Completion:
             texts[index] += text
         if self.inbox.disconnected:
             return Response(status_code=499)
-        body = [{"index": i, "finish_reason": c.finish, "logprobs": None,
-                 **({"message": {"role": "assistant", "content": texts[i]}} if self.chat else {"text": texts[i]})}
-                for i, c in enumerate(self.choices)]
+        body = [
+            {
+                "index": i,
+                "finish_reason": c.finish,
+                "logprobs": None,
+                **({"message": {"role": "assistant", "content": texts[i]}} if self.chat else {"text": texts[i]}),
+            }
+            for i, c in enumerate(self.choices)
+        ]
         return JSONResponse({**self.head, "choices": body, "usage": self.usage()})
 
     async def events(self, include_usage):
@@ -167,8 +182,19 @@ class _Completion:
         chunk = {**self.head, "object": "chat.completion.chunk" if chat else "text_completion"}
         if chat:
             for i in range(len(self.choices)):
-                yield _sse({**chunk, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                  "finish_reason": None, "logprobs": None}]})
+                yield _sse(
+                    {
+                        **chunk,
+                        "choices": [
+                            {
+                                "index": i,
+                                "delta": {"role": "assistant", "content": ""},
+                                "finish_reason": None,
+                                "logprobs": None,
+                            }
+                        ],
+                    }
+                )
         # An event per delta: the chunk's fixed fields are encoded once, each delta's own by hand.
         before = f'data: {_json(chunk)[:-1]}, "choices": [{{"index": '
         try:

@@ -41,8 +41,17 @@ def field(body, name, types, required=False, default=None, check=None, rule=None
     types = types if isinstance(types, tuple) else (types,)
     numeric = any(t in (int, float) for t in types)
     if not isinstance(value, types) or (numeric and isinstance(value, bool) and bool not in types):
-        names = " or ".join({int: "an integer", float: "a number", str: "a string", bool: "a boolean", list: "a list",
-                             dict: "an object"}[t] for t in types)
+        names = " or ".join(
+            {
+                int: "an integer",
+                float: "a number",
+                str: "a string",
+                bool: "a boolean",
+                list: "a list",
+                dict: "an object",
+            }[t]
+            for t in types
+        )
         raise ApiError(f"{name!r} must be {names}. Received: {name}={value!r}", name)
     if check is not None and not check(value):
         raise ApiError(f"{name!r} must be {rule}. Received: {name}={value!r}", name)
@@ -62,7 +71,9 @@ async def json_body(request):
 def sampling_options(body, n_prompts):
     """The options every generation endpoint shares -> (Sequence keyword arguments, n, stop strings, stream, usage)."""
     options = dict(
-        temperature=field(body, "temperature", (int, float), default=1.0, check=lambda t: 0 <= t <= 2, rule="in [0, 2]"),
+        temperature=field(
+            body, "temperature", (int, float), default=1.0, check=lambda t: 0 <= t <= 2, rule="in [0, 2]"
+        ),
         top_p=field(body, "top_p", (int, float), default=None, check=lambda p: 0 < p <= 1, rule="in (0, 1]"),
         top_k=field(body, "top_k", int, default=None, check=lambda k: k >= -1, rule=">= -1 (-1 or 0: no limit)"),
         seed=field(body, "seed", int),
@@ -76,18 +87,26 @@ def sampling_options(body, n_prompts):
         options["top_p"] = None
     n = field(body, "n", int, default=1, check=lambda n: 1 <= n <= MAX_CHOICES, rule=f"in [1, {MAX_CHOICES}]")
     if n * n_prompts > MAX_CHOICES:
-        raise ApiError(f"A request may ask for at most {MAX_CHOICES} choices in all; {n_prompts} prompts x n={n} is "
-                       f"{n * n_prompts}.", "n")
+        raise ApiError(
+            f"A request may ask for at most {MAX_CHOICES} choices in all; {n_prompts} prompts x n={n} is "
+            f"{n * n_prompts}.",
+            "n",
+        )
     stop = field(body, "stop", (str, list), default=[])
     stop = [stop] if isinstance(stop, str) else stop
     if len(stop) > MAX_STOP_STRINGS or not all(isinstance(s, str) and s for s in stop):
-        raise ApiError(f"'stop' must be a non-empty string or a list of at most {MAX_STOP_STRINGS} of them. "
-                       f"Received: stop={body.get('stop')!r}", "stop")
+        raise ApiError(
+            f"'stop' must be a non-empty string or a list of at most {MAX_STOP_STRINGS} of them. "
+            f"Received: stop={body.get('stop')!r}",
+            "stop",
+        )
     stream = field(body, "stream", bool, default=False)
     stream_options = field(body, "stream_options", dict, default={})
     if options["num_beams"] > 1:
         if stream:
-            raise ApiError("Beam search (num_beams > 1) returns its best hypothesis at the end: it cannot stream.", "stream")
+            raise ApiError(
+                "Beam search (num_beams > 1) returns its best hypothesis at the end: it cannot stream.", "stream"
+            )
         if n > 1:
             raise ApiError("Beam search returns one (the best) hypothesis per prompt: n must be 1.", "n")
     if field(body, "logprobs", (bool, int), default=False):
@@ -107,8 +126,11 @@ def prompt_ids_of(service, prompt):
                 raise ApiError(f"Token ids must be in [0, {vocabulary}).", "prompt")
             ids = list(item)
         else:
-            raise ApiError("'prompt' must be a string, a list of strings, a list of token ids or a list of them. "
-                           f"Received: an item {item!r:.80}", "prompt")
+            raise ApiError(
+                "'prompt' must be a string, a list of strings, a list of token ids or a list of them. "
+                f"Received: an item {item!r:.80}",
+                "prompt",
+            )
         if not ids:
             raise ApiError("The prompt encodes to no token at all.", "prompt")
         return ids

@@ -186,7 +186,8 @@ class CheckpointWeights:
                 stacklevel=4,
             )
         unused = [
-            name for name in sorted(self.arrays)
+            name
+            for name in sorted(self.arrays)
             if name not in self.used and not any(re.search(p, name) for p in known_unused)
         ]
         if unused:

@@ -1,4 +1,5 @@
-"""Hugging Face BERT (`model_type` "bert": BertModel, BertForMaskedLM, BertForPreTraining) -> BertBackbone / BertMaskedLM.
+"""Hugging Face BERT (`model_type` "bert": BertModel, BertForMaskedLM, BertForPreTraining) -> BertBackbone /
+BertMaskedLM.
 
 Axes: D model width, H heads, Dh head size, F feed-forward width, V vocabulary.
 
@@ -27,11 +28,7 @@ HEAD_TENSORS = {"BertMaskedLM": r"^cls\.predictions\.", "BertClassifier": r"^cla
 MAX_PRESET_SEQUENCE_LENGTH = 512
 _MASKED_LM_ARCHITECTURES = ("BertForMaskedLM", "BertForPreTraining")
 
-_REQUIRED = {
-    "position_embedding_type": "absolute",
-    "is_decoder": False,
-    "add_cross_attention": False,
-}
+_REQUIRED = {"position_embedding_type": "absolute", "is_decoder": False, "add_cross_attention": False}
 
 
 def convert_config(hf_config, path=None):
@@ -100,7 +97,11 @@ def load_weights(model, weights, hf_config):
     for i, block in enumerate(backbone.transformer_layers):
         p = f"{prefix}encoder.layer.{i}."
         attention = block.self_attention
-        for dense, name in ((attention.query_dense, "query"), (attention.key_dense, "key"), (attention.value_dense, "value")):
+        for dense, name in (
+            (attention.query_dense, "query"),
+            (attention.key_dense, "key"),
+            (attention.value_dense, "value"),
+        ):
             s = f"{p}attention.self.{name}"
             put(dense.kernel, f"{s}.weight", lambda w: w.T.reshape(D, H, Dh))  # (D_out, D) -> (D, D_out) -> (D, H, Dh)
             put(dense.bias, f"{s}.bias", lambda b: b.reshape(H, Dh))  # (D,) -> (H, Dh)

@@ -80,8 +80,12 @@ def export_hugging_face(task, path, overwrite=False, dtype=None, max_shard_size=
     torch, transformers = _import_requirements()
     dtype = dtype or _weights_dtype(task)
     if dequantized:
-        _log.warning("Exporting %s with its int8 kernels dequantized to %s (the Hugging Face checkpoint holds float "
-                     "weights; a serving engine can quantize them again).", type(task).__name__, dtype)
+        _log.warning(
+            "Exporting %s with its int8 kernels dequantized to %s (the Hugging Face checkpoint holds float "
+            "weights; a serving engine can quantize them again).",
+            type(task).__name__,
+            dtype,
+        )
     if lora_layers(task):
         _log.info("Exporting %s with its LoRA factors merged into the kernels.", type(task).__name__)
 
@@ -119,11 +123,23 @@ def _gpt(task):
     b = task.backbone
     if b.num_key_value_heads not in (None, b.num_heads):
         raise _unsupported(task, f"num_key_value_heads={b.num_key_value_heads}", "GPT-2 has no grouped-query attention")
-    return "GPT2Config", "GPT2LMHeadModel", dict(
-        vocab_size=b.vocabulary_size, n_embd=b.hidden_dim, n_layer=b.num_layers, n_head=b.num_heads,
-        n_inner=b.intermediate_dim, n_positions=b.max_sequence_length,
-        activation_function=_hf_activation(task, b.activation), layer_norm_epsilon=b.norm_epsilon,
-        resid_pdrop=b.dropout, embd_pdrop=b.dropout, attn_pdrop=b.dropout, tie_word_embeddings=True,
+    return (
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        dict(
+            vocab_size=b.vocabulary_size,
+            n_embd=b.hidden_dim,
+            n_layer=b.num_layers,
+            n_head=b.num_heads,
+            n_inner=b.intermediate_dim,
+            n_positions=b.max_sequence_length,
+            activation_function=_hf_activation(task, b.activation),
+            layer_norm_epsilon=b.norm_epsilon,
+            resid_pdrop=b.dropout,
+            embd_pdrop=b.dropout,
+            attn_pdrop=b.dropout,
+            tie_word_embeddings=True,
+        ),
     )
 
 
@@ -132,18 +148,30 @@ def _llama(task):
     b = task.backbone
     head_dim = b.head_dim or b.hidden_dim // b.num_heads
     if b.rotary_dim not in (None, head_dim):
-        raise _unsupported(task, f"rotary_dim={b.rotary_dim}", "transformers' Llama, Qwen2 and Mistral rotate whole heads")
+        raise _unsupported(
+            task, f"rotary_dim={b.rotary_dim}", "transformers' Llama, Qwen2 and Mistral rotate whole heads"
+        )
     qkv_bias = bool(b.attention_bias)
     output_bias = qkv_bias if b.attention_output_bias is None else bool(b.attention_output_bias)
     mlp_bias, window = bool(b.mlp_bias), b.sliding_window
     theta = float(b.rope_max_wavelength)
-    rope = {"rope_type": "default", "rope_theta": theta} if not b.rope_scaling else {**b.rope_scaling, "rope_theta": theta}
+    rope = (
+        {"rope_type": "default", "rope_theta": theta} if not b.rope_scaling else {**b.rope_scaling, "rope_theta": theta}
+    )
     settings = dict(
-        vocab_size=b.vocabulary_size, hidden_size=b.hidden_dim, intermediate_size=b.intermediate_dim,
-        num_hidden_layers=b.num_layers, num_attention_heads=b.num_heads,
-        num_key_value_heads=b.num_key_value_heads or b.num_heads, head_dim=head_dim,
-        max_position_embeddings=b.max_sequence_length, rms_norm_eps=b.norm_epsilon, rope_parameters=rope,
-        hidden_act="silu", attention_dropout=b.dropout, tie_word_embeddings=bool(b.tie_word_embeddings),
+        vocab_size=b.vocabulary_size,
+        hidden_size=b.hidden_dim,
+        intermediate_size=b.intermediate_dim,
+        num_hidden_layers=b.num_layers,
+        num_attention_heads=b.num_heads,
+        num_key_value_heads=b.num_key_value_heads or b.num_heads,
+        head_dim=head_dim,
+        max_position_embeddings=b.max_sequence_length,
+        rms_norm_eps=b.norm_epsilon,
+        rope_parameters=rope,
+        hidden_act="silu",
+        attention_dropout=b.dropout,
+        tie_word_embeddings=bool(b.tie_word_embeddings),
     )
     if qkv_bias and not output_bias and not mlp_bias:  # Qwen2: query/key/value biases only
         settings.update(use_sliding_window=window is not None, sliding_window=window, max_window_layers=0)
@@ -153,7 +181,8 @@ def _llama(task):
     if window is not None and not (qkv_bias or output_bias or mlp_bias):
         return "MistralConfig", "MistralForCausalLM", {**settings, "sliding_window": window}
     raise _unsupported(
-        task, f"attention_bias={b.attention_bias}, attention_output_bias={b.attention_output_bias}, "
+        task,
+        f"attention_bias={b.attention_bias}, attention_output_bias={b.attention_output_bias}, "
         f"mlp_bias={b.mlp_bias}, sliding_window={window}",
         "no Hugging Face class has this mix (Llama: biases on all four attention projections or none, mlp_bias, "
         "no window; Qwen2: query/key/value biases, optional window; Mistral: no biases, a window)",
@@ -163,11 +192,17 @@ def _llama(task):
 def _bert(task):
     b = task.backbone
     settings = dict(
-        vocab_size=b.vocabulary_size, hidden_size=b.hidden_dim, num_hidden_layers=b.num_layers,
-        num_attention_heads=b.num_heads, intermediate_size=b.intermediate_dim,
-        max_position_embeddings=b.max_sequence_length, type_vocab_size=b.num_segments,
-        hidden_act=_hf_activation(task, b.activation), layer_norm_eps=b.norm_epsilon,
-        hidden_dropout_prob=b.dropout, attention_probs_dropout_prob=b.dropout,
+        vocab_size=b.vocabulary_size,
+        hidden_size=b.hidden_dim,
+        num_hidden_layers=b.num_layers,
+        num_attention_heads=b.num_heads,
+        intermediate_size=b.intermediate_dim,
+        max_position_embeddings=b.max_sequence_length,
+        type_vocab_size=b.num_segments,
+        hidden_act=_hf_activation(task, b.activation),
+        layer_norm_eps=b.norm_epsilon,
+        hidden_dropout_prob=b.dropout,
+        attention_probs_dropout_prob=b.dropout,
     )
     if type(task).__name__ == "BertClassifier":
         settings.update(num_labels=task.num_classes, classifier_dropout=task.dropout)
@@ -182,14 +217,27 @@ def _t5(task):
         proj = "gated-" + _hf_activation(task, activation.removeprefix("gated-"))
     else:
         proj = _hf_activation(task, activation)
-    return "T5Config", "T5ForConditionalGeneration", dict(
-        vocab_size=b.vocabulary_size, d_model=b.hidden_dim, d_kv=b.key_dim or b.hidden_dim // b.num_heads,
-        d_ff=b.intermediate_dim, num_layers=b.num_layers, num_decoder_layers=b.num_decoder_layers or b.num_layers,
-        num_heads=b.num_heads, relative_attention_num_buckets=b.relative_attention_num_buckets,
-        relative_attention_max_distance=b.relative_attention_max_distance, dropout_rate=b.dropout,
-        layer_norm_epsilon=b.norm_epsilon, feed_forward_proj=proj, n_positions=b.max_sequence_length,
-        # transformers reads tie_word_embeddings=False as T5 v1.1's unscaled head of its own.
-        tie_word_embeddings=bool(b.tie_embedding_weights), is_encoder_decoder=True,
+    return (
+        "T5Config",
+        "T5ForConditionalGeneration",
+        dict(
+            vocab_size=b.vocabulary_size,
+            d_model=b.hidden_dim,
+            d_kv=b.key_dim or b.hidden_dim // b.num_heads,
+            d_ff=b.intermediate_dim,
+            num_layers=b.num_layers,
+            num_decoder_layers=b.num_decoder_layers or b.num_layers,
+            num_heads=b.num_heads,
+            relative_attention_num_buckets=b.relative_attention_num_buckets,
+            relative_attention_max_distance=b.relative_attention_max_distance,
+            dropout_rate=b.dropout,
+            layer_norm_epsilon=b.norm_epsilon,
+            feed_forward_proj=proj,
+            n_positions=b.max_sequence_length,
+            # transformers reads tie_word_embeddings=False as T5 v1.1's unscaled head of its own.
+            tie_word_embeddings=bool(b.tie_embedding_weights),
+            is_encoder_decoder=True,
+        ),
     )
 
 
@@ -212,8 +260,9 @@ _SUPPORTED = (
 def _family(task):
     name = type(task).__name__
     if name not in _FAMILIES:
-        raise ValueError(f"No Hugging Face class for a {name}: {_SUPPORTED}. Received: task of type {name}. "
-                         "Nothing was written.")
+        raise ValueError(
+            f"No Hugging Face class for a {name}: {_SUPPORTED}. Received: task of type {name}. Nothing was written."
+        )
     return _FAMILIES[name][0]
 
 
@@ -233,10 +282,17 @@ def _hf_activation(task, ours):
 def _token_ids(task):
     """The special-token ids config.json names (they also fill generation_config.json)."""
     if task.preprocessor is None:  # no tokenizer: no ids (not the config class's defaults), but T5's own 0 and 1
-        return {} if type(task).__name__ == "T5Seq2SeqLM" else dict.fromkeys(("pad_token_id", "bos_token_id", "eos_token_id"))
+        return (
+            {}
+            if type(task).__name__ == "T5Seq2SeqLM"
+            else dict.fromkeys(("pad_token_id", "bos_token_id", "eos_token_id"))
+        )
     tokenizer = task.preprocessor.tokenizer
-    ids = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
-           "eos_token_id": tokenizer.eos_token_id}
+    ids = {
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
     if type(task).__name__ == "T5Seq2SeqLM":
         ids["decoder_start_token_id"] = task.preprocessor.decoder_start_token_id
     return ids

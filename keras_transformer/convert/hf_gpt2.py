@@ -83,9 +83,13 @@ def load_weights(model, weights, hf_config):
         bias = weights.get(f"{prefix}{p}attn.c_attn.bias")  # (3D,)
         for j, dense in enumerate((attention.query_dense, attention.key_dense, attention.value_dense)):
             source = f"{prefix}{p}attn.c_attn[{j}]"
-            weights.assign(dense.kernel, kernel[:, j * D : (j + 1) * D].reshape(D, H, Dh), source)  # (D, D) -> (D, H, Dh)
+            weights.assign(
+                dense.kernel, kernel[:, j * D : (j + 1) * D].reshape(D, H, Dh), source
+            )  # (D, D) -> (D, H, Dh)
             weights.assign(dense.bias, bias[j * D : (j + 1) * D].reshape(H, Dh), source)  # (D,) -> (H, Dh)
-        put(attention.output_dense.kernel, p + "attn.c_proj.weight", lambda w: w.reshape(H, Dh, D))  # (D, D) -> (H, Dh, D)
+        put(
+            attention.output_dense.kernel, p + "attn.c_proj.weight", lambda w: w.reshape(H, Dh, D)
+        )  # (D, D) -> (H, Dh, D)
         put(attention.output_dense.bias, p + "attn.c_proj.bias")
         norm(block.self_attention_norm, p + "ln_1")
         put(block.feed_forward.intermediate_dense.kernel, p + "mlp.c_fc.weight")  # (D, F)

@@ -162,8 +162,10 @@ def _sliding_window(hf_config):
         layer_types = list(hf_config["layer_types"])
     else:
         first = hf_config.get("max_window_layers", 28)
-        layer_types = ["sliding_attention" if i >= first else "full_attention"
-                       for i in range(hf_config.get("num_hidden_layers", 32))]
+        layer_types = [
+            "sliding_attention" if i >= first else "full_attention"
+            for i in range(hf_config.get("num_hidden_layers", 32))
+        ]
     if set(layer_types) == {"sliding_attention"}:
         return window
     if set(layer_types) == {"full_attention"}:

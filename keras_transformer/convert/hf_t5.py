@@ -27,8 +27,14 @@ SPECIAL_TOKENS = {"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>
 KNOWN_UNUSED = (r"^decoder\.block\.0\.layer\.1\.EncDecAttention\.relative_attention_bias\.weight$",)
 HEAD_TENSORS = {"T5Seq2SeqLM": r"^lm_head\.weight$"}
 MAX_PRESET_SEQUENCE_LENGTH = 512
-_GATED = {"gelu": "gated-gelu", "gelu_new": "gated-gelu", "gelu_pytorch_tanh": "gated-gelu",
-          "relu": "gated-relu", "silu": "gated-silu", "swish": "gated-silu"}
+_GATED = {
+    "gelu": "gated-gelu",
+    "gelu_new": "gated-gelu",
+    "gelu_pytorch_tanh": "gated-gelu",
+    "relu": "gated-relu",
+    "silu": "gated-silu",
+    "swish": "gated-silu",
+}
 
 
 def _activation(hf_config):
@@ -139,8 +145,10 @@ def load_weights(model, weights, hf_config):
     put(backbone.token_embedding.embeddings, "shared.weight")
     for stack, blocks in (("encoder", backbone.encoder_layers), ("decoder", backbone.decoder_layers)):
         weights.check_same(f"{stack}.embed_tokens.weight", "shared.weight")
-        put(getattr(backbone, f"{stack}_relative_position_bias").embeddings,
-            f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight")  # (buckets, H)
+        put(
+            getattr(backbone, f"{stack}_relative_position_bias").embeddings,
+            f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+        )  # (buckets, H)
         for i, block in enumerate(blocks):
             p = f"{stack}.block.{i}.layer"
             attention(block.self_attention, f"{p}.0.SelfAttention")

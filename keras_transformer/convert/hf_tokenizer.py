@@ -50,7 +50,9 @@ def _post_processor(task, tokenizer):
     name = type(task).__name__
 
     def template(single, pair, tokens):
-        return TemplateProcessing(single=single, pair=pair, special_tokens=[(t, tokenizer.token_to_id(t)) for t in tokens])
+        return TemplateProcessing(
+            single=single, pair=pair, special_tokens=[(t, tokenizer.token_to_id(t)) for t in tokens]
+        )
 
     if name in ("GPTCausalLM", "LlamaCausalLM"):
         bos = tokenizer.special_tokens["bos_token"]

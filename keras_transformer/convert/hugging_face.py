@@ -11,11 +11,17 @@ BertForPreTraining), "t5" (T5ForConditionalGeneration, T5Model), and the Llama a
 models; sharded safetensors included). Every config option that changes the computation is mapped
 or refused with a ValueError naming it.
 
-Example:
->>> lm = GPTCausalLM.from_preset("path/to/hf/gpt2")        # converted on the fly
->>> lm = CausalLM.from_preset("path/to/hf/qwen2.5-0.5b")     # the base class picks LlamaCausalLM
->>> lm.save_to_preset("gpt2_preset")                        # our format
->>> keras_transformer.convert.convert("path/to/hf/bert", "bert_preset")
+Example, with a Hugging Face folder written here by `export(..., format="huggingface")`:
+>>> import tempfile
+>>> from keras_transformer.convert import convert
+>>> from keras_transformer.models import CausalLM, LlamaCausalLM
+>>> out = tempfile.mkdtemp()
+>>> hf_dir = LlamaCausalLM.from_preset("llama_stdlib").export(f"{out}/llama_hf", format="huggingface")
+>>> lm = LlamaCausalLM.from_preset(hf_dir)               # converted on the fly
+>>> type(CausalLM.from_preset(hf_dir)).__name__          # the base class picks the family
+'LlamaCausalLM'
+>>> lm.save_to_preset(f"{out}/llama_preset")            # our format
+>>> lm = convert(hf_dir, f"{out}/llama_preset_2")       # the same, as `keras-transformer convert` does
 """
 
 from pathlib import Path
@@ -38,8 +44,7 @@ def _family(hf_config):
     model_type = hf_config.get("model_type")
     if model_type not in FAMILIES:
         raise ValueError(
-            f"Unsupported Hugging Face model_type={model_type!r}: keras_transformer converts "
-            f"{sorted(FAMILIES)}."
+            f"Unsupported Hugging Face model_type={model_type!r}: keras_transformer converts {sorted(FAMILIES)}."
         )
     return FAMILIES[model_type]
 
@@ -76,9 +81,7 @@ def convert_config(path, hf_config, allow_pickle=False):
 
 def _head_tensors(family, model):
     """Checkpoint tensors of task heads that `model` does not have (e.g. the LM head, for a backbone)."""
-    return tuple(
-        pattern for task_name, pattern in family.HEAD_TENSORS.items() if type(model).__name__ != task_name
-    )
+    return tuple(pattern for task_name, pattern in family.HEAD_TENSORS.items() if type(model).__name__ != task_name)
 
 
 def convert(hf_dir, preset_dir, allow_pickle=False, overwrite=False):

@@ -24,6 +24,16 @@ from keras_transformer.decoding.generate import LENGTH_BUCKET, PREFILL_BUCKET, g
 from keras_transformer.decoding.generate_options import GenerateOptions
 
 __all__ = [
-    "DecodeInputs", "DecodeOptions", "GenerateOptions", "LENGTH_BUCKET", "LoopInputs", "PREFILL_BUCKET",
-    "PrefillInputs", "cache_widths", "generate", "generate_with", "trace_prepare", "trace_run",
+    "DecodeInputs",
+    "DecodeOptions",
+    "GenerateOptions",
+    "LENGTH_BUCKET",
+    "LoopInputs",
+    "PREFILL_BUCKET",
+    "PrefillInputs",
+    "cache_widths",
+    "generate",
+    "generate_with",
+    "trace_prepare",
+    "trace_run",
 ]

@@ -55,9 +55,10 @@ def widen(state, width):
     if present(rows.ancestry):  # a beam cache: keys_t (N, Dh, W * K), values (N, W * K, Dh), slots minor
         K = rows.cache[0][0].shape[-1] // rows.ancestry.shape[-1]
         rows = rows._replace(
-            cache=[(ops.pad(keys_t, [(0, 0), (0, 0), (0, extra * K)]),
-                    ops.pad(values, [(0, 0), (0, extra * K), (0, 0)]))
-                   for keys_t, values in rows.cache],
+            cache=[
+                (ops.pad(keys_t, [(0, 0), (0, 0), (0, extra * K)]), ops.pad(values, [(0, 0), (0, extra * K), (0, 0)]))
+                for keys_t, values in rows.cache
+            ],
             ancestry=ops.pad(rows.ancestry, [(0, 0), (0, extra)]),  # (R, W): read only once written
         )
     else:

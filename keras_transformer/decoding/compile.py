@@ -12,7 +12,8 @@ PyTorch's compiled step is one graph (`fullgraph=True`) per (batch, cache width)
 cache written in place and no host synchronisation inside a step; on CUDA it is captured as a CUDA
 graph and replayed (`mode="reduce-overhead"`). A decoder-only model's prefill is compiled the same way,
 one graph per input shape. The kernels are kept per task and length across calls (`_torch_kernels`), so
-later calls reuse the graphs. Compiled functions and kernels live in one `CompiledCache` per task. Compiling pays on a GPU, where an eager step is one
+later calls reuse the graphs. Compiled functions and kernels live in one `CompiledCache` per task.
+Compiling pays on a GPU, where an eager step is one
 launch per operation; on a CPU it costs seconds per bucket for a fraction of a millisecond per step
 (benchmarks/RESULTS.md, "The compiled step on this CPU"), so the default there stays eager.
 `KERAS_TRANSFORMER_TORCH_COMPILE=1` (or `0`) forces the choice, and
@@ -45,7 +46,7 @@ def _backend():
 
 
 def torch_step_mode(task):
-    """"compiled" (`torch.compile` of every step) or "eager", for a PyTorch task on its device.
+    """ "compiled" (`torch.compile` of every step) or "eager", for a PyTorch task on its device.
 
     Default: compiled on CUDA, eager elsewhere; the environment variable `KERAS_TRANSFORMER_TORCH_COMPILE`
     set to 1 / 0 forces compiled / eager.
@@ -86,16 +87,28 @@ def plan(task, sampler, options, shape, cache_bytes):
         compiled = supported and torch_step_mode(task) == "compiled"
         kernels = _torch_kernels(task, length if compiled else None) if supported else None
         # PyTorch's steps read (R, Hkv, S, Dh) caches: beams reorder their rows (in place, eagerly).
-        options = options.replace(beam_cache=False, padded_step=False, chunked_cache=True, flat_cache=False,
-                                  eager_rows=not compiled, gather_columns=True)
+        options = options.replace(
+            beam_cache=False,
+            padded_step=False,
+            chunked_cache=True,
+            flat_cache=False,
+            eager_rows=not compiled,
+            gather_columns=True,
+        )
         return Plan(options, kernels, stepwise=compiled)
     # XLA on CPU rewrites every product of a one-token, one-row step into a vector x matrix dot at half
     # the speed of a two-row product on TensorFlow: a one-row loop there pads each step's token to two.
     padded_step = backend == "tensorflow" and not sampler.reorders_rows and rows == 1
     # TensorFlow's XLA keeps a copy of the cache per width: a large cache grows through two widths only.
     chunked = backend != "tensorflow" or cache_bytes <= cache_schedule.TENSORFLOW_CHUNKED_CACHE_BYTES
-    options = options.replace(beam_cache=sampler.num_beams > 1, padded_step=padded_step, chunked_cache=chunked,
-                              flat_cache=True, eager_rows=False, gather_columns=False)
+    options = options.replace(
+        beam_cache=sampler.num_beams > 1,
+        padded_step=padded_step,
+        chunked_cache=chunked,
+        flat_cache=True,
+        eager_rows=False,
+        gather_columns=False,
+    )
     return Plan(options)
 
 
@@ -181,8 +194,11 @@ def _torch_compiled_step(traced, fn):
                 on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in torch.utils._pytree.tree_leaves(args))
                 backend = os.environ.get(TORCH_COMPILE_BACKEND_ENV, "inductor")
                 mode = "reduce-overhead" if on_cuda and backend == "inductor" else None
-                _log.info("keras_transformer: compiling the decoding step with torch.compile (backend=%s, mode=%s)",
-                          backend, mode)
+                _log.info(
+                    "keras_transformer: compiling the decoding step with torch.compile (backend=%s, mode=%s)",
+                    backend,
+                    mode,
+                )
                 compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend, mode=mode)
             return compiled(*args)
 
@@ -229,6 +245,12 @@ def to_numpy(outputs):
 
 
 __all__ = [
-    "CompiledCache", "Plan", "TORCH_COMPILE_BACKEND_ENV", "TORCH_COMPILE_ENV", "compiled", "compiled_cache", "plan",
+    "CompiledCache",
+    "Plan",
+    "TORCH_COMPILE_BACKEND_ENV",
+    "TORCH_COMPILE_ENV",
+    "compiled",
+    "compiled_cache",
+    "plan",
     "torch_step_mode",
 ]

@@ -37,8 +37,9 @@ def decode(task, sampler, options, inputs, streamer=None):
         return compile_lib.to_numpy(loop(loop_inputs, prepared, kernels))
     begin = compile_lib.compiled(task, ("start",) + key, lambda: lambda x, p: start(spec, x, p))
     if plan.stepwise:  # each step one compiled graph (PyTorch)
-        one = compile_lib.compiled(task, ("step", length) + key, lambda: lambda x, i, s, k: step(spec, x, i, s, k),
-                                   step=True)
+        one = compile_lib.compiled(
+            task, ("step", length) + key, lambda: lambda x, i, s, k: step(spec, x, i, s, k), step=True
+        )
     else:  # the loop's step as a one-iteration loop (XLA), so that the streamer sees every token
         one = compile_lib.compiled(task, ("step",) + key, lambda: lambda x, i, s, k: one_step(spec, x, i, s, k))
     i, state = begin(loop_inputs, prepared)
@@ -66,6 +67,7 @@ def _prepare(spec, plan, inputs):
     task = spec.task
     compiled_prefill = plan.stepwise and not is_seq2seq(task)
     shapes = tuple(tuple(x.shape) for x in keras.tree.flatten(inputs)) if compiled_prefill else ()
-    prefill = compile_lib.compiled(task, ("prepare",) + shapes, lambda: lambda x, k: prepare(task, x, k),
-                                   step=compiled_prefill)
+    prefill = compile_lib.compiled(
+        task, ("prepare",) + shapes, lambda: lambda x, k: prepare(task, x, k), step=compiled_prefill
+    )
     return prefill(inputs, plan.kernels)

@@ -117,8 +117,9 @@ def start(spec, inputs: LoopInputs, prepared):
         rows = Rows(tokens, loop_cache(_per_row(prepared.cache, sampler.num_beams), options.flat_cache))
     rows = rows._replace(
         seen=inputs.seen if options.repetition else ABSENT,  # (R, V) bool: tokens before the first step
-        logits=(ops.zeros((ctx.num_rows, ctx.length, ctx.vocabulary_size), "float32") if options.return_logits
-                else ABSENT),
+        logits=(
+            ops.zeros((ctx.num_rows, ctx.length, ctx.vocabulary_size), "float32") if options.return_logits else ABSENT
+        ),
     )
     state = LoopState(rows, _per_row(prepared.encoded, sampler.num_beams), sampler._initial_state(ctx))
     return ops.cast(inputs.start, "int32"), state
@@ -168,16 +169,19 @@ def _model_step(spec, ctx, token, i, state, head, kernels):
         own_slot = ops.arange(ctx.num_rows, dtype="int32") % ctx.num_beams  # (R,)
         rows = rows._replace(ancestry=write_column(rows.ancestry, i - 1, own_slot))  # (R, W)
         ancestry = ops.reshape(rows.ancestry, (ctx.batch_size, ctx.num_beams, -1))  # (B, K, W)
-        cache = [BeamCache(keys_t, values, ancestry)
-                 for keys_t, values in model_cache(rows.cache, ctx.batch_size, options.flat_cache)]
+        cache = [
+            BeamCache(keys_t, values, ancestry)
+            for keys_t, values in model_cache(rows.cache, ctx.batch_size, options.flat_cache)
+        ]
         logits, cache = model_step(task, token, cache, i - 1, state.encoded, head, kernels)
         cache = [(c.keys_t, c.values) for c in cache]
     elif options.padded_step:
         # The token and a copy of it: only the first is real (see `kv_cache.PaddedQueryCache`);
         # the copy makes every product a two-row matrix product.
         pair = ops.repeat(token, 2, axis=1)  # (R, 1) -> (R, 2)
-        cache = [PaddedQueryCache(keys, values)
-                 for keys, values in model_cache(rows.cache, ctx.num_rows, options.flat_cache)]
+        cache = [
+            PaddedQueryCache(keys, values) for keys, values in model_cache(rows.cache, ctx.num_rows, options.flat_cache)
+        ]
         logits, cache = model_step(task, pair, cache, i - 1, state.encoded, head, kernels)  # (R, 2, V)
         cache = [(c.keys, c.values) for c in cache]
     else:

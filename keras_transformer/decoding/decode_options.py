@@ -47,8 +47,17 @@ class DecodeOptions:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         object.__setattr__(self, "pad_id", int(self.pad_id))
         object.__setattr__(self, "no_repeat_ngram_size", int(self.no_repeat_ngram_size))
-        for name in ("repetition", "return_logits", "streaming", "beam_cache", "padded_step", "chunked_cache",
-                     "flat_cache", "eager_rows", "gather_columns"):
+        for name in (
+            "repetition",
+            "return_logits",
+            "streaming",
+            "beam_cache",
+            "padded_step",
+            "chunked_cache",
+            "flat_cache",
+            "eager_rows",
+            "gather_columns",
+        ):
             object.__setattr__(self, name, bool(getattr(self, name)))
 
     def replace(self, **changes):

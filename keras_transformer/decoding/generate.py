@@ -12,7 +12,13 @@ from keras_transformer.decoding.decode import decode
 from keras_transformer.decoding.decode_inputs import DecodeInputs, LoopInputs, PrefillInputs
 from keras_transformer.decoding.decode_options import DecodeOptions
 from keras_transformer.decoding.generate_inputs import (
-    LENGTH_BUCKET, PREFILL_BUCKET, decoder_start_token_id, encoder_inputs, read_inputs, round_up, stop_token_ids,
+    LENGTH_BUCKET,
+    PREFILL_BUCKET,
+    decoder_start_token_id,
+    encoder_inputs,
+    read_inputs,
+    round_up,
+    stop_token_ids,
 )
 from keras_transformer.decoding.generate_options import GenerateOptions
 from keras_transformer.decoding.generate_outputs import cut_results, format_results
@@ -40,9 +46,14 @@ def generate(
     See `LanguageModel.generate` (models/language_model.py) for the arguments and return values.
     """
     options = GenerateOptions(
-        max_new_tokens=max_new_tokens, sampler=sampler, stop_token_ids=stop_token_ids,
-        min_new_tokens=min_new_tokens, repetition_penalty=repetition_penalty,
-        no_repeat_ngram_size=no_repeat_ngram_size, streamer=streamer, return_dict=return_dict,
+        max_new_tokens=max_new_tokens,
+        sampler=sampler,
+        stop_token_ids=stop_token_ids,
+        min_new_tokens=min_new_tokens,
+        repetition_penalty=repetition_penalty,
+        no_repeat_ngram_size=no_repeat_ngram_size,
+        streamer=streamer,
+        return_dict=return_dict,
         output_logits=output_logits,
     )
     return generate_with(task, inputs, options)
@@ -71,8 +82,11 @@ def generate_with(task, inputs, options):
         )
     call = _read_call(task, inputs, options)
     decode_options = DecodeOptions(
-        stop_token_ids=call.stop_ids, pad_id=call.pad_id, repetition=options.repetition_penalty != 1.0,
-        no_repeat_ngram_size=options.no_repeat_ngram_size, return_logits=options.output_logits,
+        stop_token_ids=call.stop_ids,
+        pad_id=call.pad_id,
+        repetition=options.repetition_penalty != 1.0,
+        no_repeat_ngram_size=options.no_repeat_ngram_size,
+        return_logits=options.output_logits,
         streaming=options.streamer is not None,
     )
     arrays = _decode_inputs(call, sampler, options, task.backbone)
@@ -100,8 +114,11 @@ def _read_call(task, inputs, options):
                 f"A source of {encoder_ids.shape[1]} tokens is longer than the model's "
                 f"max_sequence_length={max_length}."
             )
-        call = call._replace(prompts=[[decoder_start_token_id(task)]] * len(rows),
-                             encoder_token_ids=encoder_ids, encoder_padding_mask=encoder_mask)
+        call = call._replace(
+            prompts=[[decoder_start_token_id(task)]] * len(rows),
+            encoder_token_ids=encoder_ids,
+            encoder_padding_mask=encoder_mask,
+        )
     longest, max_new_tokens = max(len(p) for p in call.prompts), options.max_new_tokens
     if longest + max_new_tokens > max_length:
         raise ValueError(

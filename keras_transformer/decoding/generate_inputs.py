@@ -121,15 +121,24 @@ def stop_token_ids(stop_token_ids, tokenizer, vocabulary_size):
     if isinstance(stop_token_ids, str):
         if stop_token_ids != "auto":
             raise ValueError(
-                f"`stop_token_ids` must be 'auto', None or a list of token ids. Received: stop_token_ids={stop_token_ids!r}"
+                "`stop_token_ids` must be 'auto', None or a list of token ids. "
+                f"Received: stop_token_ids={stop_token_ids!r}"
             )
         eos = tokenizer.eos_token_id if tokenizer is not None else None
         return () if eos is None else (int(eos),)
     if isinstance(stop_token_ids, numbers.Integral) and not isinstance(stop_token_ids, bool):
         stop_token_ids = [stop_token_ids]
-    ids = list(np.asarray(stop_token_ids).reshape(-1).tolist()) if not isinstance(stop_token_ids, (list, tuple)) else list(stop_token_ids)
+    ids = (
+        list(np.asarray(stop_token_ids).reshape(-1).tolist())
+        if not isinstance(stop_token_ids, (list, tuple))
+        else list(stop_token_ids)
+    )
     for token_id in ids:
-        if isinstance(token_id, bool) or not isinstance(token_id, numbers.Integral) or not 0 <= token_id < vocabulary_size:
+        if (
+            isinstance(token_id, bool)
+            or not isinstance(token_id, numbers.Integral)
+            or not 0 <= token_id < vocabulary_size
+        ):
             raise ValueError(
                 f"`stop_token_ids` must hold token ids in [0, vocabulary_size={vocabulary_size}). "
                 f"Received: stop_token_ids={stop_token_ids!r}"

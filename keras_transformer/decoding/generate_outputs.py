@@ -50,7 +50,11 @@ def format_results(task, form, results, num_return_sequences, pad_id):
             out[i, : len(r)] = r
     if nested:
         n = num_return_sequences
-        out = out.reshape(len(results), n, -1) if isinstance(out, np.ndarray) else [out[i : i + n] for i in range(0, len(out), n)]
+        out = (
+            out.reshape(len(results), n, -1)
+            if isinstance(out, np.ndarray)
+            else [out[i : i + n] for i in range(0, len(out), n)]
+        )
     if form in ("string", "list1d", "array1d"):
         return out[0]
     return out

@@ -79,8 +79,9 @@ def reorder_rows(rows, index, filled=None, flat=True):
     def take(value):
         return ops.take(value, index, axis=0)
 
-    reordered = rows._replace(**{name: keras.tree.map_structure(take, getattr(rows, name))
-                                 for name in Rows._fields if name != "cache"})
+    reordered = rows._replace(
+        **{name: keras.tree.map_structure(take, getattr(rows, name)) for name in Rows._fields if name != "cache"}
+    )
     if present(rows.ancestry):  # a beam cache stays in place: the reordered ancestry rows say where each beam reads
         return reordered
     if filled is not None:

@@ -55,10 +55,7 @@ from keras_transformer.models.task import Task
 FORMATS = ("onnx", "tf_saved_model", hf_export.FORMAT)
 INSTALL_HINT = "pip install 'keras-transformer[export]'"
 # What each format needs at export time (onnxruntime is what a bundle needs to run).
-_REQUIREMENTS = {
-    "onnx": ("tensorflow", "tf2onnx", "onnx", "onnxruntime"),
-    "tf_saved_model": ("tensorflow",),
-}
+_REQUIREMENTS = {"onnx": ("tensorflow", "tf2onnx", "onnx", "onnxruntime"), "tf_saved_model": ("tensorflow",)}
 
 
 def export_model(task, path, format="onnx", overwrite=False, quantize=None, **options):
@@ -78,12 +75,15 @@ def export_model(task, path, format="onnx", overwrite=False, quantize=None, **op
         The `Path` of the written directory.
 
     Example:
-    >>> lm.export("out/gpt_onnx", format="onnx")
+    >>> # Exports through TensorFlow and tf2onnx, tens of seconds: not run by the doctests (tests/export runs it).
+    >>> lm.export("out/gpt_onnx", format="onnx")  # doctest: +SKIP
     >>> # python out/gpt_onnx/generate.py --prompt "def add(" --sampler greedy
     """
     if format == hf_export.FORMAT:
         if quantize is not None:
-            raise ValueError(f"format='huggingface' writes float weights: pass quantize=None. Received: quantize={quantize!r}")
+            raise ValueError(
+                f"format='huggingface' writes float weights: pass quantize=None. Received: quantize={quantize!r}"
+            )
         return hf_export.export_hugging_face(task, path, overwrite=overwrite, **options)
     if options:
         raise ValueError(f"Unexpected arguments for format={format!r}: {sorted(options)}")
@@ -100,7 +100,8 @@ def export_models(task, targets, overwrite=False, quantize=None):
         The list of written `Path`s, in the order of `targets`.
 
     Example:
-    >>> export_models(lm, {"out/onnx": "onnx", "out/saved_model": "tf_saved_model"})
+    >>> # Exports through TensorFlow and tf2onnx, tens of seconds: not run by the doctests (tests/export runs it).
+    >>> export_models(lm, {"out/onnx": "onnx", "out/saved_model": "tf_saved_model"})  # doctest: +SKIP
     """
     targets = [(Path(os.fspath(path)).expanduser().resolve(), format) for path, format in dict(targets).items()]
     if not targets:
@@ -114,11 +115,15 @@ def export_models(task, targets, overwrite=False, quantize=None):
             raise ValueError(f"{path} already exists: pass overwrite=True to replace it.")
     check_mode(quantize)
     if quantize is not None and any(format != "onnx" for _, format in targets):
-        raise ValueError(f"`quantize` applies to format='onnx' only. Received: quantize={quantize!r} with "
-                         f"formats {sorted({format for _, format in targets})}")
+        raise ValueError(
+            f"`quantize` applies to format='onnx' only. Received: quantize={quantize!r} with "
+            f"formats {sorted({format for _, format in targets})}"
+        )
     if quantization_mode(task) is not None:
-        raise ValueError(f"The task's weights are quantized ({quantization_mode(task)}) in Keras: export the float "
-                         f"model and pass quantize='int8' or 'int4' to quantize the exported graphs.")
+        raise ValueError(
+            f"The task's weights are quantized ({quantization_mode(task)}) in Keras: export the float "
+            f"model and pass quantize='int8' or 'int4' to quantize the exported graphs."
+        )
     graphs.model_kind(task)  # an unsupported task is an error before any work
     if lora_layers(task):
         task = _merged_copy(task)  # the graphs get plain kernels
@@ -225,13 +230,19 @@ def load_preset_task(preset, load_weights=True):
 def language_model_task(backbone_cls):
     """The task class a backbone-only preset is exported as: the language model (causal, masked or
     seq2seq) built on exactly this backbone class; a ValueError when the family defines none."""
+
     def subclasses(cls):
         for sub in cls.__subclasses__():
             yield sub
             yield from subclasses(sub)
 
     found = sorted(
-        {cls for base in (CausalLM, MaskedLM, Seq2SeqLM) for cls in subclasses(base) if cls.backbone_cls is backbone_cls},
+        {
+            cls
+            for base in (CausalLM, MaskedLM, Seq2SeqLM)
+            for cls in subclasses(base)
+            if cls.backbone_cls is backbone_cls
+        },
         key=lambda cls: cls.__name__,
     )
     if len(found) != 1:
@@ -243,6 +254,12 @@ def language_model_task(backbone_cls):
 
 
 __all__ = [
-    "FORMATS", "INSTALL_HINT", "check_requirements", "export_model", "export_models", "language_model_task",
-    "load_preset_task", "write",
+    "FORMATS",
+    "INSTALL_HINT",
+    "check_requirements",
+    "export_model",
+    "export_models",
+    "language_model_task",
+    "load_preset_task",
+    "write",
 ]

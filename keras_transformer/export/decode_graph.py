@@ -56,36 +56,40 @@ def decode_model(task):
         helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", 1]),
     ]
     if seq2seq:
-        inputs.append(helper.make_tensor_value_info("encoder_attention_mask", TensorProto.INT64,
-                                                    ["batch", "encoder_sequence"]))
+        inputs.append(
+            helper.make_tensor_value_info("encoder_attention_mask", TensorProto.INT64, ["batch", "encoder_sequence"])
+        )
 
     def caches(prefix, axis):
         pairs = []
         for i in range(layers):
             names = [f"{prefix}.{i}.{part}" for part in ("key", "value")]
-            inputs.extend(helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", kv_heads, axis, head_dim])
-                          for name in names)
+            inputs.extend(
+                helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", kv_heads, axis, head_dim])
+                for name in names
+            )
             pairs.append(tuple(Value(builder, name) for name in names))
         return pairs
 
     past = caches("past_key_values", "past_sequence")
     if seq2seq:
         cross = caches("cross_key_values", "encoder_sequence")
-        hidden, present = backbone.call_with_cache(Value(builder, "input_ids"), past, Value(builder, "position_ids"),
-                                                   cross, Value(builder, "encoder_attention_mask"),
-                                                   call_layer=kernels)
+        hidden, present = backbone.call_with_cache(
+            Value(builder, "input_ids"),
+            past,
+            Value(builder, "position_ids"),
+            cross,
+            Value(builder, "encoder_attention_mask"),
+            call_layer=kernels,
+        )
     else:
-        hidden, present = backbone.call_with_cache(Value(builder, "input_ids"), past, Value(builder, "position_ids"),
-                                                   call_layer=kernels)
+        hidden, present = backbone.call_with_cache(
+            Value(builder, "input_ids"), past, Value(builder, "position_ids"), call_layer=kernels
+        )
     logits = task.compute_logits(hidden, call_layer=kernels)
     builder.rename(logits.materialize(), "logits")
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 1, int(backbone.vocabulary_size)])]
-    for i, pair in enumerate(present):
-        for part, value in zip(("key", "value"), pair):
-            if value.name != f"present.{i}.{part}":
-                raise Unsupported(f"layer {i}'s cache did not come from a GroupQueryAttention node")
-            outputs.append(helper.make_tensor_value_info(value.name, TensorProto.FLOAT,
-                                                         ["batch", kv_heads, "present_sequence", head_dim]))
+    outputs += _present_outputs(present, kv_heads, head_dim)
     model = helper.make_model(
         helper.make_graph(builder.nodes, "decoder" if seq2seq else "decode", inputs, outputs, builder.initializers),
         opset_imports=[helper.make_opsetid(domain, version) for domain, version in OPSET_IMPORTS],
@@ -94,6 +98,21 @@ def decode_model(task):
     )
     onnx.checker.check_model(model)
     return model
+
+
+def _present_outputs(present, kv_heads, head_dim):
+    """The decode graph's updated caches as its outputs, each (B, Hkv, S + 1, Dh); each must be the output of a
+    GroupQueryAttention node (written in place), or the step is `Unsupported`."""
+    from onnx import TensorProto, helper
+
+    outputs = []
+    for i, pair in enumerate(present):
+        for part, value in zip(("key", "value"), pair):
+            if value.name != f"present.{i}.{part}":
+                raise Unsupported(f"layer {i}'s cache did not come from a GroupQueryAttention node")
+            shape = ["batch", kv_heads, "present_sequence", head_dim]
+            outputs.append(helper.make_tensor_value_info(value.name, TensorProto.FLOAT, shape))
+    return outputs
 
 
 class OnnxKernels:
@@ -111,7 +130,9 @@ class OnnxKernels:
         self._memo = {}
         squeezed = builder.node("Squeeze", ["position_ids", builder.const("axis_1", np.array([1]))])  # (B,)
         self.past_lengths = builder.node("Cast", [squeezed], to=TensorProto.INT32)
-        total = builder.node("Add", [builder.node("ReduceMax", ["position_ids"], keepdims=0), builder.const("one", np.array(1))])
+        total = builder.node(
+            "Add", [builder.node("ReduceMax", ["position_ids"], keepdims=0), builder.const("one", np.array(1))]
+        )
         self.total_length = builder.node("Cast", [total], to=TensorProto.INT32)  # ()
         self.total_length_int64 = total
 
@@ -150,8 +171,9 @@ class _Builder:
 
         position = len(self.nodes)
         # None: a generated name; "": an optional output left out.
-        names = [f"{op.lower()}_{position}_{j}" if name is None else name
-                 for j, name in enumerate(names or [None] * outputs)]
+        names = [
+            f"{op.lower()}_{position}_{j}" if name is None else name for j, name in enumerate(names or [None] * outputs)
+        ]
         self.nodes.append(helper.make_node(op, inputs, names, name=f"{op}_{position}", domain=domain, **attributes))
         return names[0] if outputs == 1 else names
 

@@ -85,7 +85,9 @@ def model_kind(task):
         return "encoder_decoder"
     if isinstance(task, CausalLM):
         if not hasattr(task, "call_with_cache") or not hasattr(task.backbone, "cache_shape"):
-            raise ValueError(f"{type(task).__name__} has no cached decoding (`call_with_cache`): it cannot be exported.")
+            raise ValueError(
+                f"{type(task).__name__} has no cached decoding (`call_with_cache`): it cannot be exported."
+            )
         return "decoder"
     outputs = getattr(getattr(task, "backbone", None), "output", None)
     if isinstance(outputs, dict) and "sequence_output" in outputs:
@@ -152,8 +154,9 @@ def _layer_caches(tensors, extra=0):
         padded.set_shape((None, t.shape[2], None, t.shape[3]))  # a pad by a tensor loses every static size
         return padded
 
-    return [KVCache(heads_first(tensors[i]), heads_first(tensors[i + 1]), write="where")
-            for i in range(0, len(tensors), 2)]
+    return [
+        KVCache(heads_first(tensors[i]), heads_first(tensors[i + 1]), write="where") for i in range(0, len(tensors), 2)
+    ]
 
 
 def _layer_presents(caches, task):
@@ -280,7 +283,8 @@ def _encoder_task_graph(task):
 
 
 def _seq2seq_encoder_graph(task, heads_first=False):
-    """heads_first: cross keys/values (B, Hkv, S_enc, Dh), as an in-place decoder reads them; else (B, S_enc, Hkv, Dh)."""
+    """heads_first: cross keys/values (B, Hkv, S_enc, Dh), as an in-place decoder reads them; else
+    (B, S_enc, Hkv, Dh)."""
     import tensorflow as tf
 
     layers, _, _ = cache_dims(task)
@@ -316,11 +320,14 @@ def _seq2seq_decoder_graph(task):
     layers, _, _ = cache_dims(task)
 
     def decoder(input_ids, encoder_attention_mask, *caches):
-        past, cross = caches[: 2 * layers], caches[2 * layers:]
+        past, cross = caches[: 2 * layers], caches[2 * layers :]
         position = tf.shape(past[0])[1]  # S: the new token's position
         self_cache = _layer_caches(past, extra=1)  # L x (B, Hkv, S + 1, Dh)
         logits, self_cache = task.call_with_cache(
-            tf.cast(input_ids, "int32"), self_cache, position, _layer_caches(cross),
+            tf.cast(input_ids, "int32"),
+            self_cache,
+            position,
+            _layer_caches(cross),
             tf.cast(encoder_attention_mask, "bool"),
         )
         return {"logits": logits, **_named("present", _layer_presents(self_cache, task))}

@@ -32,8 +32,19 @@ GENERATION_CONFIG_FILE = "generation_config.json"
 RUNTIME_FILE = "generate.py"
 # export/runtime/'s files, copied into every bundle (see generate.py's docstring for what each does).
 RUNTIME_FILES = (
-    RUNTIME_FILE, "generator.py", "decode_loop.py", "sampling.py", "encoder.py", "bundle_files.py",
-    "batching.py", "sequence.py", "cache_rows.py", "serve.py", "serve_endpoints.py", "serve_streaming.py", "serve_validation.py",
+    RUNTIME_FILE,
+    "generator.py",
+    "decode_loop.py",
+    "sampling.py",
+    "encoder.py",
+    "bundle_files.py",
+    "batching.py",
+    "sequence.py",
+    "cache_rows.py",
+    "serve.py",
+    "serve_endpoints.py",
+    "serve_streaming.py",
+    "serve_validation.py",
     "requirements.txt",
 )
 # Package files a bundle carries as they are: the runtime imports them by these names. One implementation
@@ -41,12 +52,24 @@ RUNTIME_FILES = (
 SHARED_FILES = {"chat_template.py": Path(chat_template.__file__)}
 FORMAT_VERSION = 1
 
-__all__ = ["BUNDLE_FILE", "FORMAT_VERSION", "GENERATION_CONFIG_FILE", "OPSET", "RUNTIME_FILE", "RUNTIME_FILES",
-           "SHARED_FILES", "convert", "generation_config", "runtime_dir", "write_onnx_bundle"]
+__all__ = [
+    "BUNDLE_FILE",
+    "FORMAT_VERSION",
+    "GENERATION_CONFIG_FILE",
+    "OPSET",
+    "RUNTIME_FILE",
+    "RUNTIME_FILES",
+    "SHARED_FILES",
+    "convert",
+    "generation_config",
+    "runtime_dir",
+    "write_onnx_bundle",
+]
 
 
 def runtime_dir():
-    """The Keras-free runtime copied into every bundle: package data when installed, the repository's `export/runtime/` otherwise."""
+    """The Keras-free runtime copied into every bundle: package data when installed, the repository's
+    `export/runtime/` otherwise."""
     installed = Path(__file__).parent / "runtime"
     return installed if installed.is_dir() else Path(__file__).resolve().parents[2] / "export" / "runtime"
 
@@ -82,9 +105,9 @@ def write_onnx_bundle(task, directory):
             "num_key_value_heads": int(heads),
             "head_dim": int(head_dim),
             "layout": "one float32 array per layer for keys and one for values: (batch, sequence, "
-                      "num_key_value_heads, head_dim) out of prefill and in a traced decode(r) graph; (batch, "
-                      "num_key_value_heads, sequence, head_dim) in a decode(r) graph with position_ids, "
-                      "which writes them in place, and in the cross_key_values it reads",
+            "num_key_value_heads, head_dim) out of prefill and in a traced decode(r) graph; (batch, "
+            "num_key_value_heads, sequence, head_dim) in a decode(r) graph with position_ids, "
+            "which writes them in place, and in the cross_key_values it reads",
         }
     write_json(directory / BUNDLE_FILE, bundle)
     if task.preprocessor is not None:
@@ -163,4 +186,3 @@ def _save(model, path):
         onnx.save(model, str(path), save_as_external_data=True, location=path.name + ".data")
     else:
         onnx.save(model, str(path))
-

@@ -119,8 +119,10 @@ def _structure_keys(graph, initializers, keep):
     """
     from onnx import numpy_helper
 
-    init_keys = {name: _digest("const", t.data_type, tuple(t.dims), numpy_helper.to_array(t).tobytes())
-                 for name, t in initializers.items()}
+    init_keys = {
+        name: _digest("const", t.data_type, tuple(t.dims), numpy_helper.to_array(t).tobytes())
+        for name, t in initializers.items()
+    }
     tensor_keys = {name: "input:" + name for name in keep}
     tensor_keys.update(init_keys)
     node_keys = []
@@ -209,8 +211,9 @@ def _mean_over_features(model):
         if rank is not None and rank >= 3:  # GlobalAveragePool == ReduceMean over axes 2..rank-1, kept
             node.op_type = "ReduceMean"
             del node.attribute[:]
-            node.attribute.extend([helper.make_attribute("axes", list(range(2, rank))),
-                                   helper.make_attribute("keepdims", 1)])
+            node.attribute.extend(
+                [helper.make_attribute("axes", list(range(2, rank))), helper.make_attribute("keepdims", 1)]
+            )
 
 
 def _dynamic_update_slice(ctx, node, name, args):
@@ -256,7 +259,4 @@ def _erfc(ctx, node, name, args):
 
 
 # TensorFlow ops tf2onnx 1.17 does not convert, and their ONNX equivalents.
-_CUSTOM_OP_HANDLERS = {
-    "XlaDynamicUpdateSlice": (_dynamic_update_slice, []),
-    "Erfc": (_erfc, []),
-}
+_CUSTOM_OP_HANDLERS = {"XlaDynamicUpdateSlice": (_dynamic_update_slice, []), "Erfc": (_erfc, [])}

@@ -50,8 +50,13 @@ def quantize_graph(path, mode):
         onnx.save(model, str(float_path))
         # int8 weights for MatMul and Gather tables; int4 mode: the tables only (MatMuls follow).
         op_types = ["MatMul", "Gather"] if mode == "int8" else ["Gather"]
-        quantize_dynamic(str(float_path), str(path), weight_type=QuantType.QInt8, op_types_to_quantize=op_types,
-                         extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT})
+        quantize_dynamic(
+            str(float_path),
+            str(path),
+            weight_type=QuantType.QInt8,
+            op_types_to_quantize=op_types,
+            extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
     finally:
         float_path.unlink(missing_ok=True)
     if mode == "int4":
@@ -76,8 +81,11 @@ def _gemm_to_matmul(graph):
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         has_bias = node.op_type == "Gemm" and len(node.input) > 2 and bool(node.input[2])
         if (
-            node.op_type != "Gemm" or node.input[1] not in inits or attrs.get("transA", 0)
-            or attrs.get("alpha", 1.0) != 1.0 or (has_bias and attrs.get("beta", 1.0) != 1.0)
+            node.op_type != "Gemm"
+            or node.input[1] not in inits
+            or attrs.get("transA", 0)
+            or attrs.get("alpha", 1.0) != 1.0
+            or (has_bias and attrs.get("beta", 1.0) != 1.0)
         ):
             nodes.append(node)
             continue
@@ -116,16 +124,27 @@ def _matmul_to_nbits(graph):
         zero_points = np.zeros(cols * ((blocks + 1) // 2), np.uint8)
         quantize_matmul_4bits(packed, np.ascontiguousarray(padded), scales, zero_points, BLOCK_SIZE, cols, rows, False)
         name = node.input[1]
-        graph.initializer.extend([
-            numpy_helper.from_array(packed, f"{name}_Q4"),
-            numpy_helper.from_array(scales, f"{name}_scales"),
-            numpy_helper.from_array(zero_points, f"{name}_zero_points"),
-        ])
-        nodes.append(helper.make_node(
-            "MatMulNBits", [node.input[0], f"{name}_Q4", f"{name}_scales", f"{name}_zero_points"], list(node.output),
-            name=f"{node.name}_Q4", domain="com.microsoft", K=rows, N=cols, bits=4, block_size=BLOCK_SIZE,
-            accuracy_level=4,  # int8 products of the activations with the 4-bit weights
-        ))
+        graph.initializer.extend(
+            [
+                numpy_helper.from_array(packed, f"{name}_Q4"),
+                numpy_helper.from_array(scales, f"{name}_scales"),
+                numpy_helper.from_array(zero_points, f"{name}_zero_points"),
+            ]
+        )
+        nodes.append(
+            helper.make_node(
+                "MatMulNBits",
+                [node.input[0], f"{name}_Q4", f"{name}_scales", f"{name}_zero_points"],
+                list(node.output),
+                name=f"{node.name}_Q4",
+                domain="com.microsoft",
+                K=rows,
+                N=cols,
+                bits=4,
+                block_size=BLOCK_SIZE,
+                accuracy_level=4,  # int8 products of the activations with the 4-bit weights
+            )
+        )
     del graph.node[:]
     graph.node.extend(nodes)
     _drop_unused_initializers(graph)

@@ -50,10 +50,21 @@ from keras_transformer.export import graphs as graph_lib
 from keras_transformer.presets import write_json
 from keras_transformer.export.onnx import GENERATION_CONFIG_FILE, generation_config
 from keras_transformer.decoding import (
-    PREFILL_BUCKET, DecodeOptions, LoopInputs, PrefillInputs, cache_widths, trace_prepare, trace_run,
+    PREFILL_BUCKET,
+    DecodeOptions,
+    LoopInputs,
+    PrefillInputs,
+    cache_widths,
+    trace_prepare,
+    trace_run,
 )
 from keras_transformer.samplers import (
-    BeamSampler, GreedySampler, RandomSampler, keep_nucleus, keep_top_k, sample_categorical,
+    BeamSampler,
+    GreedySampler,
+    RandomSampler,
+    keep_nucleus,
+    keep_top_k,
+    sample_categorical,
 )
 
 # Beams of the `generate_beam` signature when the task's own sampler is not a beam search.
@@ -68,8 +79,9 @@ def write_saved_model(task, directory):
     archive = keras.export.ExportArchive()
     archive.track(task)
     input_names = list(task.input)
-    specs = [tf.TensorSpec((None,) * len(task.input[name].shape), task.input[name].dtype, name=name)
-             for name in input_names]
+    specs = [
+        tf.TensorSpec((None,) * len(task.input[name].shape), task.input[name].dtype, name=name) for name in input_names
+    ]
 
     def forward(*args):
         inputs = dict(zip(input_names, args))
@@ -86,25 +98,36 @@ def write_saved_model(task, directory):
         num_beams = sampler.num_beams if isinstance(sampler, BeamSampler) and sampler.num_beams > 1 else NUM_BEAMS
         served = _ServedLoop(task, config, num_beams)
         names = ("token_ids", "padding_mask") if kind == "decoder" else ("encoder_token_ids", "encoder_padding_mask")
-        prompts = [tf.TensorSpec((None, None), tf.int32, name=names[0]),
-                   tf.TensorSpec((None, None), tf.bool, name=names[1])]
-        archive.add_endpoint("generate", served.generate, input_signature=prompts + [
-            tf.TensorSpec((), tf.int32, name="max_new_tokens"),
-            tf.TensorSpec((), tf.float32, name="temperature"),
-            tf.TensorSpec((), tf.int32, name="top_k"),
-            tf.TensorSpec((), tf.float32, name="top_p"),
-            tf.TensorSpec((), tf.int32, name="seed"),
-            tf.TensorSpec((), tf.int32, name="min_new_tokens"),
-            tf.TensorSpec((), tf.float32, name="repetition_penalty"),
-        ])
-        archive.add_endpoint("generate_beam", served.generate_beam, input_signature=prompts + [
-            tf.TensorSpec((), tf.int32, name="max_new_tokens"),
-            tf.TensorSpec((), tf.float32, name="length_penalty"),
-            tf.TensorSpec((), tf.int32, name="min_new_tokens"),
-            tf.TensorSpec((), tf.float32, name="repetition_penalty"),
-        ])
-        config["saved_model"] = {"num_beams": num_beams, "early_stopping": False,
-                                 "buffer_lengths": served.lengths}
+        prompts = [
+            tf.TensorSpec((None, None), tf.int32, name=names[0]),
+            tf.TensorSpec((None, None), tf.bool, name=names[1]),
+        ]
+        archive.add_endpoint(
+            "generate",
+            served.generate,
+            input_signature=prompts
+            + [
+                tf.TensorSpec((), tf.int32, name="max_new_tokens"),
+                tf.TensorSpec((), tf.float32, name="temperature"),
+                tf.TensorSpec((), tf.int32, name="top_k"),
+                tf.TensorSpec((), tf.float32, name="top_p"),
+                tf.TensorSpec((), tf.int32, name="seed"),
+                tf.TensorSpec((), tf.int32, name="min_new_tokens"),
+                tf.TensorSpec((), tf.float32, name="repetition_penalty"),
+            ],
+        )
+        archive.add_endpoint(
+            "generate_beam",
+            served.generate_beam,
+            input_signature=prompts
+            + [
+                tf.TensorSpec((), tf.int32, name="max_new_tokens"),
+                tf.TensorSpec((), tf.float32, name="length_penalty"),
+                tf.TensorSpec((), tf.int32, name="min_new_tokens"),
+                tf.TensorSpec((), tf.float32, name="repetition_penalty"),
+            ],
+        )
+        config["saved_model"] = {"num_beams": num_beams, "early_stopping": False, "buffer_lengths": served.lengths}
     archive.write_out(str(directory), verbose=False)
     if task.preprocessor is not None:
         task.preprocessor.tokenizer.save(directory)
@@ -127,8 +150,9 @@ class _ServedRandomSampler(RandomSampler):
         logits = logits / self.temperature  # (R, V)
         vocabulary_size = logits.shape[-1]
         top_k = tf.minimum(tf.maximum(self.top_k, 1), vocabulary_size)
-        logits = tf.cond((self.top_k > 0) & (self.top_k < vocabulary_size),
-                         lambda: keep_top_k(logits, top_k), lambda: logits)
+        logits = tf.cond(
+            (self.top_k > 0) & (self.top_k < vocabulary_size), lambda: keep_top_k(logits, top_k), lambda: logits
+        )
         logits = tf.cond(self.top_p < 1.0, lambda: keep_nucleus(logits, self.top_p), lambda: logits)
         return sample_categorical(logits, uniform)
 
@@ -159,16 +183,29 @@ class _ServedLoop:
         self.programs = []  # [(L, [P, ...])]
         for length in self.lengths:
             groups = {}
-            prefills = {0} if self.kind != "decoder" else {0} | {
-                min(-(-x // PREFILL_BUCKET) * PREFILL_BUCKET, length) for x in range(1, length)}
+            prefills = (
+                {0}
+                if self.kind != "decoder"
+                else {0} | {min(-(-x // PREFILL_BUCKET) * PREFILL_BUCKET, length) for x in range(1, length)}
+            )
             for prefill in sorted(prefills):
                 groups.setdefault(cache_widths(length, prefill)[0], []).append(prefill)
             self.programs += [(length, members) for members in groups.values()]
 
     # --- signatures ------------------------------------------------------------
 
-    def generate(self, token_ids, padding_mask, max_new_tokens, temperature, top_k, top_p, seed,
-                 min_new_tokens, repetition_penalty):
+    def generate(
+        self,
+        token_ids,
+        padding_mask,
+        max_new_tokens,
+        temperature,
+        top_k,
+        top_p,
+        seed,
+        min_new_tokens,
+        repetition_penalty,
+    ):
         import tensorflow as tf
 
         checks = [
@@ -179,22 +216,26 @@ class _ServedLoop:
             temperature = tf.identity(temperature)
 
         def greedy():
-            return self._generate(GreedySampler(), None, token_ids, padding_mask, max_new_tokens,
-                                  min_new_tokens, repetition_penalty)
+            return self._generate(
+                GreedySampler(), None, token_ids, padding_mask, max_new_tokens, min_new_tokens, repetition_penalty
+            )
 
         def sample():
             sampler = _ServedRandomSampler(temperature, top_k, top_p)
-            return self._generate(sampler, seed, token_ids, padding_mask, max_new_tokens,
-                                  min_new_tokens, repetition_penalty)
+            return self._generate(
+                sampler, seed, token_ids, padding_mask, max_new_tokens, min_new_tokens, repetition_penalty
+            )
 
         outputs = tf.cond(temperature > 0.0, sample, greedy)
         return {"token_ids": outputs["token_ids"], "padding_mask": outputs["padding_mask"]}
 
-    def generate_beam(self, token_ids, padding_mask, max_new_tokens, length_penalty, min_new_tokens,
-                      repetition_penalty):
+    def generate_beam(
+        self, token_ids, padding_mask, max_new_tokens, length_penalty, min_new_tokens, repetition_penalty
+    ):
         sampler = _ServedBeamSampler(self.num_beams, length_penalty)
-        return self._generate(sampler, None, token_ids, padding_mask, max_new_tokens, min_new_tokens,
-                              repetition_penalty)
+        return self._generate(
+            sampler, None, token_ids, padding_mask, max_new_tokens, min_new_tokens, repetition_penalty
+        )
 
     # --- the loop ----------------------------------------------------------------
 
@@ -223,11 +264,18 @@ class _ServedLoop:
         prefill = tf.where(longest == 1, 0, tf.minimum(bucketed, length))
         program = tf.constant(0)
         for index, (program_length, members) in enumerate(self.programs):
-            program = tf.where((length == program_length) & (prefill >= members[0]) & (prefill <= members[-1]),
-                               index, program)
-        scalars = {"lengths": lengths, "start": tf.reduce_min(lengths), "max_new_tokens": max_new_tokens,
-                   "min_new_tokens": min_new_tokens, "repetition_penalty": repetition_penalty,
-                   "prefill": prefill, "seed": seed}
+            program = tf.where(
+                (length == program_length) & (prefill >= members[0]) & (prefill <= members[-1]), index, program
+            )
+        scalars = {
+            "lengths": lengths,
+            "start": tf.reduce_min(lengths),
+            "max_new_tokens": max_new_tokens,
+            "min_new_tokens": min_new_tokens,
+            "repetition_penalty": repetition_penalty,
+            "prefill": prefill,
+            "seed": seed,
+        }
         branches = [
             (lambda L=program_length, members=members: self._run(sampler, prompts, encoder, L, members, scalars))
             for program_length, members in self.programs
@@ -272,7 +320,11 @@ class _ServedLoop:
             buffer = outputs["token_ids"]  # (B, L)
             ends = _ends(buffer, scalars["lengths"], scalars["max_new_tokens"], self.stop_ids)
             return {"token_ids": buffer, "ends": ends, "scores": tf.zeros(tf.shape(ends), tf.float32)}
-        return {"token_ids": outputs["token_ids"][:, 0], "ends": outputs["ends"][:, 0], "scores": outputs["scores"][:, 0]}
+        return {
+            "token_ids": outputs["token_ids"][:, 0],
+            "ends": outputs["ends"][:, 0],
+            "scores": outputs["scores"][:, 0],
+        }
 
     def _checks(self, ids, lengths, longest, max_new_tokens, min_new_tokens, repetition_penalty):
         import tensorflow as tf
@@ -282,15 +334,22 @@ class _ServedLoop:
             tf.debugging.assert_positive(max_new_tokens, message="max_new_tokens must be >= 1"),
             tf.debugging.assert_non_negative(min_new_tokens, message="min_new_tokens must be >= 0"),
             tf.debugging.assert_positive(repetition_penalty, message="repetition_penalty must be > 0"),
-            tf.debugging.assert_less_equal(longest + max_new_tokens, limit,
-                                           message=f"the longest prompt plus max_new_tokens exceeds max_length={limit}"),
+            tf.debugging.assert_less_equal(
+                longest + max_new_tokens,
+                limit,
+                message=f"the longest prompt plus max_new_tokens exceeds max_length={limit}",
+            ),
         ]
         if self.kind == "decoder":
-            checks.append(tf.debugging.assert_positive(
-                lengths, message="every prompt needs at least one token (the start token)"))
+            checks.append(
+                tf.debugging.assert_positive(lengths, message="every prompt needs at least one token (the start token)")
+            )
         else:
-            checks.append(tf.debugging.assert_less_equal(
-                tf.shape(ids)[1], limit, message=f"a source is longer than max_length={limit}"))
+            checks.append(
+                tf.debugging.assert_less_equal(
+                    tf.shape(ids)[1], limit, message=f"a source is longer than max_length={limit}"
+                )
+            )
         return checks
 
 

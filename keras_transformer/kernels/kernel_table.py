@@ -36,6 +36,8 @@ def bind(namespace):
     """
     missing = sorted(name for name in KERNEL_NAMES.values() if not callable(namespace.get(f"_{name}")))
     if missing:
-        raise ValueError(f"A decoding runtime must define a kernel for every layer type of the table; "
-                         f"missing: {', '.join('_' + name for name in missing)}")
+        raise ValueError(
+            f"A decoding runtime must define a kernel for every layer type of the table; "
+            f"missing: {', '.join('_' + name for name in missing)}"
+        )
     return {layer_type: namespace[f"_{name}"] for layer_type, name in KERNEL_NAMES.items()}

@@ -16,8 +16,9 @@ from keras_transformer.kernels import kernel_table
 def _reversible_embedding(kernels, layer, inputs, reverse=False):
     b = kernels.builder
     if not reverse:
-        return Value(b, b.node("Gather", [b.const(f"{layer.name}.embeddings", weight(layer.embeddings)),
-                                          inputs.materialize()]))  # (B, 1) -> (B, 1, D)
+        return Value(
+            b, b.node("Gather", [b.const(f"{layer.name}.embeddings", weight(layer.embeddings)), inputs.materialize()])
+        )  # (B, 1) -> (B, 1, D)
     kernel = weight(layer.embeddings).T if layer.tie_weights else weight(layer.reverse_embeddings)  # (D, V)
     logits = b.node("MatMul", [inputs.materialize(), b.const(f"{layer.name}.reverse", np.ascontiguousarray(kernel))])
     cap = layer.logit_soft_cap
@@ -41,8 +42,9 @@ def _layer_norm(kernels, layer, x):
     b = kernels.builder
     gamma, beta = b.const(f"{layer.name}.gamma", weight(layer.gamma)), b.const(f"{layer.name}.beta", weight(layer.beta))
     if x.branch is None:
-        return Value(b, b.node("LayerNormalization", [x.materialize(), gamma, beta], axis=-1,
-                               epsilon=float(layer.epsilon)))
+        return Value(
+            b, b.node("LayerNormalization", [x.materialize(), gamma, beta], axis=-1, epsilon=float(layer.epsilon))
+        )
     return _skip_norm(kernels, "SkipLayerNormalization", x, [gamma, beta], layer.epsilon)
 
 
@@ -66,8 +68,9 @@ def _rms_norm(kernels, layer, x):
 def _skip_norm(kernels, op, x, parameters, epsilon):
     """norm(x + branch (+ bias)) of a pending sum as one fused node, which also gives the sum: x takes it."""
     inputs = [x.name, x.branch, *parameters] + ([x.bias] if x.bias is not None else [])
-    normalized, total = kernels.builder.node(op, inputs, outputs=4, domain="com.microsoft", names=[None, "", "", None],
-                                             epsilon=float(epsilon))[::3]
+    normalized, total = kernels.builder.node(
+        op, inputs, outputs=4, domain="com.microsoft", names=[None, "", "", None], epsilon=float(epsilon)
+    )[::3]
     x.name, x.branch, x.bias = total, None, None  # the residual stream goes on from the sum
     return Value(kernels.builder, normalized)
 
@@ -82,7 +85,9 @@ def _dense(kernels, layer, x):
 def _matmul(kernels, layer, x, shape=None):
     b = kernels.builder
     kernel = weight(layer.kernel)
-    y = b.node("MatMul", [x.materialize(), b.const(f"{layer.name}.kernel", kernel if shape is None else kernel.reshape(shape))])
+    y = b.node(
+        "MatMul", [x.materialize(), b.const(f"{layer.name}.kernel", kernel if shape is None else kernel.reshape(shape))]
+    )
     bias = None if layer.bias is None else b.const(f"{layer.name}.bias", weight(layer.bias).reshape(-1))
     return Value(b, y, bias=bias)
 
@@ -137,7 +142,9 @@ def _relative_position_bias(kernels, layer, query, key, query_start=0):
     keys = b.node("Range", [b.const("zero", np.array(0)), kernels.total_length_int64, b.const("one", np.array(1))])
     distance = b.node("Sub", ["position_ids", keys])  # (B, 1) - (S_total,) -> (B, S_total): query - key
     distance = b.node("Clip", [distance, b.const("zero", np.array(0)), b.const("max", np.array(layer.max_distance))])
-    bias = b.node("Transpose", [b.node("Gather", [table, distance])], perm=[0, 2, 1])  # (B, S_total, H) -> (B, H, S_total)
+    bias = b.node(
+        "Transpose", [b.node("Gather", [table, distance])], perm=[0, 2, 1]
+    )  # (B, S_total, H) -> (B, H, S_total)
     return Value(b, b.node("Unsqueeze", [bias, b.const("axis_2", np.array([2]))]))  # -> (B, H, 1, S_total)
 
 
@@ -173,10 +180,21 @@ def _self_attention(kernels, attention, h, cache, bias=None):
         options["local_window_size"] = int(attention.sliding_window)
     if bias is not None:
         inputs += [""] * (10 - len(inputs)) + [bias.materialize()]  # attention_bias is GQA's 11th input
-    out = b.node("GroupQueryAttention", inputs, outputs=3, domain="com.microsoft", num_heads=H, kv_num_heads=Hkv,
-                 scale=float(attention._scale), names=[None, present[0], present[1]], **options)[0]  # (B, 1, H Dh)
-    return _matmul(kernels, attention.output_dense, Value(b, out), shape=(H * Dh, -1)), (Value(b, present[0]),
-                                                                                          Value(b, present[1]))
+    out = b.node(
+        "GroupQueryAttention",
+        inputs,
+        outputs=3,
+        domain="com.microsoft",
+        num_heads=H,
+        kv_num_heads=Hkv,
+        scale=float(attention._scale),
+        names=[None, present[0], present[1]],
+        **options,
+    )[0]  # (B, 1, H Dh)
+    return _matmul(kernels, attention.output_dense, Value(b, out), shape=(H * Dh, -1)), (
+        Value(b, present[0]),
+        Value(b, present[1]),
+    )
 
 
 def _rotary_tables(kernels, rotary, head_dim):
@@ -185,12 +203,17 @@ def _rotary_tables(kernels, rotary, head_dim):
     if kernels.max_positions is None:
         raise Unsupported("rotary positions in a backbone without a `max_sequence_length` (the tables' length)")
     if frequencies.size % 8:
-        raise Unsupported(f"rotary positions over {2 * frequencies.size} dims per head (GroupQueryAttention's CPU "
-                          "kernel rotates a multiple of 16)")
+        raise Unsupported(
+            f"rotary positions over {2 * frequencies.size} dims per head (GroupQueryAttention's CPU "
+            "kernel rotates a multiple of 16)"
+        )
 
     def tables():
         angles = np.arange(int(kernels.max_positions), dtype=np.float32)[:, None] * frequencies[None, :]  # (P, R/2)
-        return [kernels.builder.const("rotary.cos", np.cos(angles)), kernels.builder.const("rotary.sin", np.sin(angles))]
+        return [
+            kernels.builder.const("rotary.cos", np.cos(angles)),
+            kernels.builder.const("rotary.sin", np.sin(angles)),
+        ]
 
     return kernels.memo(("rotary", frequencies.tobytes()), tables)
 
@@ -214,15 +237,32 @@ def _cross_attention(kernels, attention, h, cache, encoder_padding_mask, bias=No
     if bias is not None:
         inputs += [""] * (5 - len(inputs)) + [bias.materialize()]
     # A masked key gets MultiHeadAttention(Keras)'s -1e9 bias.
-    out = b.node("MultiHeadAttention", inputs, domain="com.microsoft", num_heads=H, scale=float(attention._scale),
-                 mask_filter_value=-1.0e9)  # (B, 1, H Dh)
+    out = b.node(
+        "MultiHeadAttention",
+        inputs,
+        domain="com.microsoft",
+        num_heads=H,
+        scale=float(attention._scale),
+        mask_filter_value=-1.0e9,
+    )  # (B, 1, H Dh)
     return _matmul(kernels, attention.output_dense, Value(b, out), shape=(H * Dh, -1))
 
 
 def _decoder_block(
-    kernels, block, inputs, encoder_outputs=None, padding_mask=None, encoder_padding_mask=None,
-    self_attention_bias=None, cross_attention_bias=None, self_attention_cache=None, cache_index=None,
-    cross_attention_cache=None, use_causal_mask=True, return_attention_scores=False, training=None,
+    kernels,
+    block,
+    inputs,
+    encoder_outputs=None,
+    padding_mask=None,
+    encoder_padding_mask=None,
+    self_attention_bias=None,
+    cross_attention_bias=None,
+    self_attention_cache=None,
+    cache_index=None,
+    cross_attention_cache=None,
+    use_causal_mask=True,
+    return_attention_scores=False,
+    training=None,
 ):
     """`TransformerDecoderBlock.call` at inference, pre- or post-norm, with cross-attention over cached keys/values
     (the residual sums stay pending until a norm takes them)."""
@@ -240,12 +280,19 @@ def _decoder_block(
         return x + h if block.norm_first else kernels(norm, x + h)
 
     x = inputs
-    h, cache = _self_attention(kernels, block.self_attention, pre(x, block.self_attention_norm), self_attention_cache,
-                               self_attention_bias)
+    h, cache = _self_attention(
+        kernels, block.self_attention, pre(x, block.self_attention_norm), self_attention_cache, self_attention_bias
+    )
     x = post(x, h, block.self_attention_norm)
     if block.use_cross_attention:
-        h = _cross_attention(kernels, block.cross_attention, pre(x, block.cross_attention_norm), cross_attention_cache,
-                             encoder_padding_mask, cross_attention_bias)
+        h = _cross_attention(
+            kernels,
+            block.cross_attention,
+            pre(x, block.cross_attention_norm),
+            cross_attention_cache,
+            encoder_padding_mask,
+            cross_attention_bias,
+        )
         x = post(x, h, block.cross_attention_norm)
     x = post(x, kernels(block.feed_forward, pre(x, block.feed_forward_norm)), block.feed_forward_norm)
     return (x, cache, cross_attention_cache) if block.use_cross_attention else (x, cache)

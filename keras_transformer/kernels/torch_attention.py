@@ -10,6 +10,7 @@ import torch
 
 from keras_transformer.kernels.torch_weights import fused, linear, mark_static, projection
 
+
 def attention_weights(attention, key_value):
     """Projections as (in, out) matrices; `key_value`: query, key and value in one (D, (H + 2 Hkv) Dh) matrix."""
     projections = (attention.query_dense, attention.key_dense, attention.value_dense)
@@ -67,7 +68,10 @@ def self_attention(kernels, attention, h, cache, start, padding_mask, bias):
     q, k, v = qkv.split([H * Dh, Hkv * Dh, Hkv * Dh], dim=-1)
     q, k = q.view(rows, length, H, Dh), k.view(rows, length, Hkv, Dh)
     if attention.rotary_embedding is not None:
-        q, k = _rotate(kernels, attention.rotary_embedding, q, start), _rotate(kernels, attention.rotary_embedding, k, start)
+        q, k = (
+            _rotate(kernels, attention.rotary_embedding, q, start),
+            _rotate(kernels, attention.rotary_embedding, k, start),
+        )
     keys, values = (c if c.is_contiguous() else c.contiguous() for c in cache)  # rows may be broadcast views
     if kernels.static:
         return _static_self_attention(kernels, attention, weights, q, k, v, keys, values, start, padding_mask, bias)

@@ -28,9 +28,7 @@ import torch.nn.functional as F
 
 from keras_transformer.kernels import kernel_table
 from keras_transformer.kernels.torch_attention import cross_attention, self_attention
-from keras_transformer.kernels.torch_weights import (
-    DTYPES, fused, linear, mark_static, projection, quantization, weight,
-)
+from keras_transformer.kernels.torch_weights import DTYPES, fused, linear, mark_static, projection, quantization, weight
 
 
 _QUANTIZATIONS = (None, "int8", "int4", "int8 with LoRA", "int4 with LoRA")  # `quantization()`s the kernels run
@@ -116,8 +114,10 @@ class TorchKernels:
             for key, (layer, arrange) in self._arrangers.items():
                 (old, old_spec), (new, new_spec) = flatten(self._weights[key]), flatten(arrange(layer))
                 if old_spec != new_spec:
-                    raise ValueError(f"The weights of layer {layer.name!r} were arranged as {old_spec}, "
-                                     f"and now as {new_spec}: an arrangement must keep its structure.")
+                    raise ValueError(
+                        f"The weights of layer {layer.name!r} were arranged as {old_spec}, "
+                        f"and now as {new_spec}: an arrangement must keep its structure."
+                    )
                 for before, after in zip(old, new):
                     if isinstance(before, torch.Tensor) and before.data_ptr() != after.data_ptr():
                         before.copy_(after)
@@ -186,16 +186,20 @@ def _reverse_kernel(layer):
     dtype = DTYPES.get(layer.reverse_dtype or layer.compute_dtype)
     if dtype is None:
         return None
-    head = weight(layer, layer.embeddings, dtype).t() if layer.tie_weights else weight(
-        layer, layer.reverse_embeddings, dtype)
+    head = (
+        weight(layer, layer.embeddings, dtype).t()
+        if layer.tie_weights
+        else weight(layer, layer.reverse_embeddings, dtype)
+    )
     return head.contiguous()
 
 
 def _positional_embedding(kernels, layer, inputs, start_index=0):
     start, length = kernels.start(start_index), inputs.shape[1]
     if kernels.static:
-        table = kernels.weights(layer, lambda layer: weight(
-            layer, layer.embeddings if layer.position_type == "learned" else layer._table))  # (P, D)
+        table = kernels.weights(
+            layer, lambda layer: weight(layer, layer.embeddings if layer.position_type == "learned" else layer._table)
+        )  # (P, D)
         rows = table.index_select(0, kernels.positions(start, length, table.device))  # (T, D)
         return rows[None].expand(inputs.shape)  # -> (R, T, D)
     table = kernels.weights(
@@ -217,13 +221,14 @@ def _arrange_layer_norm(layer):
         return None
     gamma = weight(layer, layer.gamma, torch.float32) if layer.scale else None
     beta = weight(layer, layer.beta, torch.float32) if layer.center else None
-    width = (gamma if gamma is not None else beta)
+    width = gamma if gamma is not None else beta
     return (None if width is None else (width.shape[0],)), gamma, beta, layer.epsilon
 
 
 def _rms_norm(kernels, layer, x):
     scale, epsilon, axis = kernels.weights(
-        layer, lambda layer: (weight(layer, layer.scale, torch.float32), layer.epsilon, layer.axis))
+        layer, lambda layer: (weight(layer, layer.scale, torch.float32), layer.epsilon, layer.axis)
+    )
     if axis not in (-1, [-1], len(x.shape) - 1, [len(x.shape) - 1]):
         return NotImplemented
     return F.rms_norm(x.float(), (x.shape[-1],), scale, epsilon).to(x.dtype)  # in float32, as Keras's norm
@@ -249,8 +254,9 @@ def _relative_position_bias(kernels, layer, query, key, query_start=0):
     start, length, width = kernels.start(query_start), query.shape[1], key.shape[1]
     if kernels.static:  # every distance between two of the L positions, bucketed once per call
         L = kernels.length
-        buckets = kernels.weights(layer, lambda layer: layer._bucket(
-            torch.arange(-L, L + 1, dtype=torch.int32, device=query.device)).long())  # (2L + 1,)
+        buckets = kernels.weights(
+            layer, lambda layer: layer._bucket(torch.arange(-L, L + 1, dtype=torch.int32, device=query.device)).long()
+        )  # (2L + 1,)
         keys = torch.arange(width, device=query.device)
         queries = kernels.positions(start, length, query.device)
         bias = F.embedding(buckets[keys[None, :] - queries[:, None] + L], weight(layer, layer.embeddings))  # (T, S, H)
@@ -306,16 +312,30 @@ _ACTIVATIONS = {  # FeedForward's activations: the same formulas (tests/kernels/
 
 
 def _decoder_block(
-    kernels, block, inputs, encoder_outputs=None, padding_mask=None, encoder_padding_mask=None,
-    self_attention_bias=None, cross_attention_bias=None, self_attention_cache=None, cache_index=None,
-    cross_attention_cache=None, use_causal_mask=True, return_attention_scores=False, training=None,
+    kernels,
+    block,
+    inputs,
+    encoder_outputs=None,
+    padding_mask=None,
+    encoder_padding_mask=None,
+    self_attention_bias=None,
+    cross_attention_bias=None,
+    self_attention_cache=None,
+    cache_index=None,
+    cross_attention_cache=None,
+    use_causal_mask=True,
+    return_attention_scores=False,
+    training=None,
 ):
     """`TransformerDecoderBlock.call` with a (keys, values) cache pair, at inference: same residual rule and returns."""
     norm_first, attention, attention_norm, cross, cross_norm, feed_forward, feed_forward_norm = kernels.weights(
         block, _arrange_block
     )
     if (
-        training or return_attention_scores or not use_causal_mask or cache_index is None
+        training
+        or return_attention_scores
+        or not use_causal_mask
+        or cache_index is None
         or not isinstance(self_attention_cache, (list, tuple))
         or (cross is not None and not isinstance(cross_attention_cache, (list, tuple)))
     ):
@@ -330,12 +350,13 @@ def _decoder_block(
 
     x = inputs
     h, self_attention_cache = self_attention(
-        kernels, attention, pre(x, attention_norm), self_attention_cache, start, padding_mask, self_attention_bias,
+        kernels, attention, pre(x, attention_norm), self_attention_cache, start, padding_mask, self_attention_bias
     )
     x = post(x, h, attention_norm)
     if cross is not None:
-        h = cross_attention(kernels, cross, pre(x, cross_norm), cross_attention_cache, encoder_padding_mask,
-                             cross_attention_bias)
+        h = cross_attention(
+            kernels, cross, pre(x, cross_norm), cross_attention_cache, encoder_padding_mask, cross_attention_bias
+        )
         x = post(x, h, cross_norm)
     x = post(x, kernels(feed_forward, pre(x, feed_forward_norm)), feed_forward_norm)
     return (x, self_attention_cache, cross_attention_cache) if cross is not None else (x, self_attention_cache)
@@ -344,9 +365,15 @@ def _decoder_block(
 def _arrange_block(block):
     """The block's sub-layers, looked up once (each is a torch Module attribute lookup)."""
     cross = block.use_cross_attention
-    return (block.norm_first, block.self_attention, block.self_attention_norm,
-            block.cross_attention if cross else None, block.cross_attention_norm if cross else None,
-            block.feed_forward, block.feed_forward_norm)
+    return (
+        block.norm_first,
+        block.self_attention,
+        block.self_attention_norm,
+        block.cross_attention if cross else None,
+        block.cross_attention_norm if cross else None,
+        block.feed_forward,
+        block.feed_forward_norm,
+    )
 
 
 _KERNELS = kernel_table.bind(globals())  # {layer type: kernel}, the types of kernels/kernel_table.py

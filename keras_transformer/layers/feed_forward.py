@@ -39,8 +39,8 @@ class FeedForward(keras.layers.Layer):
         (B, T, D).
 
     Example:
-    >>> FeedForward(32, activation="gated-gelu")(keras.random.normal((2, 3, 8))).shape
-    (2, 3, 8)
+    >>> keras.ops.shape(FeedForward(32, activation="gated-gelu")(keras.random.normal((2, 4, 16))))
+    (2, 4, 16)
     """
 
     def __init__(

@@ -76,8 +76,19 @@ class KVCache:
         flat = write(flat, ops.reshape(update, (-1, update.shape[2], head_dim)), index, axis=1)
         return ops.reshape(flat, (-1, heads, length, head_dim))  # -> (B, Hkv, S, Dh)
 
-    def attend(self, attention, q, k, v, index, attention_mask=None, attention_bias=None, use_causal_mask=False,
-               return_scores=False, training=None):
+    def attend(
+        self,
+        attention,
+        q,
+        k,
+        v,
+        index,
+        attention_mask=None,
+        attention_bias=None,
+        use_causal_mask=False,
+        return_scores=False,
+        training=None,
+    ):
         """Write k, v at [index, index + T), then attend q over all S positions (see the module docstring)."""
         cache = self.updated(k, v, index)
         query_length, key_length = q.shape[1], cache.keys.shape[2]
@@ -85,8 +96,9 @@ class KVCache:
             query_length, key_length = ops.shape(q)[1], ops.shape(cache.keys)[2]
         causal = causal_mask(query_length, key_length, index, _window(attention)) if use_causal_mask else None
         mask = merge_masks(*split_mask(attention_mask, q, query_length, key_length), causal)
-        output, scores = attention.attend_cached(q, cache.keys, cache.values, mask, attention_bias, return_scores,
-                                                 training)
+        output, scores = attention.attend_cached(
+            q, cache.keys, cache.values, mask, attention_bias, return_scores, training
+        )
         return output, scores, cache
 
 
@@ -107,8 +119,19 @@ class PaddedQueryCache:
     def fixed(self):
         raise _step_only("A padded-query")
 
-    def attend(self, attention, q, k, v, index, attention_mask=None, attention_bias=None, use_causal_mask=True,
-               return_scores=False, training=None):
+    def attend(
+        self,
+        attention,
+        q,
+        k,
+        v,
+        index,
+        attention_mask=None,
+        attention_bias=None,
+        use_causal_mask=True,
+        return_scores=False,
+        training=None,
+    ):
         _check_step_call("A padded-query", attention_mask, return_scores, use_causal_mask)
         T = q.shape[1]
         plain = KVCache(self.keys, self.values).updated(k[:, :1], v[:, :1], index)  # only the real token's
@@ -153,8 +176,19 @@ class BeamCache:
         slots = ops.reshape(self.keys_t, (-1, heads, head_dim, length, K))  # (B, Hkv, Dh, S, K)
         return ops.swapaxes(slots[..., 0], 2, 3)  # slot 0 -> (B, Hkv, S, Dh)
 
-    def attend(self, attention, q, k, v, index, attention_mask=None, attention_bias=None, use_causal_mask=True,
-               return_scores=False, training=None):
+    def attend(
+        self,
+        attention,
+        q,
+        k,
+        v,
+        index,
+        attention_mask=None,
+        attention_bias=None,
+        use_causal_mask=True,
+        return_scores=False,
+        training=None,
+    ):
         """q (R, T, H, Dh), new k/v (R, T, Hkv, Dh) at positions [index, index + T) -> (R, T, H, Dh)."""
         _check_step_call("A beam", attention_mask, return_scores, use_causal_mask)
         H, Hkv, Dh = attention.num_heads, attention._kv_heads, attention._head_dim

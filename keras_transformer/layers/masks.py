@@ -70,13 +70,11 @@ def split_mask(attention_mask, query, query_length, key_length):
         expected = (batch, query_length, key_length)
     else:
         raise ValueError(
-            "`attention_mask` must have shape (B, S) or (B, T, S). "
-            f"Received: attention_mask.shape={shape}"
+            f"`attention_mask` must have shape (B, S) or (B, T, S). Received: attention_mask.shape={shape}"
         )
     for got, want in zip(shape, expected):
         if isinstance(got, int) and isinstance(want, int) and got != want:
             raise ValueError(
-                f"`attention_mask` has shape {shape} but the attention needs {expected} "
-                "(B batch, T queries, S keys)."
+                f"`attention_mask` has shape {shape} but the attention needs {expected} (B batch, T queries, S keys)."
             )
     return (attention_mask, None) if len(shape) == 2 else (None, attention_mask)

@@ -76,9 +76,9 @@ class MultiHeadAttention(keras.layers.Layer):
 
     Example:
     >>> layer = MultiHeadAttention(num_heads=2)
-    >>> x = keras.random.normal((1, 4, 8))
-    >>> layer(x, use_causal_mask=True).shape
-    (1, 4, 8)
+    >>> x = keras.random.normal((2, 4, 16))
+    >>> keras.ops.shape(layer(x, use_causal_mask=True))
+    (2, 4, 16)
     """
 
     def __init__(
@@ -102,9 +102,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if key_dim is not None and (not isinstance(key_dim, int) or key_dim < 1):
             raise ValueError(f"`key_dim` must be a positive int. Received: key_dim={key_dim}")
         if num_key_value_heads is not None and (
-            not isinstance(num_key_value_heads, int)
-            or num_key_value_heads < 1
-            or num_heads % num_key_value_heads
+            not isinstance(num_key_value_heads, int) or num_key_value_heads < 1 or num_heads % num_key_value_heads
         ):
             raise ValueError(
                 "`num_key_value_heads` must be a positive divisor of `num_heads`. "
@@ -114,7 +112,9 @@ class MultiHeadAttention(keras.layers.Layer):
         if scale is not None and scale <= 0:
             raise ValueError(f"`scale` must be positive. Received: scale={scale}")
         if sliding_window is not None and (not isinstance(sliding_window, int) or sliding_window < 1):
-            raise ValueError(f"`sliding_window` must be a positive int or None. Received: sliding_window={sliding_window}")
+            raise ValueError(
+                f"`sliding_window` must be a positive int or None. Received: sliding_window={sliding_window}"
+            )
         if isinstance(rotary_embedding, dict):
             rotary_embedding = RotaryEmbedding(**rotary_embedding, dtype=self.dtype_policy, name="rotary_embedding")
         if rotary_embedding is not None and not isinstance(rotary_embedding, RotaryEmbedding):
@@ -200,8 +200,16 @@ class MultiHeadAttention(keras.layers.Layer):
             # A step: the cache writes the new keys/values and attends, whatever its kind.
             q, k = self.rotate(q, self.key_dense(key), cache_index)
             output, scores, updated = as_cache(cache).attend(
-                self, q, k, self.value_dense(value), cache_index, attention_mask, attention_bias,
-                use_causal_mask, return_attention_scores, training,
+                self,
+                q,
+                k,
+                self.value_dense(value),
+                cache_index,
+                attention_mask,
+                attention_bias,
+                use_causal_mask,
+                return_attention_scores,
+                training,
             )
             cache = updated.like(cache)
         else:
@@ -292,7 +300,9 @@ class MultiHeadAttention(keras.layers.Layer):
         probs = scores
         if training and self.dropout > 0:
             probs = self.dropout_layer(scores, training=training)
-        probs = ops.reshape(ops.cast(probs, v.dtype), (batch * Hkv, G * query_length, key_length))  # (B * Hkv, G * T, S)
+        probs = ops.reshape(
+            ops.cast(probs, v.dtype), (batch * Hkv, G * query_length, key_length)
+        )  # (B * Hkv, G * T, S)
         values = ops.reshape(v, (batch * Hkv, key_length, Dh))  # (B, Hkv, S, Dh) -> (B * Hkv, S, Dh)
         output = ops.einsum("nqs,nsk->nqk", probs, values)  # (B * Hkv, G * T, Dh)
         output = ops.reshape(output, (batch, H, query_length, Dh))  # -> (B, H, T, Dh)

@@ -33,9 +33,9 @@ class PositionalEmbedding(keras.layers.Layer):
         Position embeddings broadcast to (B, T, D), in the compute dtype.
 
     Example:
-    >>> tokens = keras.random.normal((2, 5, 8))
-    >>> (tokens + PositionalEmbedding(16, "sinusoidal")(tokens)).shape
-    (2, 5, 8)
+    >>> tokens = keras.random.normal((2, 4, 16))
+    >>> keras.ops.shape(tokens + PositionalEmbedding(16, "sinusoidal")(tokens))
+    (2, 4, 16)
     """
 
     def __init__(self, max_length, position_type="learned", initializer="glorot_uniform", **kwargs):
@@ -57,9 +57,7 @@ class PositionalEmbedding(keras.layers.Layer):
             self._table = ops.convert_to_tensor(_sinusoid_table(self.max_length, hidden_dim), "float32")
         else:
             self.embeddings = self.add_weight(
-                name="embeddings",
-                shape=(self.max_length, hidden_dim),
-                initializer=self.initializer,
+                name="embeddings", shape=(self.max_length, hidden_dim), initializer=self.initializer
             )
         self.built = True
 

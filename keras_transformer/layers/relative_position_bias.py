@@ -35,19 +35,13 @@ class RelativePositionBias(keras.layers.Layer):
         Bias of shape (1, H, T, S) in the compute dtype.
 
     Example:
-    >>> x = keras.random.normal((1, 5, 8))
-    >>> RelativePositionBias(num_heads=2)(x, x).shape
-    (1, 2, 5, 5)
+    >>> x = keras.random.normal((2, 4, 16))
+    >>> keras.ops.shape(RelativePositionBias(num_heads=2)(x, x))
+    (1, 2, 4, 4)
     """
 
     def __init__(
-        self,
-        num_heads,
-        num_buckets=32,
-        max_distance=128,
-        bidirectional=True,
-        initializer="glorot_uniform",
-        **kwargs,
+        self, num_heads, num_buckets=32, max_distance=128, bidirectional=True, initializer="glorot_uniform", **kwargs
     ):
         super().__init__(**kwargs)
         for name, value in (("num_heads", num_heads), ("num_buckets", num_buckets), ("max_distance", max_distance)):
@@ -63,9 +57,7 @@ class RelativePositionBias(keras.layers.Layer):
 
     def build(self, query_shape=None, key_shape=None):
         self.embeddings = self.add_weight(
-            name="embeddings",
-            shape=(self.num_buckets, self.num_heads),
-            initializer=self.initializer,
+            name="embeddings", shape=(self.num_buckets, self.num_heads), initializer=self.initializer
         )
         self.built = True
 

@@ -42,8 +42,8 @@ class RotaryEmbedding(keras.layers.Layer):
 
     Example:
     >>> rope = RotaryEmbedding(max_wavelength=10000)
-    >>> rope(keras.random.normal((1, 4, 2, 8)), start_index=3).shape
-    (1, 4, 2, 8)
+    >>> keras.ops.shape(rope(keras.random.normal((2, 4, 2, 8)), start_index=3))
+    (2, 4, 2, 8)
     """
 
     def __init__(self, max_wavelength=10000.0, rotary_dim=None, scaling=None, **kwargs):
@@ -114,8 +114,9 @@ def _check_scaling(scaling):
         return None
     if kind not in SCALING_TYPES:
         raise ValueError(f"`scaling['rope_type']` must be one of {SCALING_TYPES}. Received: scaling={scaling!r}")
-    needed = ["factor"] + (["low_freq_factor", "high_freq_factor", "original_max_position_embeddings"]
-                           if kind == "llama3" else [])
+    needed = ["factor"] + (
+        ["low_freq_factor", "high_freq_factor", "original_max_position_embeddings"] if kind == "llama3" else []
+    )
     missing = [key for key in needed if key not in scaling]
     if missing:
         raise ValueError(f"`scaling` of rope_type {kind!r} needs {missing}. Received: scaling={scaling!r}")

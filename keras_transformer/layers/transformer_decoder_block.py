@@ -48,8 +48,8 @@ class TransformerDecoderBlock(TransformerBlock):
 
     Example:
     >>> block = TransformerDecoderBlock(num_heads=2, intermediate_dim=32, norm_first=True)
-    >>> block(keras.random.normal((2, 5, 8))).shape
-    (2, 5, 8)
+    >>> keras.ops.shape(block(keras.random.normal((2, 4, 16))))
+    (2, 4, 16)
     """
 
     def __init__(self, num_heads, intermediate_dim, use_cross_attention=False, **kwargs):

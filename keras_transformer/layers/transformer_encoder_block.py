@@ -42,8 +42,8 @@ class TransformerEncoderBlock(TransformerBlock):
 
     Example:
     >>> block = TransformerEncoderBlock(num_heads=2, intermediate_dim=32)
-    >>> block(keras.random.normal((2, 5, 8))).shape
-    (2, 5, 8)
+    >>> keras.ops.shape(block(keras.random.normal((2, 4, 16))))
+    (2, 4, 16)
     """
 
     def __init__(self, num_heads, intermediate_dim, **kwargs):

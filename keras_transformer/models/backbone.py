@@ -74,9 +74,13 @@ class Backbone(keras.Model):
                 A name that matches no layer is a ValueError listing the available names.
 
         Example:
+        >>> import os, tempfile
+        >>> from keras_transformer.models import GPTCausalLM
+        >>> lm = GPTCausalLM.from_preset("gpt_stdlib")
         >>> lm.backbone.enable_lora(4)
-        >>> lm.fit(texts, epochs=1)  # trains the LoRA factors only
-        >>> lm.backbone.save_lora_weights("adapter.lora.safetensors")
+        >>> len(lm.backbone.trainable_weights)  # what `fit` trains now: A and B of query and value, 2 layers
+        8
+        >>> lm.backbone.save_lora_weights(os.path.join(tempfile.mkdtemp(), "adapter.lora.safetensors"))
         """
         lora.enable_lora(self, rank, target_names)
 

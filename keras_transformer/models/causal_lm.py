@@ -96,7 +96,7 @@ class CausalLM(LanguageModel):
         replies = []
         for prompt, result in zip(prompts, results):
             if result and isinstance(result[0], list):  # num_return_sequences > 1
-                replies.append([tokenizer.detokenize(row[len(prompt):]) for row in result])
+                replies.append([tokenizer.detokenize(row[len(prompt) :]) for row in result])
             else:
-                replies.append(tokenizer.detokenize(result[len(prompt):]))
+                replies.append(tokenizer.detokenize(result[len(prompt) :]))
         return replies

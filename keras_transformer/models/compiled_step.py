@@ -114,17 +114,23 @@ class CompiledStep:
         # its value at trace time), so one that `_state` missed refuses the trace.
         with mock.patch.object(torch_random, "torch_seed_generator", lambda seed: None):
             graph = make_fx(lambda *args: self._step(*args), tracing_mode="fake", _allow_non_fake_inputs=True)(
-                values, x, y, sample_weight)
+                values, x, y, sample_weight
+            )
         for node in graph.graph.nodes:
             if node.op == "get_attr" and isinstance(getattr(graph, node.target), torch.nn.Parameter):
-                raise ValueError(f"the step reads a variable that is not the model's, its optimizer's or its "
-                                 f"metrics' ({node.target}, shape {tuple(getattr(graph, node.target).shape)})")
+                raise ValueError(
+                    f"the step reads a variable that is not the model's, its optimizer's or its "
+                    f"metrics' ({node.target}, shape {tuple(getattr(graph, node.target).shape)})"
+                )
         reads = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default}
         for node in list(graph.graph.nodes):  # topological order: a number's users come after it
             if node.target in reads:
                 value = _constant_value(graph, node)
-            elif node.op == "call_function" and not node.all_input_nodes and not isinstance(
-                    node.meta.get("val"), torch.Tensor):
+            elif (
+                node.op == "call_function"
+                and not node.all_input_nodes
+                and not isinstance(node.meta.get("val"), torch.Tensor)
+            ):
                 value = node.target(*node.args, **node.kwargs)  # arithmetic on numbers made constant above
             else:
                 continue
@@ -143,7 +149,8 @@ class CompiledStep:
 
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data[0])
         x, y, sample_weight = keras.tree.map_structure(
-            lambda t: t if t is None else keras.ops.convert_to_tensor(t), (x, y, sample_weight))
+            lambda t: t if t is None else keras.ops.convert_to_tensor(t), (x, y, sample_weight)
+        )
         key = _signature((x, y, sample_weight))
         step = self._compiled.get(key)
         if step is None and self._eager_seconds >= self.warmup_seconds:
@@ -171,12 +178,20 @@ class CompiledStep:
             graph = self._trace(x, y, sample_weight)
         except Exception as error:  # noqa: BLE001 - any untraceable Python falls back to Keras's eager step
             self._eager_reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-            _log.warning("keras_transformer: %s's %s runs eagerly on PyTorch; it cannot be compiled as one "
-                         "graph (%s)", type(model).__name__, self.kind, self._eager_reason)
+            _log.warning(
+                "keras_transformer: %s's %s runs eagerly on PyTorch; it cannot be compiled as one graph (%s)",
+                type(model).__name__,
+                self.kind,
+                self._eager_reason,
+            )
             return None
         if not self._compiled:
-            _log.warning("keras_transformer: compiling %s's %s with torch.compile (one graph; "
-                         "`compile(jit_compile=False)` runs eagerly)", type(model).__name__, self.kind)
+            _log.warning(
+                "keras_transformer: compiling %s's %s with torch.compile (one graph; "
+                "`compile(jit_compile=False)` runs eagerly)",
+                type(model).__name__,
+                self.kind,
+            )
         import torch
 
         # The same switch as the decoding loop's (decoding/compile.py), e.g. "aot_eager" to debug.
@@ -198,8 +213,9 @@ def write(values, new_values):
 
 def _signature(tree):
     """What one compiled graph is specialised to: the batch's structure, shapes, dtypes and device."""
-    return str(keras.tree.map_structure(lambda t: None if t is None else (tuple(t.shape), str(t.dtype), str(t.device)),
-                                        tree))
+    return str(
+        keras.tree.map_structure(lambda t: None if t is None else (tuple(t.shape), str(t.dtype), str(t.device)), tree)
+    )
 
 
 def _constant_value(graph, node):
@@ -212,8 +228,10 @@ def _constant_value(graph, node):
         if current in needed:
             continue
         if current.op == "placeholder":
-            raise ValueError(f"the step reads the value of a tensor computed from input {current.name!r} in "
-                             f"Python (a data-dependent branch or `.item()`)")
+            raise ValueError(
+                f"the step reads the value of a tensor computed from input {current.name!r} in "
+                f"Python (a data-dependent branch or `.item()`)"
+            )
         needed.add(current)
         stack.extend(current.all_input_nodes)
     env = {}

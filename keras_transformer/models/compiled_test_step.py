@@ -17,8 +17,7 @@ class CompiledTestStep(CompiledStep):
 
     def _state(self):
         model = self.model
-        return self._variables([model.trainable_variables, model.non_trainable_variables,
-                                model.metrics_variables]), 0
+        return self._variables([model.trainable_variables, model.non_trainable_variables, model.metrics_variables]), 0
 
     def _eager_step(self, batch):
         import torch

@@ -22,8 +22,9 @@ class CompiledTrainStep(CompiledStep):
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
         trainable = list(model.trainable_variables)
-        return self._variables([trainable, model.non_trainable_variables, model.optimizer.variables,
-                                model.metrics_variables]), len(trainable)
+        return self._variables(
+            [trainable, model.non_trainable_variables, model.optimizer.variables, model.metrics_variables]
+        ), len(trainable)
 
     def _eager_step(self, batch):
         return self.model.train_step(batch)
@@ -40,8 +41,9 @@ class CompiledTrainStep(CompiledStep):
             batch_size = next(i for i in keras.tree.flatten(x) if i is not None).shape[0]
             model._loss_tracker.update_state(loss, sample_weight=batch_size)
             scaled = model.optimizer.scale_loss(loss)
-            grads = torch.autograd.grad(scaled, [scope.get_current_value(v) for v in variables[:num_trainable]],
-                                        allow_unused=True)
+            grads = torch.autograd.grad(
+                scaled, [scope.get_current_value(v) for v in variables[:num_trainable]], allow_unused=True
+            )
             grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, trainable)]
             with torch.no_grad():
                 model.optimizer.apply(grads, variables[:num_trainable])

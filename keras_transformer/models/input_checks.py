@@ -201,7 +201,9 @@ def _host_array(value, convert_tensors):
             return None
         return array if array.dtype.kind in "biuf" else None
     if (
-        convert_tensors and hasattr(value, "shape") and hasattr(value, "dtype")
+        convert_tensors
+        and hasattr(value, "shape")
+        and hasattr(value, "dtype")
         and not keras.backend.is_keras_tensor(value)
     ):
         try:

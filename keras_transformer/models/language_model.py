@@ -86,16 +86,29 @@ class LanguageModel(Task):
             `BeamSampler(num_return_sequences=n > 1)`, n results per prompt.
 
         Example:
-        >>> lm = GPTCausalLM.from_preset("gpt_tiny")
-        >>> lm.generate("The teacher", max_new_tokens=20)
-        >>> lm.generate([[1, 5, 9], [1, 7]], max_new_tokens=8, sampler="beam")
-        >>> lm.generate([{"role": "user", "content": "Hello!"}])  # a preset with a chat template
-        >>> t5.generate(["1 2 3", "3 2 1"], max_new_tokens=8, sampler="beam")  # a Seq2SeqLM
+        >>> from keras_transformer.models import GPTCausalLM, T5Seq2SeqLM
+        >>> lm = GPTCausalLM.from_preset("gpt_stdlib")  # trained on the Python standard library
+        >>> lm.generate("for i in range(", max_new_tokens=8)
+        'for i in range(x)\\n\\n\\ndef _convert'
+        >>> lm.generate([[1, 5, 9], [1, 7]], max_new_tokens=8, sampler="beam")  # token ids in, token ids out
+        [[1, 5, 9, 320, 338, 460, 588, 514, 274, 301, 264], [1, 7, 442, 353, 274, 14, 355, 12, 289, 14]]
+        >>> # A chat model's preset brings its chat template; this model is given a minimal one:
+        >>> lm.preprocessor.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+        >>> lm.generate([{"role": "user", "content": "for i in range("}], max_new_tokens=8)  # the reply only
+        'x)\\n        return (x, b'
+        >>> t5 = T5Seq2SeqLM.from_preset("t5_reverse")  # a Seq2SeqLM, trained to reverse digits
+        >>> t5.generate(["1 2 3", "3 2 1 4"], max_new_tokens=8, sampler="beam")
+        ['3 2 1', '4 1 2 3']
         """
         options = decoding.GenerateOptions(
-            max_new_tokens=max_new_tokens, sampler=sampler, stop_token_ids=stop_token_ids,
-            min_new_tokens=min_new_tokens, repetition_penalty=repetition_penalty,
-            no_repeat_ngram_size=no_repeat_ngram_size, streamer=streamer, return_dict=return_dict,
+            max_new_tokens=max_new_tokens,
+            sampler=sampler,
+            stop_token_ids=stop_token_ids,
+            min_new_tokens=min_new_tokens,
+            repetition_penalty=repetition_penalty,
+            no_repeat_ngram_size=no_repeat_ngram_size,
+            streamer=streamer,
+            return_dict=return_dict,
             output_logits=output_logits,
         )
         return self._generate(inputs, options)

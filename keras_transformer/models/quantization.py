@@ -22,7 +22,9 @@ def quantize(model, mode, parent_quantize, config=None):
     if not model.built:
         raise ValueError(f"Build the {type(model).__name__} (call it once) before quantizing it.")
     with _one_gc_collect():
-        parent_quantize(mode, config=config, filters=lambda layer: isinstance(layer, _TYPES) and layer.quantization_mode is None)
+        parent_quantize(
+            mode, config=config, filters=lambda layer: isinstance(layer, _TYPES) and layer.quantization_mode is None
+        )
 
 
 @contextmanager

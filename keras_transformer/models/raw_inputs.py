@@ -36,9 +36,7 @@ class PreprocessedDataset(keras.utils.PyDataset):
         else:  # tf.data.Dataset: read once into host memory (notebook-scale text data)
             self._batches = list(source.as_numpy_iterator())
             if self._batches and not isinstance(self._batches[0], tuple) and np.ndim(self._batches[0]) == 0:
-                raise ValueError(
-                    "The tf.data.Dataset yields single strings: batch it first, e.g. `dataset.batch(16)`."
-                )
+                raise ValueError("The tf.data.Dataset yields single strings: batch it first, e.g. `dataset.batch(16)`.")
         self._preprocess = preprocess
 
     def __len__(self):

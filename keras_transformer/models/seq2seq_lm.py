@@ -117,7 +117,12 @@ class Seq2SeqLM(LanguageModel):
             (logits (B, T, V) float32, updated self_cache).
         """
         hidden, self_cache = self.backbone.call_with_cache(
-            decoder_token_ids, self_cache, cache_index, cross_cache, encoder_padding_mask, decoder_padding_mask,
+            decoder_token_ids,
+            self_cache,
+            cache_index,
+            cross_cache,
+            encoder_padding_mask,
+            decoder_padding_mask,
             call_layer,
         )
         return ops.cast(self.compute_logits(hidden, head, call_layer), "float32"), self_cache

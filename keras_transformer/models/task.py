@@ -15,6 +15,7 @@ from keras_transformer.models.input_checks import check_finite, check_inputs
 from keras_transformer.models.preprocessor import Preprocessor
 from keras_transformer.models.raw_inputs import PreprocessedDataset, first_leaf_is_text, is_dataset
 
+
 @presets.register_base_class("task")
 class Task(keras.Model):
     """Base of the task models (causal LM, masked LM, classifier, seq2seq LM).
@@ -37,8 +38,9 @@ class Task(keras.Model):
 
     # --- compile defaults -------------------------------------------------
 
-    def compile(self, optimizer="auto", loss="auto", metrics="auto", weighted_metrics="auto", jit_compile="auto",
-                **kwargs):
+    def compile(
+        self, optimizer="auto", loss="auto", metrics="auto", weighted_metrics="auto", jit_compile="auto", **kwargs
+    ):
         """Compile with this task's defaults; any argument can be overridden as in Keras.
 
         `jit_compile="auto"` (the default) takes the fastest compiled training step on every backend:
@@ -63,8 +65,14 @@ class Task(keras.Model):
         torch_step = keras.config.backend() == "torch" and jit_compile is not False
         if keras.config.backend() == "tensorflow" and jit_compile == "auto" and not kwargs.get("run_eagerly"):
             jit_compile = all(layer.supports_jit for layer in self._flatten_layers())  # XLA, also without a GPU
-        super().compile(optimizer=optimizer, loss=loss, metrics=metrics, weighted_metrics=weighted_metrics,
-                        jit_compile=False if torch_step else jit_compile, **kwargs)
+        super().compile(
+            optimizer=optimizer,
+            loss=loss,
+            metrics=metrics,
+            weighted_metrics=weighted_metrics,
+            jit_compile=False if torch_step else jit_compile,
+            **kwargs,
+        )
         if torch_step:  # a `.keras` file keeps the user's choice, not the False handed to Keras above
             self._compile_config.config["jit_compile"] = jit_compile
         # Keras's own torch.compile of `train_step` breaks it into many graphs (compiled_step.py says why).
@@ -94,8 +102,11 @@ class Task(keras.Model):
 
     def _compiled_step_applies(self, function, force):
         # steps_per_execution > 1: Keras raises its own error on PyTorch.
-        return (getattr(self, "_compiled_train_step", False) and (function is None or force)
-                and self.steps_per_execution == 1)
+        return (
+            getattr(self, "_compiled_train_step", False)
+            and (function is None or force)
+            and self.steps_per_execution == 1
+        )
 
     def compile_from_config(self, config):
         """Recompile from a `.keras` file, so `keras.saving.load_model` restores the optimizer state too.
@@ -128,7 +139,9 @@ class Task(keras.Model):
             validation_data = self._preprocess(*validation_data, batch_size=batch_size)
         elif isinstance(validation_data, tuple) and validation_data:
             check_inputs(self, *validation_data[:3], convert_tensors=True, context="In `validation_data`: ")
-        return super().fit(x, y, batch_size=batch_size, sample_weight=sample_weight, validation_data=validation_data, **kwargs)
+        return super().fit(
+            x, y, batch_size=batch_size, sample_weight=sample_weight, validation_data=validation_data, **kwargs
+        )
 
     def evaluate(self, x=None, y=None, batch_size=None, sample_weight=None, **kwargs):
         if not self.compiled:
@@ -172,11 +185,16 @@ class Task(keras.Model):
         the task class it names, else the one subclass built on its backbone class.
 
         Example:
-        >>> kt.models.CausalLM.from_preset("path/to/hf/qwen2")  # a LlamaCausalLM
+        >>> from keras_transformer.models import CausalLM
+        >>> type(CausalLM.from_preset("llama_stdlib")).__name__  # the task class the preset names
+        'LlamaCausalLM'
         """
         preprocessor = kwargs.get("preprocessor", "auto")
-        if not (preprocessor is None or isinstance(preprocessor, Preprocessor) or (
-                isinstance(preprocessor, str) and preprocessor == "auto")):
+        if not (
+            preprocessor is None
+            or isinstance(preprocessor, Preprocessor)
+            or (isinstance(preprocessor, str) and preprocessor == "auto")
+        ):
             raise ValueError(f"`preprocessor` must be a Preprocessor, None or 'auto'. Received: {preprocessor!r}")
         if cls.backbone_cls is None:
             cls = _task_class_of(cls, preset, kwargs.get("allow_pickle", False))
@@ -195,9 +213,14 @@ class Task(keras.Model):
         save (crash, `KeyboardInterrupt`) keeps the previous file. This is the way to resume
         training exactly (`save_to_preset` keeps no optimizer state):
 
-        >>> lm.fit(data, epochs=1, callbacks=[keras.callbacks.ModelCheckpoint("lm.keras")])
-        >>> lm = keras.saving.load_model("lm.keras")  # safe_mode: only registered classes, no lambdas
-        >>> lm.fit(data, epochs=1)  # continues as if never stopped
+        >>> import os, tempfile
+        >>> from keras_transformer.models import GPTCausalLM
+        >>> lm, data = GPTCausalLM.from_preset("gpt_stdlib"), ["def add(a, b):\\n    return a + b\\n"] * 4
+        >>> path = os.path.join(tempfile.mkdtemp(), "lm.keras")
+        >>> history = lm.fit(data, epochs=1, verbose=0, callbacks=[keras.callbacks.ModelCheckpoint(path)])
+        >>> lm = keras.saving.load_model(path)  # safe_mode: only registered classes, no lambdas
+        >>> int(lm.optimizer.iterations)  # the optimizer state came back: `fit` continues as if never stopped
+        1
         """
         if not _is_local(filepath, ".keras") or zipped is False or (not overwrite and os.path.exists(filepath)):
             return super().save(filepath, overwrite=overwrite, zipped=zipped, **kwargs)
@@ -205,8 +228,10 @@ class Task(keras.Model):
 
     def save_weights(self, filepath, overwrite=True, max_shard_size=None):
         """`keras.Model.save_weights` (optimizer state included), atomically for one `.weights.h5` file."""
-        if not _is_local(filepath, ".weights.h5") or max_shard_size is not None or (
-            not overwrite and os.path.exists(filepath)
+        if (
+            not _is_local(filepath, ".weights.h5")
+            or max_shard_size is not None
+            or (not overwrite and os.path.exists(filepath))
         ):
             return super().save_weights(filepath, overwrite=overwrite, max_shard_size=max_shard_size)
         presets.atomic_file(filepath, lambda tmp: super(Task, self).save_weights(tmp))
@@ -228,8 +253,11 @@ class Task(keras.Model):
         `save_to_preset` / `from_preset` keep the quantized weights.
 
         Example:
+        >>> from keras_transformer.models import GPTCausalLM
+        >>> lm = GPTCausalLM.from_preset("gpt_stdlib")
         >>> lm.quantize("int8")
         >>> lm.generate("def add(", max_new_tokens=16)
+        'def add(...'
         """
         if kwargs:
             raise ValueError(f"Unexpected arguments for quantize: {sorted(kwargs)}")

@@ -26,8 +26,9 @@ class TextClassifier(Task):
         if isinstance(validation_data, tuple) and validation_data and self._is_raw(validation_data[0]):
             validation_data = self._preprocess(*validation_data, batch_size=batch_size)
             validation_data = tuple(part for part in validation_data if part is not None)
-        return super().fit(x, y, batch_size=batch_size, sample_weight=sample_weight,
-                           validation_data=validation_data, **kwargs)
+        return super().fit(
+            x, y, batch_size=batch_size, sample_weight=sample_weight, validation_data=validation_data, **kwargs
+        )
 
     def _preprocessor_kwargs(self):
         # Labels pass through the preprocessor, which checks them against our head's width.
@@ -47,9 +48,7 @@ def check_labels(labels, num_examples, num_classes=None):
     if array.ndim != 1:
         raise ValueError(f"Labels must be one integer per example. Received: labels of shape {array.shape}")
     if array.shape[0] != num_examples:
-        raise ValueError(
-            f"Got {array.shape[0]} labels for {num_examples} texts: pass exactly one label per text."
-        )
+        raise ValueError(f"Got {array.shape[0]} labels for {num_examples} texts: pass exactly one label per text.")
     if array.dtype.kind == "f" and np.all(np.isfinite(array)) and np.all(array == np.round(array)):
         array = array.astype("int64")
     if array.dtype.kind not in "iub":

@@ -102,4 +102,3 @@ def load_task(cls, preset, load_weights=True, preprocessor="auto", **kwargs):
         else:  # a new head (e.g. another num_classes): only the backbone is pretrained
             weights.load_weights(backbone, path, config, BACKBONE_WEIGHTS_FILE)
     return task
-

@@ -10,9 +10,11 @@ def check_weight_shapes(model, weights_path):
         with h5py.File(weights_path, "r") as f:
             saved = []
             f.visititems(
-                lambda name, obj: saved.append(tuple(obj.shape))
-                if isinstance(obj, h5py.Dataset) and not name.startswith("optimizer/")
-                else None
+                lambda name, obj: (
+                    saved.append(tuple(obj.shape))
+                    if isinstance(obj, h5py.Dataset) and not name.startswith("optimizer/")
+                    else None
+                )
             )
     except (OSError, RuntimeError, KeyError, ValueError) as error:  # h5py's errors for damaged files
         raise ValueError(f"Corrupt or truncated weights file {weights_path}: {error}") from None

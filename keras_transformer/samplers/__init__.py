@@ -17,15 +17,29 @@ from keras_transformer.samplers.registry import deserialize, get, serialize
 from keras_transformer.samplers.sampler import Sampler
 
 __all__ = [
-    "BeamSampler", "GreedySampler", "RandomSampler", "Sampler", "deserialize", "get", "keep_nucleus", "keep_top_k",
-    "sample_categorical", "serialize",
+    "BeamSampler",
+    "GreedySampler",
+    "RandomSampler",
+    "Sampler",
+    "deserialize",
+    "get",
+    "keep_nucleus",
+    "keep_top_k",
+    "sample_categorical",
+    "serialize",
 ]
 
 # The decoding engine's names, which this package exported before the engine got its own package: still
 # readable here, with a DeprecationWarning that says where they live now. Read by name on first use (not
 # imported), so that the samplers never import the engine above them.
 _MOVED_TO_DECODING = (
-    "DecodeOptions", "LENGTH_BUCKET", "PREFILL_BUCKET", "cache_widths", "generate", "trace_prepare", "trace_run",
+    "DecodeOptions",
+    "LENGTH_BUCKET",
+    "PREFILL_BUCKET",
+    "cache_widths",
+    "generate",
+    "trace_prepare",
+    "trace_run",
 )
 
 

@@ -36,7 +36,8 @@ class BeamSampler(Sampler):
     (length = generated tokens, the stop token included); the best K others become the new
     beams, and the rows of the token buffer follow them; so do the key/value cache's rows on
     PyTorch, while the compiled loops (JAX, TensorFlow) leave the cache in place and reorder a
-    small ancestry table that tells each beam which slot holds each of its positions. The best `num_return_sequences` hypotheses of the store come back.
+    small ancestry table that tells each beam which slot holds each of its positions. The best
+    `num_return_sequences` hypotheses of the store come back.
 
     Args:
         num_beams: int >= 1, K. `num_beams=1` is greedy decoding.
@@ -48,7 +49,10 @@ class BeamSampler(Sampler):
         num_return_sequences: int in [1, num_beams], results per input.
 
     Example:
-    >>> lm.generate(ids, max_new_tokens=20, sampler=BeamSampler(num_beams=4, num_return_sequences=2))
+    >>> from keras_transformer.models import GPTCausalLM
+    >>> lm = GPTCausalLM.from_preset("gpt_stdlib")
+    >>> lm.generate("for i in range(", max_new_tokens=8, sampler=BeamSampler(num_beams=4, num_return_sequences=2))
+    ['for i in range(self.0.0.0.', 'for i in range(self.0.0.0)']
     """
 
     reorders_rows = True
@@ -148,14 +152,17 @@ class BeamSampler(Sampler):
         prompt_token = ops.reshape(column(rows.tokens, i, ctx.options.gather_columns), (B, K))
         token = ops.where(in_prompt[:, None], prompt_token, ops.where(active[:, None], next_token, ctx.pad_id))
         rows = rows._replace(tokens=write_column(rows.tokens, i, ops.reshape(token, (B * K,))))
-        return state._replace(rows=rows, sampler=BeamState(
-            beam_scores=ops.where(active[:, None], beam_scores, beams.beam_scores),
-            done=done,
-            finished_tokens=finished_tokens,
-            finished_scores=finished_scores,
-            finished_valid=finished_valid,
-            finished_ends=finished_ends,
-        ))
+        return state._replace(
+            rows=rows,
+            sampler=BeamState(
+                beam_scores=ops.where(active[:, None], beam_scores, beams.beam_scores),
+                done=done,
+                finished_tokens=finished_tokens,
+                finished_scores=finished_scores,
+                finished_valid=finished_valid,
+                finished_ends=finished_ends,
+            ),
+        )
 
     def _merge_finished(self, beams, tokens, candidates, i, generated, ctx):
         """The store of finished hypotheses with this step's finishing candidates merged in, best K kept.

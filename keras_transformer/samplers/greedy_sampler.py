@@ -11,7 +11,10 @@ class GreedySampler(Sampler):
     """Picks the argmax of the logits at every step (deterministic).
 
     Example:
-    >>> lm.generate("The teacher", max_new_tokens=20, sampler=GreedySampler())
+    >>> from keras_transformer.models import GPTCausalLM
+    >>> lm = GPTCausalLM.from_preset("gpt_stdlib")
+    >>> lm.generate("for i in range(", max_new_tokens=8, sampler=GreedySampler())
+    'for i in range(x)\\n\\n\\ndef _convert'
     """
 
     def get_next_token(self, logits, uniform):

@@ -20,7 +20,8 @@ def process(scores, rows, i, ctx):
         scores = ops.where(rows.seen, penalized, scores)
     if options.no_repeat_ngram_size:
         banned = banned_ngram_tokens(
-            rows.tokens, i, options.no_repeat_ngram_size, ctx.vocabulary_size, options.gather_columns)
+            rows.tokens, i, options.no_repeat_ngram_size, ctx.vocabulary_size, options.gather_columns
+        )
         scores = ops.where(banned, NEG, scores)
     if ctx.stop_token_ids:
         too_early = (i - ctx.prompt_lengths) < ctx.min_new_tokens  # (R,) fewer than min_new_tokens so far

@@ -32,8 +32,11 @@ class RandomSampler(Sampler):
             call (seeded by `keras.utils.set_random_seed`).
 
     Example:
-    >>> lm.generate(["a", "longer prompt"], max_new_tokens=50,
+    >>> from keras_transformer.models import GPTCausalLM
+    >>> lm = GPTCausalLM.from_preset("gpt_stdlib")
+    >>> lm.generate(["import", "def add(a, b):"], max_new_tokens=12,
     ...             sampler=RandomSampler(temperature=0.8, top_p=0.9, seed=1))
+    ['import...', 'def add(a, b):...']
     """
 
     def __init__(self, temperature=1.0, top_k=None, top_p=None, seed=None):
@@ -41,9 +44,7 @@ class RandomSampler(Sampler):
             raise ValueError(f"`temperature` must be a number > 0. Received: temperature={temperature!r}")
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1):
             raise ValueError(f"`top_k` must be an int >= 1 or None. Received: top_k={top_k!r}")
-        if top_p is not None and (
-            isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1
-        ):
+        if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1):
             raise ValueError(f"`top_p` must be in (0, 1] or None. Received: top_p={top_p!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
             raise ValueError(f"`seed` must be an int or None. Received: seed={seed!r}")

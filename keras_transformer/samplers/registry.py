@@ -27,9 +27,7 @@ def get(name_or_sampler):
         sampler = keras.saving.deserialize_keras_object(name_or_sampler)
         if isinstance(sampler, Sampler):
             return sampler
-    raise ValueError(
-        f"`sampler` must be one of {sorted(_NAMED)} or a Sampler. Received: sampler={name_or_sampler!r}"
-    )
+    raise ValueError(f"`sampler` must be one of {sorted(_NAMED)} or a Sampler. Received: sampler={name_or_sampler!r}")
 
 
 def serialize(sampler):

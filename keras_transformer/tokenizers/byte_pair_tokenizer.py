@@ -36,11 +36,7 @@ class BytePairTokenizer(Tokenizer):
     'def  sub(a, b):\\n\\treturn a - b 🙂'
     """
 
-    default_special_tokens = {
-        "bos_token": _END_OF_TEXT,
-        "eos_token": _END_OF_TEXT,
-        "pad_token": _END_OF_TEXT,
-    }
+    default_special_tokens = {"bos_token": _END_OF_TEXT, "eos_token": _END_OF_TEXT, "pad_token": _END_OF_TEXT}
     model_type = models.BPE
 
     @classmethod
@@ -81,17 +77,13 @@ class BytePairTokenizer(Tokenizer):
         """
         if not isinstance(vocabulary, dict):
             raise ValueError(
-                "`vocabulary` must be a dict token -> id. Received: vocabulary of type "
-                f"{type(vocabulary).__name__}"
+                f"`vocabulary` must be a dict token -> id. Received: vocabulary of type {type(vocabulary).__name__}"
             )
         pairs = []
         for merge in merges:
             pair = tuple(merge.split(" ")) if isinstance(merge, str) else tuple(merge)
             if len(pair) != 2 or not all(isinstance(part, str) for part in pair):
-                raise ValueError(
-                    "Each merge must be a string 'a b' or a pair of strings. Received: "
-                    f"merge={merge!r}"
-                )
+                raise ValueError(f"Each merge must be a string 'a b' or a pair of strings. Received: merge={merge!r}")
             pairs.append(pair)
         return cls(_pipeline(models.BPE(vocabulary, pairs)))
 

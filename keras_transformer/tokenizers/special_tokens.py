@@ -13,10 +13,7 @@ def check_special_token_names(special_tokens):
     """Raises a `ValueError` when `special_tokens` (a dict) has a key that is not a role above."""
     unknown = sorted(set(special_tokens) - set(SPECIAL_TOKEN_NAMES))
     if unknown:
-        raise ValueError(
-            f"Unknown special token argument(s) {unknown}; expected some of "
-            f"{list(SPECIAL_TOKEN_NAMES)}."
-        )
+        raise ValueError(f"Unknown special token argument(s) {unknown}; expected some of {list(SPECIAL_TOKEN_NAMES)}.")
 
 
 def register_special_tokens(tokenizer, special_tokens, default_special_tokens):
@@ -30,10 +27,7 @@ def register_special_tokens(tokenizer, special_tokens, default_special_tokens):
     Returns:
         `(tokens, ids)`: role -> token string (or None) and role -> id (or None), for every role.
     """
-    tokens = {
-        name: special_tokens.get(name, default_special_tokens.get(name))
-        for name in SPECIAL_TOKEN_NAMES
-    }
+    tokens = {name: special_tokens.get(name, default_special_tokens.get(name)) for name in SPECIAL_TOKEN_NAMES}
     ids = {}
     for name, token in tokens.items():
         if token is None:
@@ -41,8 +35,7 @@ def register_special_tokens(tokenizer, special_tokens, default_special_tokens):
             continue
         if not isinstance(token, str):
             raise ValueError(
-                f"`{name}` must be a string or None. Received: {name}={token!r} of type "
-                f"{type(token).__name__}"
+                f"`{name}` must be a string or None. Received: {name}={token!r} of type {type(token).__name__}"
             )
         token_id = tokenizer.token_to_id(token)
         if token_id is None:

@@ -117,8 +117,7 @@ class Tokenizer:
             inputs = inputs.tolist()
         if not isinstance(inputs, (list, tuple)):
             raise ValueError(
-                "`tokenize` expects a string or a list of strings. Received: inputs of type "
-                f"{type(inputs).__name__}"
+                f"`tokenize` expects a string or a list of strings. Received: inputs of type {type(inputs).__name__}"
             )
         for index, text in enumerate(inputs):
             if not isinstance(text, str):
@@ -142,9 +141,7 @@ class Tokenizer:
         Returns:
             A `str` for one sequence; a `list[str]` for a batch.
         """
-        if isinstance(ids, (list, tuple)) and any(
-            isinstance(row, (list, tuple, np.ndarray)) for row in ids
-        ):
+        if isinstance(ids, (list, tuple)) and any(isinstance(row, (list, tuple, np.ndarray)) for row in ids):
             rows = [self._check_ids(row) for row in ids]
             return self.backend_tokenizer.decode_batch(rows, skip_special_tokens=True)
         array = np.asarray(ids)
@@ -165,14 +162,11 @@ class Tokenizer:
             return []
         if row.ndim != 1 or row.dtype.kind not in "iu":
             raise ValueError(
-                "`detokenize` expects integer token ids. Received: a row of dtype "
-                f"{row.dtype} and shape {row.shape}"
+                f"`detokenize` expects integer token ids. Received: a row of dtype {row.dtype} and shape {row.shape}"
             )
         bad = row[(row < 0) | (row >= self.vocabulary_size)]
         if bad.size:
-            raise ValueError(
-                f"`detokenize` got an id outside [0, {self.vocabulary_size}). Received: id {bad[0]}"
-            )
+            raise ValueError(f"`detokenize` got an id outside [0, {self.vocabulary_size}). Received: id {bad[0]}")
         return row.tolist()
 
     # === Chat ===
@@ -254,8 +248,7 @@ class Tokenizer:
             token = self.backend_tokenizer.id_to_token(index)
         if token is None:
             raise ValueError(
-                f"`token_id` must be an integer id in [0, {self.vocabulary_size}). Received: "
-                f"token_id={token_id!r}"
+                f"`token_id` must be an integer id in [0, {self.vocabulary_size}). Received: token_id={token_id!r}"
             )
         return token
 

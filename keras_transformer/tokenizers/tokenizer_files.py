@@ -15,8 +15,16 @@ import tokenizers
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 
-__all__ = ["CONFIG_FILE", "TOKENIZER_FILE", "backend_from_config", "class_named", "read_backend",
-           "read_config", "register", "write"]
+__all__ = [
+    "CONFIG_FILE",
+    "TOKENIZER_FILE",
+    "backend_from_config",
+    "class_named",
+    "read_backend",
+    "read_config",
+    "register",
+    "write",
+]
 
 # class name -> class, filled by `register`, read by `class_named`.
 _REGISTRY = {}
@@ -38,10 +46,7 @@ def class_named(base, config, source):
         )
     target = _REGISTRY[class_name]
     if not issubclass(target, base):
-        raise ValueError(
-            f"{source} holds a {class_name}, not a {base.__name__} (use `Tokenizer` to load "
-            "any kind)."
-        )
+        raise ValueError(f"{source} holds a {class_name}, not a {base.__name__} (use `Tokenizer` to load any kind).")
     return target
 
 
@@ -82,9 +87,7 @@ def read_backend(path):
     try:
         return tokenizers.Tokenizer.from_file(path)
     except Exception as error:  # the Rust side raises a bare Exception
-        raise ValueError(
-            f"Could not read a `tokenizers` JSON file from path={path!r}: {error}"
-        ) from error
+        raise ValueError(f"Could not read a `tokenizers` JSON file from path={path!r}: {error}") from error
 
 
 def backend_from_config(config):
@@ -92,6 +95,4 @@ def backend_from_config(config):
     try:
         return tokenizers.Tokenizer.from_str(config["tokenizer_json"])
     except Exception as error:  # a missing key, or the Rust side's bare Exception
-        raise ValueError(
-            f"The config holds no readable `tokenizers` JSON under 'tokenizer_json': {error!r}"
-        ) from error
+        raise ValueError(f"The config holds no readable `tokenizers` JSON under 'tokenizer_json': {error!r}") from error

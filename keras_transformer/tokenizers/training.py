@@ -36,8 +36,7 @@ def train_backend(backend, trainer, texts, vocabulary_size):
         for index, text in enumerate(texts):
             if not isinstance(text, str):
                 raise ValueError(
-                    "`texts` must yield strings. Received: an element "
-                    f"{index} of type {type(text).__name__}"
+                    f"`texts` must yield strings. Received: an element {index} of type {type(text).__name__}"
                 )
             yield text
 

@@ -98,8 +98,6 @@ def _pipeline(model):
     """Wraps a Unigram `model` in the NFKC normaliser and SentencePiece's metaspace handling."""
     backend = BackendTokenizer(model)
     backend.normalizer = normalizers.NFKC()
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(
-        replacement=_SPACE, prepend_scheme="always", split=True
-    )
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement=_SPACE, prepend_scheme="always", split=True)
     backend.decoder = decoders.Metaspace(replacement=_SPACE, prepend_scheme="always", split=True)
     return backend

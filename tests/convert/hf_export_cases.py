@@ -14,22 +14,43 @@ from tests.convert import hf_models
 
 ATOL = 1e-4
 NEW_TOKENS = 8
-LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-          "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
-CHAT_TEMPLATE = ("{% for m in messages %}{{ bos_token }}{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}{% endfor %}"
-                 "{% if add_generation_prompt %}{{ bos_token }}assistant:{% endif %}")
+LLAMA3 = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ bos_token }}{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ bos_token }}assistant:{% endif %}"
+)
 # name -> (builder of the transformers checkpoint, our task class, transformers' Auto class). T5 v1.0's
 # tied, scaled head is the trained preset t5_reverse's (test_trained_presets_export).
 CASES = {
     "gpt2": (lambda d: hf_models.gpt2(d), GPTCausalLM, "AutoModelForCausalLM"),
-    "llama": (lambda d: hf_models.llama_style(d, "llama", head_dim=16, attention_bias=True, mlp_bias=True,
-                                              rope_parameters=LLAMA3), LlamaCausalLM, "AutoModelForCausalLM"),
-    "qwen2": (lambda d: hf_models.llama_style(d, "qwen2", tie_word_embeddings=True, use_sliding_window=True,
-                                              sliding_window=4, max_window_layers=0), LlamaCausalLM, "AutoModelForCausalLM"),
+    "llama": (
+        lambda d: hf_models.llama_style(
+            d, "llama", head_dim=16, attention_bias=True, mlp_bias=True, rope_parameters=LLAMA3
+        ),
+        LlamaCausalLM,
+        "AutoModelForCausalLM",
+    ),
+    "qwen2": (
+        lambda d: hf_models.llama_style(
+            d, "qwen2", tie_word_embeddings=True, use_sliding_window=True, sliding_window=4, max_window_layers=0
+        ),
+        LlamaCausalLM,
+        "AutoModelForCausalLM",
+    ),
     "mistral": (lambda d: hf_models.llama_style(d, "mistral", sliding_window=4), LlamaCausalLM, "AutoModelForCausalLM"),
     "bert": (lambda d: hf_models.bert(d, "BertForMaskedLM"), BertMaskedLM, "AutoModelForMaskedLM"),
-    "t5_v1_1": (lambda d: hf_models.t5(d, untied_head=True, feed_forward_proj="gated-gelu"), T5Seq2SeqLM,
-                "AutoModelForSeq2SeqLM"),
+    "t5_v1_1": (
+        lambda d: hf_models.t5(d, untied_head=True, feed_forward_proj="gated-gelu"),
+        T5Seq2SeqLM,
+        "AutoModelForSeq2SeqLM",
+    ),
 }
 CAUSAL = ("gpt2", "llama", "qwen2", "mistral")
 TEXTS = ["the quick brown fox", "def add(a, b):\n    return a + b", "a cat sat on the mat and looked at the dog"]
@@ -51,7 +72,10 @@ def tensors(directory):
 def _causal_inputs(vocabulary_size):
     rng = np.random.default_rng(0)
     mask = np.arange(12)[None, :] < np.array([[12], [7], [3]])  # (B, T), right-padded
-    return {"token_ids": np.where(mask, rng.integers(1, vocabulary_size, (3, 12)), 0).astype("int32"), "padding_mask": mask}
+    return {
+        "token_ids": np.where(mask, rng.integers(1, vocabulary_size, (3, 12)), 0).astype("int32"),
+        "padding_mask": mask,
+    }
 
 
 def _t5_inputs(vocabulary_size):
@@ -60,16 +84,23 @@ def _t5_inputs(vocabulary_size):
     dec = np.arange(9)[None, :] < np.array([[9], [4], [6]])
     decoder_ids = np.where(dec, rng.integers(3, vocabulary_size, (3, 9)), 0).astype("int32")
     decoder_ids[:, 0] = 0  # the decoder start token (= pad)
-    return {"encoder_token_ids": np.where(enc, rng.integers(3, vocabulary_size, (3, 13)), 0).astype("int32"),
-            "encoder_padding_mask": enc, "decoder_token_ids": decoder_ids, "decoder_padding_mask": dec}
+    return {
+        "encoder_token_ids": np.where(enc, rng.integers(3, vocabulary_size, (3, 13)), 0).astype("int32"),
+        "encoder_padding_mask": enc,
+        "decoder_token_ids": decoder_ids,
+        "decoder_padding_mask": dec,
+    }
 
 
 def _bert_inputs(vocabulary_size):
     rng = np.random.default_rng(0)
     mask = np.arange(11)[None, :] < np.array([[11], [7], [3]])
     segments = (np.arange(11)[None, :] >= np.array([[6], [3], [1]])).astype("int32")
-    return {"token_ids": np.where(mask, rng.integers(5, vocabulary_size, (3, 11)), 0).astype("int32"),
-            "segment_ids": np.where(mask, segments, 0).astype("int32"), "padding_mask": mask}
+    return {
+        "token_ids": np.where(mask, rng.integers(5, vocabulary_size, (3, 11)), 0).astype("int32"),
+        "segment_ids": np.where(mask, segments, 0).astype("int32"),
+        "padding_mask": mask,
+    }
 
 
 def as_torch(array):
@@ -82,15 +113,21 @@ def logits_pair(name, ours, theirs):
     with torch.no_grad():
         if name.startswith("t5"):
             x = _t5_inputs(vocabulary_size)
-            peer = theirs(input_ids=as_torch(x["encoder_token_ids"]), attention_mask=as_torch(x["encoder_padding_mask"]),
-                          decoder_input_ids=as_torch(x["decoder_token_ids"]),
-                          decoder_attention_mask=as_torch(x["decoder_padding_mask"])).logits.numpy()
+            peer = theirs(
+                input_ids=as_torch(x["encoder_token_ids"]),
+                attention_mask=as_torch(x["encoder_padding_mask"]),
+                decoder_input_ids=as_torch(x["decoder_token_ids"]),
+                decoder_attention_mask=as_torch(x["decoder_padding_mask"]),
+            ).logits.numpy()
             real = x["decoder_padding_mask"]
             return to_numpy(ours(x))[real], peer[real]
         if name.startswith("bert"):
             x = _bert_inputs(vocabulary_size)
-            peer = theirs(input_ids=as_torch(x["token_ids"]), token_type_ids=as_torch(x["segment_ids"]),
-                          attention_mask=as_torch(x["padding_mask"])).logits.numpy()
+            peer = theirs(
+                input_ids=as_torch(x["token_ids"]),
+                token_type_ids=as_torch(x["segment_ids"]),
+                attention_mask=as_torch(x["padding_mask"]),
+            ).logits.numpy()
             if isinstance(ours, BertClassifier):
                 return to_numpy(ours(x)), peer  # (B, C)
             positions = np.array([[0, 5, 10], [1, 6, 3], [2, 1, 0]], "int32")  # (B, P), real positions

@@ -27,7 +27,9 @@ def randomize(model, seed=0, scale=0.3):
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             noise = torch.randn(parameter.shape, generator=generator)
-            is_norm = any(key in name.lower() for key in ("ln_", "layernorm", "layer_norm", "norm.")) and name.endswith("weight")
+            is_norm = any(key in name.lower() for key in ("ln_", "layernorm", "layer_norm", "norm.")) and name.endswith(
+                "weight"
+            )
             parameter.copy_(1.0 + 0.2 * noise if is_norm else scale * noise)
     return model.eval()
 
@@ -53,9 +55,15 @@ def edit_config(directory, **changes):
 def gpt2(directory, seed=0, **options):
     tokenizer = BytePairTokenizer.train(TEXTS, vocabulary_size=300)
     config = transformers.GPT2Config(
-        vocab_size=tokenizer.vocabulary_size, n_embd=32, n_layer=2, n_head=4, n_positions=64,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        attn_implementation="eager", **options,
+        vocab_size=tokenizer.vocabulary_size,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_positions=64,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        attn_implementation="eager",
+        **options,
     )
     model = randomize(transformers.GPT2LMHeadModel(config), seed)
     model.save_pretrained(directory, safe_serialization=True)
@@ -67,9 +75,15 @@ def bert(directory, architecture, seed=0):
     """BertModel or BertForMaskedLM; the tokenizer.json only (its special tokens are BERT's defaults)."""
     tokenizer = WordPieceTokenizer.train(TEXTS, vocabulary_size=150)
     config = transformers.BertConfig(
-        vocab_size=tokenizer.vocabulary_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=64, max_position_embeddings=64, type_vocab_size=2,
-        pad_token_id=tokenizer.pad_token_id, attn_implementation="eager",
+        vocab_size=tokenizer.vocabulary_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        type_vocab_size=2,
+        pad_token_id=tokenizer.pad_token_id,
+        attn_implementation="eager",
     )
     model = randomize(getattr(transformers, architecture)(config), seed, scale=0.2)
     model.save_pretrained(directory, safe_serialization=True)
@@ -82,10 +96,19 @@ def t5(directory, seed=0, untied_head=False, **options):
     written as transformers 4 did (tie_word_embeddings=False, both tensors in the file)."""
     tokenizer = UnigramTokenizer.train(TEXTS, vocabulary_size=120)
     config = transformers.T5Config(
-        vocab_size=tokenizer.vocabulary_size, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
-        dropout_rate=0.0, decoder_start_token_id=tokenizer.pad_token_id, pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, attn_implementation="eager",
-        tie_word_embeddings=not untied_head, **options,
+        vocab_size=tokenizer.vocabulary_size,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_heads=4,
+        dropout_rate=0.0,
+        decoder_start_token_id=tokenizer.pad_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        attn_implementation="eager",
+        tie_word_embeddings=not untied_head,
+        **options,
     )
     model = transformers.T5ForConditionalGeneration(config)
     if untied_head:
@@ -125,13 +148,24 @@ def llama_style(directory, model_type, seed=0, max_shard_size=None, **options):
         ids = {"bos_token_id": backend.token_to_id("<s>")}
     config_cls, model_cls = LLAMA_STYLE[model_type]
     settings = {
-        "vocab_size": backend.get_vocab_size(with_added_tokens=True), "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
-        "eos_token_id": backend.token_to_id(special["eos_token"]), "pad_token_id": None,
-        "tie_word_embeddings": False, "attn_implementation": "eager", **ids, **options,
+        "vocab_size": backend.get_vocab_size(with_added_tokens=True),
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 64,
+        "eos_token_id": backend.token_to_id(special["eos_token"]),
+        "pad_token_id": None,
+        "tie_word_embeddings": False,
+        "attn_implementation": "eager",
+        **ids,
+        **options,
     }
     model = randomize(model_cls(config_cls(**settings)), seed)
-    model.save_pretrained(directory, safe_serialization=True, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
+    model.save_pretrained(
+        directory, safe_serialization=True, **({"max_shard_size": max_shard_size} if max_shard_size else {})
+    )
     save_hf_tokenizer(tokenizer, directory, **special)
     if model_type == "qwen2":
         path = Path(directory) / "tokenizer_config.json"

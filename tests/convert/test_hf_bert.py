@@ -42,14 +42,21 @@ def _inputs(vocabulary_size, padded):
     segment_ids = (np.arange(11)[None, :] >= np.array([[6], [3], [1]])).astype("int32")
     lengths = np.array([11, 7, 3]) if padded else np.full(3, 11)
     padding_mask = np.arange(11)[None, :] < lengths[:, None]  # (B, T)
-    return {"token_ids": np.where(padding_mask, token_ids, 0).astype("int32"),
-            "segment_ids": np.where(padding_mask, segment_ids, 0).astype("int32"), "padding_mask": padding_mask}
+    return {
+        "token_ids": np.where(padding_mask, token_ids, 0).astype("int32"),
+        "segment_ids": np.where(padding_mask, segment_ids, 0).astype("int32"),
+        "padding_mask": padding_mask,
+    }
 
 
 def _hf_outputs(hf, x, **kwargs):
     with torch.no_grad():
-        return hf(input_ids=hf_models.to_torch(x["token_ids"]), token_type_ids=hf_models.to_torch(x["segment_ids"]),
-                  attention_mask=hf_models.to_torch(x["padding_mask"]), **kwargs)
+        return hf(
+            input_ids=hf_models.to_torch(x["token_ids"]),
+            token_type_ids=hf_models.to_torch(x["segment_ids"]),
+            attention_mask=hf_models.to_torch(x["padding_mask"]),
+            **kwargs,
+        )
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
@@ -82,7 +89,9 @@ def test_bert_model_checkpoint_sequence_and_pooled_outputs_match(model_checkpoin
     x = _inputs(hf.config.vocab_size, padded)
     expected = _hf_outputs(hf, x)
     outputs = BertBackbone.from_preset(directory)(x)
-    np.testing.assert_allclose(to_numpy(outputs["sequence_output"]), expected.last_hidden_state.numpy(), atol=ATOL, rtol=0)
+    np.testing.assert_allclose(
+        to_numpy(outputs["sequence_output"]), expected.last_hidden_state.numpy(), atol=ATOL, rtol=0
+    )
     np.testing.assert_allclose(to_numpy(outputs["pooled_output"]), expected.pooler_output.numpy(), atol=ATOL, rtol=0)
 
 
@@ -120,7 +129,9 @@ def test_convert_bert_model_checkpoint_to_a_backbone_preset(tmp_path, model_chec
     directory, hf = model_checkpoint
     backbone = convert(directory, tmp_path / "preset")
     assert isinstance(backbone, BertBackbone)
-    assert {"model.weights.h5", "tokenizer.json", "tokenizer_config.json"} <= {p.name for p in (tmp_path / "preset").iterdir()}
+    assert {"model.weights.h5", "tokenizer.json", "tokenizer_config.json"} <= {
+        p.name for p in (tmp_path / "preset").iterdir()
+    }
     classifier = BertClassifier.from_preset(tmp_path / "preset", num_classes=2)
     assert classifier.preprocessor.sequence_length == hf.config.max_position_embeddings
     x = _inputs(hf.config.vocab_size, padded=True)

@@ -16,7 +16,15 @@ import transformers
 from keras_transformer.models import BertClassifier, BertTextClassifierPreprocessor
 from keras_transformer.samplers import BeamSampler
 from tests.convert.hf_export_cases import (
-    ATOL, CAUSAL, CHAT_TEMPLATE, NEW_TOKENS, TEXTS, as_torch, assert_same_weights, logits_pair, tensors,
+    ATOL,
+    CAUSAL,
+    CHAT_TEMPLATE,
+    NEW_TOKENS,
+    TEXTS,
+    as_torch,
+    assert_same_weights,
+    logits_pair,
+    tensors,
 )
 
 
@@ -50,10 +58,13 @@ def _assert_same_config(name, ours, theirs):
     no start token), a default may be spelt out (n_inner, head_dim, n_positions), and the entries
     transformers 4 reads instead of 5's (torch_dtype, rope_theta, rope_scaling; T5 v1.1's
     tie_word_embeddings=false, which 4 reads as its own head), equal to 5's."""
-    transformers4 = {"torch_dtype", "rope_theta", "rope_scaling"} | ({"tie_word_embeddings"} if name == "t5_v1_1" else set())
+    transformers4 = {"torch_dtype", "rope_theta", "rope_scaling"} | (
+        {"tie_word_embeddings"} if name == "t5_v1_1" else set()
+    )
     for key in sorted(set(ours) | set(theirs)):
         if key in {"pad_token_id", "bos_token_id"} | transformers4 or (
-                key in ("n_inner", "head_dim", "n_positions") and theirs.get(key) is None):
+            key in ("n_inner", "head_dim", "n_positions") and theirs.get(key) is None
+        ):
             continue
         assert ours.get(key, "missing") == theirs.get(key, "missing"), key
     if "architectures" not in ours:  # generation_config.json
@@ -69,8 +80,15 @@ def _assert_same_config(name, ours, theirs):
 
 def _peer_generate(model, prompt, **kwargs):
     with torch.no_grad():
-        out = model.generate(as_torch([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             max_new_tokens=NEW_TOKENS, eos_token_id=None, pad_token_id=0, do_sample=False, **kwargs)
+        out = model.generate(
+            as_torch([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=NEW_TOKENS,
+            eos_token_id=None,
+            pad_token_id=0,
+            do_sample=False,
+            **kwargs,
+        )
     return out[0].tolist()
 
 
@@ -82,10 +100,14 @@ def test_causal_generate_matches(build, name, num_beams):
     prompts = [rng.integers(1, c.ours.backbone.vocabulary_size, n).tolist() for n in (6, 3)]
     sampler = BeamSampler(num_beams=4) if num_beams > 1 else None
     ours = c.ours.generate(prompts, max_new_tokens=NEW_TOKENS, stop_token_ids=None, sampler=sampler)
-    extra = dict(num_beams=4, length_penalty=sampler.length_penalty, early_stopping=sampler.early_stopping) if sampler else {}
+    extra = (
+        dict(num_beams=4, length_penalty=sampler.length_penalty, early_stopping=sampler.early_stopping)
+        if sampler
+        else {}
+    )
     for prompt, row in zip(prompts, ours):
         assert row == _peer_generate(c.theirs, prompt, **extra)
-        assert len(set(row[len(prompt):])) >= 2  # not one repeated token
+        assert len(set(row[len(prompt) :])) >= 2  # not one repeated token
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
@@ -95,7 +117,11 @@ def test_t5_generate_matches(build, num_beams):
     sources = [rng.integers(3, c.ours.backbone.vocabulary_size, n).tolist() + [1] for n in (9, 4)]
     sampler = BeamSampler(num_beams=4) if num_beams > 1 else None
     ours = c.ours.generate(sources, max_new_tokens=NEW_TOKENS, stop_token_ids=None, sampler=sampler)
-    extra = dict(num_beams=4, length_penalty=sampler.length_penalty, early_stopping=sampler.early_stopping) if sampler else {}
+    extra = (
+        dict(num_beams=4, length_penalty=sampler.length_penalty, early_stopping=sampler.early_stopping)
+        if sampler
+        else {}
+    )
     for source, row in zip(sources, ours):
         assert row == _peer_generate(c.theirs, source, **extra)
     assert ours[0] != ours[1]
@@ -104,8 +130,9 @@ def test_t5_generate_matches(build, num_beams):
 def test_bert_classifier_exports_its_head(build, tmp_path):
     c = build("bert")
     tokenizer = c.ours.preprocessor.tokenizer
-    classifier = BertClassifier(c.ours.backbone, num_classes=3,
-                                preprocessor=BertTextClassifierPreprocessor(tokenizer, sequence_length=64))
+    classifier = BertClassifier(
+        c.ours.backbone, num_classes=3, preprocessor=BertTextClassifierPreprocessor(tokenizer, sequence_length=64)
+    )
     rng = np.random.default_rng(3)
     head = classifier.output_dense
     head.kernel.assign(rng.normal(size=head.kernel.shape).astype("float32"))
@@ -130,7 +157,11 @@ def test_hugging_face_to_preset_to_hugging_face_is_exact(case):
     for key, tensor in exported.items():
         assert torch.equal(tensor, original[key]), key
     for key in set(original) - set(exported):
-        assert name == "t5_v1_1" and key.endswith("embed_tokens.weight") and torch.equal(original[key], exported["shared.weight"])
+        assert (
+            name == "t5_v1_1"
+            and key.endswith("embed_tokens.weight")
+            and torch.equal(original[key], exported["shared.weight"])
+        )
 
 
 def test_preset_to_hugging_face_to_preset_is_exact(case):
@@ -158,7 +189,8 @@ def test_tokenizer_agrees(case):
     # The class every transformers release has (5 also reads it as its TokenizersBackend); the special tokens by name.
     assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
     assert {role: config.get(role) for role in tokenizer.special_tokens} == {
-        role: token for role, token in tokenizer.special_tokens.items()}
+        role: token for role, token in tokenizer.special_tokens.items()
+    }
     with_special = theirs(texts)["input_ids"]
     if name in CAUSAL:
         assert with_special == c.ours.preprocessor.generate_preprocess(texts)
@@ -166,15 +198,20 @@ def test_tokenizer_agrees(case):
         ids, mask = c.ours.preprocessor.generate_preprocess(texts)
         assert with_special == [row[m].tolist() for row, m in zip(ids, mask)]
     else:
-        assert with_special == [[tokenizer.cls_token_id] + ids + [tokenizer.sep_token_id] for ids in tokenizer.tokenize(texts)]
+        assert with_special == [
+            [tokenizer.cls_token_id] + ids + [tokenizer.sep_token_id] for ids in tokenizer.tokenize(texts)
+        ]
 
 
 def test_chat_template_agrees(build):
     c = build("llama")
     theirs = transformers.AutoTokenizer.from_pretrained(c.out)
     tokenizer = c.ours.preprocessor.tokenizer
-    messages = [{"role": "user", "content": "the quick brown fox"}, {"role": "assistant", "content": "a cat"},
-                {"role": "user", "content": "def add(a, b)"}]
+    messages = [
+        {"role": "user", "content": "the quick brown fox"},
+        {"role": "assistant", "content": "a cat"},
+        {"role": "user", "content": "def add(a, b)"},
+    ]
     text = theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert text == tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     assert text.startswith("<s>user: ")  # the template ran, with the special tokens filled in

@@ -172,8 +172,15 @@ def test_unsupported_family_is_refused(tmp_path, capsys):
 
 
 def test_layout_without_a_hugging_face_class_is_refused(tmp_path):
-    backbone = LlamaBackbone(vocabulary_size=50, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16,
-                             attention_bias=True, sliding_window=4)  # Llama's biases with Mistral's window
+    backbone = LlamaBackbone(
+        vocabulary_size=50,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        attention_bias=True,
+        sliding_window=4,
+    )  # Llama's biases with Mistral's window
     _assert_refused(LlamaCausalLM(backbone), tmp_path / "l", r"sliding_window=4.*" + SUPPORTED)
 
 
@@ -221,13 +228,19 @@ def test_interrupted_export_leaves_nothing(build, tmp_path, monkeypatch):
     (tmp_path / "out" / "keep.txt").write_text("mine")
     with pytest.raises(KeyboardInterrupt):
         c.ours.export(tmp_path / "out", format="huggingface", overwrite=True)
-    assert [p.name for p in tmp_path.iterdir()] == ["out"] and [p.name for p in (tmp_path / "out").iterdir()] == ["keep.txt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and [p.name for p in (tmp_path / "out").iterdir()] == [
+        "keep.txt"
+    ]
 
 
 # --- the trained presets --------------------------------------------------------
 
-PRESETS = {"gpt_stdlib": "AutoModelForCausalLM", "llama_stdlib": "AutoModelForCausalLM",
-           "bert_stdlib": "AutoModelForMaskedLM", "t5_reverse": "AutoModelForSeq2SeqLM"}
+PRESETS = {
+    "gpt_stdlib": "AutoModelForCausalLM",
+    "llama_stdlib": "AutoModelForCausalLM",
+    "bert_stdlib": "AutoModelForMaskedLM",
+    "t5_reverse": "AutoModelForSeq2SeqLM",
+}
 
 
 @pytest.mark.slow

@@ -41,8 +41,11 @@ def test_logits_and_hidden_states_match(checkpoint, lm, padded):
     directory, hf = checkpoint
     x = _inputs(hf.config.vocab_size, padded)
     with torch.no_grad():
-        out = hf(input_ids=hf_models.to_torch(x["token_ids"]), attention_mask=hf_models.to_torch(x["padding_mask"]),
-                 output_hidden_states=True)
+        out = hf(
+            input_ids=hf_models.to_torch(x["token_ids"]),
+            attention_mask=hf_models.to_torch(x["padding_mask"]),
+            output_hidden_states=True,
+        )
     real = x["padding_mask"]
     logits = to_numpy(lm(x))
     np.testing.assert_allclose(logits[real], out.logits.numpy()[real], atol=ATOL, rtol=0)
@@ -59,8 +62,9 @@ def test_gpt2_model_checkpoint_without_prefix(tmp_path, checkpoint):
     hf.transformer.save_pretrained(tmp_path, safe_serialization=True)
     x = _inputs(hf.config.vocab_size, padded=True)
     with torch.no_grad():
-        expected = hf.transformer(input_ids=hf_models.to_torch(x["token_ids"]),
-                                  attention_mask=hf_models.to_torch(x["padding_mask"])).last_hidden_state.numpy()
+        expected = hf.transformer(
+            input_ids=hf_models.to_torch(x["token_ids"]), attention_mask=hf_models.to_torch(x["padding_mask"])
+        ).last_hidden_state.numpy()
     hidden = to_numpy(GPTBackbone.from_preset(tmp_path)(x))
     real = x["padding_mask"]
     np.testing.assert_allclose(hidden[real], expected[real], atol=ATOL, rtol=0)
@@ -84,10 +88,16 @@ def test_greedy_generation_matches_hugging_face(checkpoint, lm):
     ours = lm.generate(prompts, max_new_tokens=12, stop_token_ids=None)
     for prompt, row in zip(prompts, ours):
         with torch.no_grad():
-            expected = hf.generate(hf_models.to_torch([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                   do_sample=False, max_new_tokens=12, eos_token_id=None, pad_token_id=0)
+            expected = hf.generate(
+                hf_models.to_torch([prompt]),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=12,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
         assert row == expected[0].tolist()
-        assert len(set(row[len(prompt):])) >= 2  # the continuation is not one repeated token
+        assert len(set(row[len(prompt) :])) >= 2  # the continuation is not one repeated token
 
 
 # The round trip converted -> save_to_preset -> from_preset is tested through `convert` in

@@ -30,17 +30,27 @@ from tests.export.helpers import bundle_generator
 
 ATOL = 1e-4
 NEW_TOKENS = 10
-LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-          "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
 # Each case: the builder's options. Together: every rope form (none, linear, llama3), tied and
 # untied heads, Llama's biases on all four attention projections and the feed-forward, a head size
 # other than D / H, Qwen2's query/key/value biases, and Mistral's window (4) shorter than the
 # sequences (12 positions, prompts + 10 new tokens).
 CASES = {
-    "llama-llama3-untied-bias": dict(model_type="llama", head_dim=16, attention_bias=True, mlp_bias=True,
-                                     rope_parameters=LLAMA3),
-    "llama-linear-tied": dict(model_type="llama", tie_word_embeddings=True,
-                              rope_parameters={"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0}),
+    "llama-llama3-untied-bias": dict(
+        model_type="llama", head_dim=16, attention_bias=True, mlp_bias=True, rope_parameters=LLAMA3
+    ),
+    "llama-linear-tied": dict(
+        model_type="llama",
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0},
+    ),
     "qwen2-bias-tied": dict(model_type="qwen2", tie_word_embeddings=True),
     "mistral-window": dict(model_type="mistral", sliding_window=4),
 }
@@ -78,8 +88,9 @@ def _inputs(vocabulary_size, padded):
 
 def _peer_logits(hf, x):
     with torch.no_grad():
-        return hf(input_ids=hf_models.to_torch(x["token_ids"]),
-                  attention_mask=hf_models.to_torch(x["padding_mask"])).logits.numpy()  # (B, T, V)
+        return hf(
+            input_ids=hf_models.to_torch(x["token_ids"]), attention_mask=hf_models.to_torch(x["padding_mask"])
+        ).logits.numpy()  # (B, T, V)
 
 
 def _prompts(hf):
@@ -90,8 +101,14 @@ def _prompts(hf):
 def _peer_generate(hf, prompt, **kwargs):
     """The peer's ids for one prompt alone (no padding), never stopping early."""
     with torch.no_grad():
-        out = hf.generate(hf_models.to_torch([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                          max_new_tokens=NEW_TOKENS, eos_token_id=None, pad_token_id=0, **kwargs)
+        out = hf.generate(
+            hf_models.to_torch([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=NEW_TOKENS,
+            eos_token_id=None,
+            pad_token_id=0,
+            **kwargs,
+        )
     return out[0].tolist()
 
 
@@ -111,7 +128,7 @@ def test_greedy_generation_matches(case):
     ours = lm.generate(prompts, max_new_tokens=NEW_TOKENS, stop_token_ids=None)
     for prompt, row in zip(prompts, ours):
         assert row == _peer_generate(hf, prompt, do_sample=False)
-        assert len(set(row[len(prompt):])) >= 2  # the continuation is not one repeated token
+        assert len(set(row[len(prompt) :])) >= 2  # the continuation is not one repeated token
 
 
 def test_beam_generation_matches(case):
@@ -123,8 +140,14 @@ def test_beam_generation_matches(case):
     ours = lm.generate(prompts, max_new_tokens=NEW_TOKENS, stop_token_ids=None, sampler=sampler)
     greedy = lm.generate(prompts, max_new_tokens=NEW_TOKENS, stop_token_ids=None)
     for prompt, row in zip(prompts, ours):
-        expected = _peer_generate(hf, prompt, do_sample=False, num_beams=sampler.num_beams,
-                                  length_penalty=sampler.length_penalty, early_stopping=sampler.early_stopping)
+        expected = _peer_generate(
+            hf,
+            prompt,
+            do_sample=False,
+            num_beams=sampler.num_beams,
+            length_penalty=sampler.length_penalty,
+            early_stopping=sampler.early_stopping,
+        )
         assert row == expected
     assert ours != greedy  # the search found something greedy did not: beams were compared
 
@@ -133,7 +156,9 @@ def test_converted_config(case):
     """The options each case sets reach the backbone, and the tokenizer has the checkpoint's tokens."""
     _, hf, lm = case
     backbone, tokenizer, config = lm.backbone, lm.preprocessor.tokenizer, hf.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads  # Qwen2Config has none
+    head_dim = (
+        getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    )  # Qwen2Config has none
     assert (backbone.num_key_value_heads, backbone.head_dim) == (2, head_dim)
     assert backbone.tie_word_embeddings == config.tie_word_embeddings
     assert backbone.sliding_window == (4 if config.model_type == "mistral" else None)
@@ -185,8 +210,15 @@ def test_onnx_bundle_greedy_matches_keras(tmp_path, build):
 def _config(model_type, **changes):
     """A saved config.json of the type, as transformers 5 writes it, with `changes` (None: null)."""
     config_cls, _ = hf_models.LLAMA_STYLE[model_type]
-    config = config_cls(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64).to_dict()
+    config = config_cls(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    ).to_dict()
     config.update(changes)
     return config
 
@@ -197,52 +229,99 @@ def _backbone_config(tmp_path, config):
     return load_config(tmp_path)[1]["backbone"]["config"]
 
 
-@pytest.mark.parametrize("rope", [
-    {"rope_type": "linear", "factor": 2.0},
-    {"type": "linear", "factor": 2.0},
-    {k: v for k, v in LLAMA3.items() if k != "rope_theta"},
-], ids=["linear", "linear-old-key", "llama3"])
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "linear", "factor": 2.0},
+        {"type": "linear", "factor": 2.0},
+        {k: v for k, v in LLAMA3.items() if k != "rope_theta"},
+    ],
+    ids=["linear", "linear-old-key", "llama3"],
+)
 def test_transformers_4_rope_layout(tmp_path, rope):
     """transformers 4 wrote rope_theta and rope_scaling at the top level; 5 writes rope_parameters."""
     new = _backbone_config(tmp_path / "new", _config("llama", rope_parameters={**rope, "rope_theta": 500.0}))
-    old = _backbone_config(tmp_path / "old", _config("llama", rope_parameters=None, rope_theta=500.0, rope_scaling=rope))
+    old = _backbone_config(
+        tmp_path / "old", _config("llama", rope_parameters=None, rope_theta=500.0, rope_scaling=rope)
+    )
     assert old == new
     assert new["rope_max_wavelength"] == 500.0 and new["rope_scaling"]["rope_type"] == rope.get("rope_type", "linear")
 
 
-@pytest.mark.parametrize("model_type, changes, window", [
-    ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0, "layer_types": None}, 4),
-    ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 2, "layer_types": None}, None),
-    ("qwen2", {"use_sliding_window": False, "sliding_window": 4, "max_window_layers": 0, "layer_types": None}, None),
-    ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "layer_types": ["sliding_attention"] * 2}, 4),
-    ("mistral", {"sliding_window": None}, None),
-    ("mistral", {"sliding_window": 16}, 16),
-], ids=["qwen2-all-windowed", "qwen2-none-windowed", "qwen2-off", "qwen2-layer-types", "mistral-none", "mistral-16"])
+@pytest.mark.parametrize(
+    "model_type, changes, window",
+    [
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0, "layer_types": None}, 4),
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 2, "layer_types": None}, None),
+        (
+            "qwen2",
+            {"use_sliding_window": False, "sliding_window": 4, "max_window_layers": 0, "layer_types": None},
+            None,
+        ),
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "layer_types": ["sliding_attention"] * 2}, 4),
+        ("mistral", {"sliding_window": None}, None),
+        ("mistral", {"sliding_window": 16}, 16),
+    ],
+    ids=["qwen2-all-windowed", "qwen2-none-windowed", "qwen2-off", "qwen2-layer-types", "mistral-none", "mistral-16"],
+)
 def test_sliding_window_options(tmp_path, model_type, changes, window):
     assert _backbone_config(tmp_path, _config(model_type, **changes))["sliding_window"] == window
 
 
 REFUSED = [  # (model_type, config changes, what the message must name)
-    ("llama", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, r"rope_parameters.*rope_type='yarn'"),
-    ("llama", {"rope_parameters": None, "rope_scaling": {"type": "dynamic", "factor": 2.0}}, r"rope_scaling.*rope_type='dynamic'"),
+    (
+        "llama",
+        {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}},
+        r"rope_parameters.*rope_type='yarn'",
+    ),
+    (
+        "llama",
+        {"rope_parameters": None, "rope_scaling": {"type": "dynamic", "factor": 2.0}},
+        r"rope_scaling.*rope_type='dynamic'",
+    ),
     ("llama", {"partial_rotary_factor": 0.5}, r"partial_rotary_factor=0\.5"),
-    ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
-     r"partial_rotary_factor=0\.5"),
-    ("llama", {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e4}}}, r"rope_parameters="),
+    (
+        "llama",
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+        r"partial_rotary_factor=0\.5",
+    ),
+    (
+        "llama",
+        {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+        r"rope_parameters=",
+    ),
     ("llama", {"hidden_act": "gelu"}, r"hidden_act='gelu'"),
     ("mistral", {"hidden_act": "relu"}, r"hidden_act='relu'"),
-    ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1, "layer_types": None},
-     r"max_window_layers=1"),
-    ("qwen2", {"use_sliding_window": True, "sliding_window": 4,
-               "layer_types": ["full_attention", "sliding_attention"]}, r"layer_types=\['full_attention'"),
+    (
+        "qwen2",
+        {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1, "layer_types": None},
+        r"max_window_layers=1",
+    ),
+    (
+        "qwen2",
+        {"use_sliding_window": True, "sliding_window": 4, "layer_types": ["full_attention", "sliding_attention"]},
+        r"layer_types=\['full_attention'",
+    ),
     ("qwen3", {}, r"model_type='qwen3'"),
 ]
 
 
-@pytest.mark.parametrize("model_type, changes, match", REFUSED, ids=[
-    "yarn", "dynamic-old-key", "partial-rotary", "partial-rotary-in-rope-parameters", "rope-per-layer-type",
-    "gelu", "relu", "qwen2-window-layer-mix", "qwen2-layer-types-mix", "qwen3",
-])
+@pytest.mark.parametrize(
+    "model_type, changes, match",
+    REFUSED,
+    ids=[
+        "yarn",
+        "dynamic-old-key",
+        "partial-rotary",
+        "partial-rotary-in-rope-parameters",
+        "rope-per-layer-type",
+        "gelu",
+        "relu",
+        "qwen2-window-layer-mix",
+        "qwen2-layer-types-mix",
+        "qwen3",
+    ],
+)
 def test_refused_options(tmp_path, model_type, changes, match):
     config = _config("qwen2" if model_type == "qwen3" else model_type, **changes)
     config["model_type"] = model_type

@@ -19,8 +19,12 @@ ATOL = 1e-4
 VERSIONS = {
     "v1_0": dict(feed_forward_proj="relu"),
     # Few buckets and a short max distance: the logarithmic buckets are used by short inputs.
-    "v1_1": dict(feed_forward_proj="gated-gelu", untied_head=True, relative_attention_num_buckets=8,
-                 relative_attention_max_distance=12),
+    "v1_1": dict(
+        feed_forward_proj="gated-gelu",
+        untied_head=True,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=12,
+    ),
 }
 
 
@@ -54,8 +58,12 @@ def _inputs(vocabulary_size, padded):
     encoder_ids = np.where(encoder_mask, rng.integers(3, vocabulary_size, (B, S)), 0).astype("int32")
     decoder_ids = np.where(decoder_mask, rng.integers(3, vocabulary_size, (B, T)), 0).astype("int32")
     decoder_ids[:, 0] = 0  # the decoder start token (= pad), a real position
-    return {"encoder_token_ids": encoder_ids, "encoder_padding_mask": encoder_mask,
-            "decoder_token_ids": decoder_ids, "decoder_padding_mask": decoder_mask}
+    return {
+        "encoder_token_ids": encoder_ids,
+        "encoder_padding_mask": encoder_mask,
+        "decoder_token_ids": decoder_ids,
+        "decoder_padding_mask": decoder_mask,
+    }
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
@@ -63,18 +71,23 @@ def test_logits_and_hidden_states_match(checkpoint, padded):
     directory, hf, lm = checkpoint
     x = _inputs(hf.config.vocab_size, padded)
     with torch.no_grad():
-        out = hf(input_ids=hf_models.to_torch(x["encoder_token_ids"]),
-                 attention_mask=hf_models.to_torch(x["encoder_padding_mask"]),
-                 decoder_input_ids=hf_models.to_torch(x["decoder_token_ids"]),
-                 decoder_attention_mask=hf_models.to_torch(x["decoder_padding_mask"]), output_hidden_states=True)
+        out = hf(
+            input_ids=hf_models.to_torch(x["encoder_token_ids"]),
+            attention_mask=hf_models.to_torch(x["encoder_padding_mask"]),
+            decoder_input_ids=hf_models.to_torch(x["decoder_token_ids"]),
+            decoder_attention_mask=hf_models.to_torch(x["decoder_padding_mask"]),
+            output_hidden_states=True,
+        )
     enc, dec = x["encoder_padding_mask"], x["decoder_padding_mask"]
     logits = to_numpy(lm(x))
     np.testing.assert_allclose(logits[dec], out.logits.numpy()[dec], atol=ATOL, rtol=0)
     hidden = lm.backbone(x)
-    np.testing.assert_allclose(to_numpy(hidden["encoder_sequence_output"])[enc],
-                               out.encoder_last_hidden_state.numpy()[enc], atol=ATOL, rtol=0)
-    np.testing.assert_allclose(to_numpy(hidden["decoder_sequence_output"])[dec],
-                               out.decoder_hidden_states[-1].numpy()[dec], atol=ATOL, rtol=0)
+    np.testing.assert_allclose(
+        to_numpy(hidden["encoder_sequence_output"])[enc], out.encoder_last_hidden_state.numpy()[enc], atol=ATOL, rtol=0
+    )
+    np.testing.assert_allclose(
+        to_numpy(hidden["decoder_sequence_output"])[dec], out.decoder_hidden_states[-1].numpy()[dec], atol=ATOL, rtol=0
+    )
     assert np.std(out.logits.numpy()[dec]) > 0.1  # far from the tolerance: not a vacuous match
 
 
@@ -100,8 +113,13 @@ def test_greedy_generation_matches_hugging_face(checkpoints):
     ids = np.array([s + [0] * (width - len(s)) for s in sources])
     mask = np.array([[1] * len(s) + [0] * (width - len(s)) for s in sources])
     with torch.no_grad():
-        expected = hf.generate(hf_models.to_torch(ids), attention_mask=hf_models.to_torch(mask), do_sample=False,
-                               max_new_tokens=10, eos_token_id=None)
+        expected = hf.generate(
+            hf_models.to_torch(ids),
+            attention_mask=hf_models.to_torch(mask),
+            do_sample=False,
+            max_new_tokens=10,
+            eos_token_id=None,
+        )
     assert ours == expected.tolist()
     assert ours[0] != ours[1], ours  # the output depends on the source
 

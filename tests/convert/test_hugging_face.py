@@ -37,8 +37,9 @@ def copy(tmp_path, checkpoint):
 
 def _expected_logits(hf, x):
     with torch.no_grad():
-        return hf(input_ids=hf_models.to_torch(x["token_ids"]),
-                  attention_mask=hf_models.to_torch(x["padding_mask"])).logits.numpy()
+        return hf(
+            input_ids=hf_models.to_torch(x["token_ids"]), attention_mask=hf_models.to_torch(x["padding_mask"])
+        ).logits.numpy()
 
 
 def _inputs(vocabulary_size):
@@ -113,8 +114,9 @@ def test_pickle_only_checkpoint_is_refused_unless_allowed(copy, checkpoint, monk
     lm = GPTCausalLM.from_preset(copy, allow_pickle=True)
     assert calls == [True]
     x = _inputs(hf.config.vocab_size)
-    np.testing.assert_allclose(to_numpy(lm(x))[x["padding_mask"]], _expected_logits(hf, x)[x["padding_mask"]],
-                               atol=ATOL, rtol=0)
+    np.testing.assert_allclose(
+        to_numpy(lm(x))[x["padding_mask"]], _expected_logits(hf, x)[x["padding_mask"]], atol=ATOL, rtol=0
+    )
 
 
 def test_checkpoint_without_weights(copy):
@@ -150,8 +152,9 @@ def test_sharded_safetensors(tmp_path, checkpoint):
     shutil.copy(directory / "tokenizer.json", tmp_path)
     lm = GPTCausalLM.from_preset(tmp_path)
     x = _inputs(hf.config.vocab_size)
-    np.testing.assert_allclose(to_numpy(lm(x))[x["padding_mask"]], _expected_logits(hf, x)[x["padding_mask"]],
-                               atol=ATOL, rtol=0)
+    np.testing.assert_allclose(
+        to_numpy(lm(x))[x["padding_mask"]], _expected_logits(hf, x)[x["padding_mask"]], atol=ATOL, rtol=0
+    )
 
 
 def test_bfloat16_weights_are_widened_exactly(tmp_path, checkpoint):
@@ -181,8 +184,9 @@ def test_convert_writes_our_preset_format(tmp_path, checkpoint):
     reloaded = GPTCausalLM.from_preset(tmp_path / "preset")
     x = _inputs(hf.config.vocab_size)
     np.testing.assert_array_equal(to_numpy(reloaded(x)), to_numpy(lm(x)))
-    np.testing.assert_allclose(to_numpy(reloaded(x))[x["padding_mask"]], _expected_logits(hf, x)[x["padding_mask"]],
-                               atol=ATOL, rtol=0)
+    np.testing.assert_allclose(
+        to_numpy(reloaded(x))[x["padding_mask"]], _expected_logits(hf, x)[x["padding_mask"]], atol=ATOL, rtol=0
+    )
     with pytest.raises(ValueError, match="already exists"):
         convert(directory, tmp_path / "preset")
 

@@ -13,8 +13,26 @@ SHARED = sorted(p for p in [*(ROOT / "decoding").glob("*.py"), *(ROOT / "sampler
 
 # Methods of PyTorch, TensorFlow or JAX tensors (and numpy's) that keras.ops does not offer on every backend.
 TENSOR_METHODS = {
-    "long", "int", "float", "half", "bfloat16", "contiguous", "is_contiguous", "index_select", "index_copy_",
-    "copy_", "cpu", "cuda", "to", "item", "numpy", "detach", "clone", "view", "masked_fill", "scatter_",
+    "long",
+    "int",
+    "float",
+    "half",
+    "bfloat16",
+    "contiguous",
+    "is_contiguous",
+    "index_select",
+    "index_copy_",
+    "copy_",
+    "cpu",
+    "cuda",
+    "to",
+    "item",
+    "numpy",
+    "detach",
+    "clone",
+    "view",
+    "masked_fill",
+    "scatter_",
 }
 
 
@@ -29,7 +47,9 @@ def _offences(source):
                 found.append(f"line {node.lineno}: keras.config.backend()")
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-            found += [f"line {node.lineno}: imports {n}" for n in names if n.split(".")[0] in ("torch", "jax", "tensorflow")]
+            found += [
+                f"line {node.lineno}: imports {n}" for n in names if n.split(".")[0] in ("torch", "jax", "tensorflow")
+            ]
     return found
 
 

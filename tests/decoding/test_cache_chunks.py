@@ -18,10 +18,15 @@ def lm():
     return tiny_gpt(vocabulary_size=8, max_sequence_length=MAX_LENGTH, seed=3)
 
 
-@pytest.mark.parametrize("length, prefill", [  # every prefill that fits the buffer (a prefill is at most L)
-    (length, prefill) for length in [1, 64, 128, 129, 192, 576, 1024, 4096] for prefill in [0, 1, 100, 128, 129]
-    if prefill <= length
-])
+@pytest.mark.parametrize(
+    "length, prefill",
+    [  # every prefill that fits the buffer (a prefill is at most L)
+        (length, prefill)
+        for length in [1, 64, 128, 129, 192, 576, 1024, 4096]
+        for prefill in [0, 1, 100, 128, 129]
+        if prefill <= length
+    ],
+)
 def test_cache_widths_cover_the_buffer_in_few_chunks(length, prefill):
     widths = cache_widths(length, prefill)
     assert widths[-1] == length and widths[0] >= max(prefill, 1)

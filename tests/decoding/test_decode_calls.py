@@ -24,20 +24,23 @@ def _inputs():
 
 
 def _generate(task, sampler="greedy"):
-    return [np.asarray(x).tolist() for x in task.generate(_inputs(), max_new_tokens=7, sampler=sampler,
-                                                          stop_token_ids=None)]
+    return [
+        np.asarray(x).tolist() for x in task.generate(_inputs(), max_new_tokens=7, sampler=sampler, stop_token_ids=None)
+    ]
 
 
 def _other_weights(task, seed):
     rng = np.random.default_rng(seed)
-    return [w + rng.normal(0.0, 0.5, w.shape).astype(w.dtype) if w.dtype.kind == "f" else w
-            for w in task.get_weights()]
+    return [w + rng.normal(0.0, 0.5, w.shape).astype(w.dtype) if w.dtype.kind == "f" else w for w in task.get_weights()]
 
 
 # On PyTorch: eager kernels for every family, and the compiled step for the family whose arranged weights are
 # copies (Llama's fused projections); elsewhere the backend's one compiled loop.
-CASES = ([(family, "eager") for family in sorted(FAMILIES)] + [("llama", "compiled")]
-         if keras.config.backend() == "torch" else [(family, "default") for family in sorted(FAMILIES)])
+CASES = (
+    [(family, "eager") for family in sorted(FAMILIES)] + [("llama", "compiled")]
+    if keras.config.backend() == "torch"
+    else [(family, "default") for family in sorted(FAMILIES)]
+)
 
 
 @pytest.mark.parametrize("family,mode", CASES)
@@ -95,16 +98,18 @@ def test_kernels_keep_their_weight_tensors_and_mark_them_static(monkeypatch):
     keras.utils.set_random_seed(1)
     task = _llama()  # fused q/k/v and gate/up: arranged weights that are copies, not views of the variables
     _generate(task)
-    (kernels, _), = compile_lib.compiled_cache(task).kernels.values()
-    tensors = [t for w in kernels._weights.values() for t in torch.utils._pytree.tree_leaves(w)
-               if isinstance(t, torch.Tensor)]
+    ((kernels, _),) = compile_lib.compiled_cache(task).kernels.values()
+    tensors = [
+        t for w in kernels._weights.values() for t in torch.utils._pytree.tree_leaves(w) if isinstance(t, torch.Tensor)
+    ]
     assert tensors and all(getattr(t, "_dynamo_static_input_type", None) for t in tensors)
     copies = {id(t): t.clone() for t in tensors}
     task.set_weights(_other_weights(task, seed=8))
     _generate(task)
-    (again, _), = compile_lib.compiled_cache(task).kernels.values()
+    ((again, _),) = compile_lib.compiled_cache(task).kernels.values()
     assert again is kernels
-    now = [t for w in kernels._weights.values() for t in torch.utils._pytree.tree_leaves(w)
-           if isinstance(t, torch.Tensor)]
+    now = [
+        t for w in kernels._weights.values() for t in torch.utils._pytree.tree_leaves(w) if isinstance(t, torch.Tensor)
+    ]
     assert [id(t) for t in now] == [id(t) for t in tensors]
     assert any(not torch.equal(t, copies[id(t)]) for t in now)  # refreshed in place

@@ -57,8 +57,9 @@ def test_padded_array_output(lm):
 def test_several_results_per_input(lm):
     beam = BeamSampler(num_beams=3, num_return_sequences=2)
     texts = lm.generate(["def add", "print("], max_new_tokens=4, sampler=beam, return_dict=True)
-    assert len(texts["outputs"]) == 2 and all(len(group) == 2 and all(isinstance(t, str) for t in group)
-                                              for group in texts["outputs"])
+    assert len(texts["outputs"]) == 2 and all(
+        len(group) == 2 and all(isinstance(t, str) for t in group) for group in texts["outputs"]
+    )
     assert texts["scores"].shape == (2, 2) and (texts["scores"][:, 0] >= texts["scores"][:, 1]).all()
     ids = lm.preprocessor.generate_preprocess(["def add", "print("])
     assert len(ids[0]) == len(ids[1])  # so that a 2-D array holds them

@@ -28,8 +28,15 @@ def tokenizer():
 
 
 def _build(family, tokenizer):
-    config = dict(vocabulary_size=tokenizer.vocabulary_size, num_layers=2, num_heads=2, hidden_dim=16,
-                  intermediate_dim=32, max_sequence_length=32, dropout=0.0)
+    config = dict(
+        vocabulary_size=tokenizer.vocabulary_size,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=32,
+        dropout=0.0,
+    )
     if family == "t5":
         task, preprocessor = T5Seq2SeqLM(T5Backbone(**config)), T5Seq2SeqLMPreprocessor
     else:
@@ -80,7 +87,9 @@ def test_strings_in_strings_out(lm):
     sources = ["1 2 3", "3 1"]
     encoder_ids, encoder_mask = lm.preprocessor.generate_preprocess(sources)
     ids = [row[mask].tolist() for row, mask in zip(encoder_ids, encoder_mask)]
-    expected = lm.preprocessor.generate_postprocess(lm.generate(ids, max_new_tokens=NEW, return_dict=True, output_logits=True)["outputs"])
+    expected = lm.preprocessor.generate_postprocess(
+        lm.generate(ids, max_new_tokens=NEW, return_dict=True, output_logits=True)["outputs"]
+    )
     texts = lm.generate(sources, max_new_tokens=NEW, return_dict=True, output_logits=True)["outputs"]
     assert texts == expected and all(isinstance(t, str) for t in texts)
 
@@ -92,8 +101,11 @@ def test_beam_over_cross_caches_finds_the_exhaustive_best(t5, tokenizer):
     out = lm.generate(SOURCES, max_new_tokens=steps, sampler=sampler, return_dict=True)
     for source, results, scores in zip(SOURCES, out["outputs"], out["scores"]):
         table = prefix_log_probs(
-            lambda continuations: seq2seq_logits(lm, [source] * len(continuations), [[start] + c for c in continuations]),
-            vocabulary_size, steps,
+            lambda continuations: seq2seq_logits(
+                lm, [source] * len(continuations), [[start] + c for c in continuations]
+            ),
+            vocabulary_size,
+            steps,
         )
         best = exhaustive_beam(table, vocabulary_size, eos, 1.0, steps)[:3]
         assert [r[1:] for r in results] == [sequence for _, sequence in best]

@@ -20,8 +20,10 @@ import time
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 # Eight virtual CPU devices; the unoptimised XLA backend compiles these tiny graphs twice as fast.
-FLAGS = ("--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
-         "--xla_llvm_disable_expensive_passes=true")
+FLAGS = (
+    "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
+    "--xla_llvm_disable_expensive_passes=true"
+)
 os.environ.setdefault("XLA_FLAGS", FLAGS)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -52,8 +54,9 @@ def build(family, **overrides):
         # 62 tokens do not divide by a model axis of 4: the embedding is split along D instead.
         return BertMaskedLM(BertBackbone(max_sequence_length=32, **{**config, "vocabulary_size": VOCABULARY - 2}))
     # T5 v1.1 shape: gated feed-forward (gate kernels) and an untied lm_head.
-    return T5Seq2SeqLM(T5Backbone(activation="gated-gelu", tie_embedding_weights=False, max_sequence_length=32,
-                                  **config))
+    return T5Seq2SeqLM(
+        T5Backbone(activation="gated-gelu", tie_embedding_weights=False, max_sequence_length=32, **config)
+    )
 
 
 def batch(family, rng):
@@ -66,12 +69,20 @@ def batch(family, rng):
     if family == "bert":
         positions = np.stack([rng.choice(LENGTH // 2, 3, replace=False) for _ in range(BATCH)]).astype("int32")
         labels = np.take_along_axis(ids, positions, axis=1)
-        x = {"token_ids": np.where(np.isin(np.arange(LENGTH)[None], positions), 3, ids).astype("int32"),
-             "segment_ids": np.zeros_like(ids), "padding_mask": mask, "mask_positions": positions}
+        x = {
+            "token_ids": np.where(np.isin(np.arange(LENGTH)[None], positions), 3, ids).astype("int32"),
+            "segment_ids": np.zeros_like(ids),
+            "padding_mask": mask,
+            "mask_positions": positions,
+        }
         return x, labels, np.ones(labels.shape, "float32")
     targets = rng.integers(1, VOCABULARY, (BATCH, LENGTH)).astype("int32")
-    x = {"encoder_token_ids": ids, "encoder_padding_mask": mask,
-         "decoder_token_ids": np.pad(targets[:, :-1], ((0, 0), (1, 0))), "decoder_padding_mask": np.ones_like(mask)}
+    x = {
+        "encoder_token_ids": ids,
+        "encoder_padding_mask": mask,
+        "decoder_token_ids": np.pad(targets[:, :-1], ((0, 0), (1, 0))),
+        "decoder_padding_mask": np.ones_like(mask),
+    }
     return x, targets, np.ones(targets.shape, "float32")
 
 

@@ -19,13 +19,7 @@ import keras
 import pytest
 
 from keras_transformer import distribution
-from keras_transformer.models import (
-    BertBackbone,
-    GPTBackbone,
-    GPTCausalLM,
-    T5Backbone,
-    TransformerBackbone,
-)
+from keras_transformer.models import BertBackbone, GPTBackbone, GPTCausalLM, T5Backbone, TransformerBackbone
 
 JAX = keras.config.backend() == "jax"
 SCRIPT = Path(__file__).with_name("distributed_run.py")
@@ -162,7 +156,7 @@ if JAX:
         assert completed.returncode == 0, completed.stderr[-4000:]
         lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULTS ")]
         assert lines, completed.stdout[-2000:] + completed.stderr[-2000:]
-        return json.loads(lines[-1][len("RESULTS "):])
+        return json.loads(lines[-1][len("RESULTS ") :])
 
     def test_layout_arguments_are_checked(backbones):
         mesh = keras.distribution.DeviceMesh((1, 1), ("batch", "model"), ["cpu:0"])

@@ -17,9 +17,23 @@ def test_demo_trains_samples_exports_and_runs_the_bundle(tmp_path):
     out = tmp_path / "demo"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     completed = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "demo.py"), "--steps", "4", "--batch-size", "4",
-         "--sequence-length", "32", "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            str(ROOT / "examples" / "demo.py"),
+            "--steps",
+            "4",
+            "--batch-size",
+            "4",
+            "--sequence-length",
+            "32",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert completed.returncode == 0, completed.stderr[-4000:]
     stdout = completed.stdout

@@ -31,8 +31,12 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 # notebook -> the plots it must write under $KT_EXAMPLES_OUT/<notebook>/
 NOTEBOOKS = {
-    "01_transformer_from_layers": ["positional_encoding.png", "attention_weights.png", "masked_vs_unmasked.png",
-                                   "gpt_stdlib_attention.png"],
+    "01_transformer_from_layers": [
+        "positional_encoding.png",
+        "attention_weights.png",
+        "masked_vs_unmasked.png",
+        "gpt_stdlib_attention.png",
+    ],
     "02_train_gpt": ["loss_curve.png"],
     "03_bert_classifier": ["training_and_confusion.png"],
     "04_seq2seq": ["exact_match.png"],
@@ -76,7 +80,8 @@ def _cell_differences(notebook, script):
     expected = [(cell.cell_type, cell.source) for cell in _make_notebooks().build(script).cells]
     differences = [
         f"cell {i}: {theirs[0]} {theirs[1][:60]!r}... != the script's {ours[0]} {ours[1][:60]!r}..."
-        for i, (theirs, ours) in enumerate(zip(committed, expected)) if theirs != ours
+        for i, (theirs, ours) in enumerate(zip(committed, expected))
+        if theirs != ours
     ]
     if len(committed) != len(expected):
         differences.append(f"{len(committed)} cells, the script gives {len(expected)}")
@@ -97,9 +102,11 @@ def test_a_notebook_edited_by_hand_is_caught(tmp_path):
     assert _cell_differences(notebook, script) == []
     notebook.cells[1].outputs = [nbformat.v4.new_output("stream", text="1\n")]  # outputs do not count
     assert _cell_differences(notebook, script) == []
-    for edit in (lambda nb: setattr(nb.cells[1], "source", "x = 2"),
-                 lambda nb: setattr(nb.cells[0], "source", "# Title!"),
-                 lambda nb: nb.cells.pop()):
+    for edit in (
+        lambda nb: setattr(nb.cells[1], "source", "x = 2"),
+        lambda nb: setattr(nb.cells[0], "source", "# Title!"),
+        lambda nb: nb.cells.pop(),
+    ):
         edited = _make_notebooks().build(script)
         edit(edited)
         assert _cell_differences(edited, script)

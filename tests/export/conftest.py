@@ -36,7 +36,9 @@ def exported(tmp_path_factory):
             if family == "gpt":  # `task.export`, and the command line's export of a preset of the same weights
                 assert task.export(bundle, format="onnx") == bundle
                 task.save_to_preset(directory / "preset")
-                assert cli.main(["export", str(directory / "preset"), str(saved_model), "--format", "tf_saved_model"]) == 0
+                assert (
+                    cli.main(["export", str(directory / "preset"), str(saved_model), "--format", "tf_saved_model"]) == 0
+                )
             else:  # both formats in one call (one TensorFlow child process under JAX or PyTorch)
                 export_models(task, {bundle: "onnx", saved_model: "tf_saved_model"})
             cache[family] = {"task": task, "bundle": bundle, "saved_model": saved_model}

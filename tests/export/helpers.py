@@ -37,9 +37,21 @@ REPO = Path(__file__).resolve().parents[2]
 # The runtime every ONNX bundle carries (export/runtime/'s files and the package's chat_template.py), written
 # out here rather than read from the exporter, so that a bundle missing one fails the layout tests.
 BUNDLE_RUNTIME_FILES = [
-    "batching.py", "bundle_files.py", "cache_rows.py", "chat_template.py", "decode_loop.py", "encoder.py",
-    "generate.py", "generator.py", "requirements.txt", "sampling.py", "sequence.py", "serve.py", "serve_endpoints.py",
-    "serve_streaming.py", "serve_validation.py",
+    "batching.py",
+    "bundle_files.py",
+    "cache_rows.py",
+    "chat_template.py",
+    "decode_loop.py",
+    "encoder.py",
+    "generate.py",
+    "generator.py",
+    "requirements.txt",
+    "sampling.py",
+    "sequence.py",
+    "serve.py",
+    "serve_endpoints.py",
+    "serve_streaming.py",
+    "serve_validation.py",
 ]
 CORPUS = [
     "def add(a, b):\n    return a + b\n",
@@ -71,8 +83,9 @@ def randomize(task, seed=0, std=0.3):
 
 def tiny_gpt(seed=0):
     tokenizer = BytePairTokenizer.train(CORPUS, vocabulary_size=300)
-    backbone = GPTBackbone(tokenizer.vocabulary_size, num_layers=2, num_heads=2, hidden_dim=16,
-                           intermediate_dim=32, max_sequence_length=48)
+    backbone = GPTBackbone(
+        tokenizer.vocabulary_size, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32, max_sequence_length=48
+    )
     lm = randomize(GPTCausalLM(backbone, GPTCausalLMPreprocessor(tokenizer, sequence_length=32)), seed)
     # A larger end-token embedding (tied to the output): some rows stop early, exercising the stop logic.
     embeddings = to_numpy(backbone.token_embedding.embeddings)
@@ -84,10 +97,20 @@ def tiny_gpt(seed=0):
 def tiny_llama(seed=0):
     """Rotary GQA with Qwen2's biases, a separate head and a sliding window shorter than the prompts + new tokens."""
     tokenizer = BytePairTokenizer.train(CORPUS, vocabulary_size=300)
-    backbone = LlamaBackbone(tokenizer.vocabulary_size, num_layers=2, num_heads=4, num_key_value_heads=2,
-                             hidden_dim=16, intermediate_dim=32, max_sequence_length=48, attention_bias=True,
-                             attention_output_bias=False, tie_word_embeddings=False, sliding_window=6,
-                             rope_scaling={"rope_type": "linear", "factor": 2.0})
+    backbone = LlamaBackbone(
+        tokenizer.vocabulary_size,
+        num_layers=2,
+        num_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=48,
+        attention_bias=True,
+        attention_output_bias=False,
+        tie_word_embeddings=False,
+        sliding_window=6,
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+    )
     lm = randomize(LlamaCausalLM(backbone, LlamaCausalLMPreprocessor(tokenizer, sequence_length=32)), seed)
     head = to_numpy(backbone.token_embedding.reverse_embeddings)  # (D, V)
     head[:, tokenizer.eos_token_id] *= 3.0  # some rows stop early, as tiny_gpt's
@@ -97,26 +120,40 @@ def tiny_llama(seed=0):
 
 def tiny_bert_classifier(seed=0):
     tokenizer = WordPieceTokenizer.train(CORPUS, vocabulary_size=120)
-    backbone = BertBackbone(tokenizer.vocabulary_size, num_layers=2, num_heads=2, hidden_dim=16,
-                            intermediate_dim=32, max_sequence_length=32, dropout=0.0)
+    backbone = BertBackbone(
+        tokenizer.vocabulary_size,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=32,
+        dropout=0.0,
+    )
     preprocessor = BertTextClassifierPreprocessor(tokenizer, sequence_length=16)
     return randomize(BertClassifier(backbone, num_classes=3, preprocessor=preprocessor, dropout=0.0), seed)
 
 
 def tiny_t5(seed=0):
     tokenizer = UnigramTokenizer.train(CORPUS, vocabulary_size=80)
-    backbone = T5Backbone(tokenizer.vocabulary_size, num_layers=2, num_heads=2, hidden_dim=16,
-                          intermediate_dim=32, dropout=0.0)
+    backbone = T5Backbone(
+        tokenizer.vocabulary_size, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32, dropout=0.0
+    )
     preprocessor = T5Seq2SeqLMPreprocessor(tokenizer, encoder_sequence_length=48, decoder_sequence_length=16)
     return randomize(T5Seq2SeqLM(backbone, preprocessor), seed)
 
 
 def tiny_transformer(seed=0):
     tokenizer = BytePairTokenizer.train(CORPUS, vocabulary_size=300)
-    backbone = TransformerBackbone(tokenizer.vocabulary_size, num_layers=1, num_heads=2, hidden_dim=16,
-                                   intermediate_dim=32, max_sequence_length=48, dropout=0.0)
-    preprocessor = TransformerSeq2SeqLMPreprocessor(tokenizer, encoder_sequence_length=48,
-                                                    decoder_sequence_length=16)
+    backbone = TransformerBackbone(
+        tokenizer.vocabulary_size,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=48,
+        dropout=0.0,
+    )
+    preprocessor = TransformerSeq2SeqLMPreprocessor(tokenizer, encoder_sequence_length=48, decoder_sequence_length=16)
     return randomize(TransformerSeq2SeqLM(backbone, preprocessor), seed)
 
 
@@ -142,7 +179,7 @@ def causal_next_logits(lm, batch_size=4):
         sequences = [list(s) for s in sequences]
         logits = []
         for start in range(0, len(sequences), batch_size):
-            chunk = sequences[start: start + batch_size]
+            chunk = sequences[start : start + batch_size]
             ids, mask = _pad(chunk, length, batch_size)
             out = lm.predict_on_batch({"token_ids": ids, "padding_mask": mask})
             logits += [out[i, len(s) - 1] for i, s in enumerate(chunk)]
@@ -158,14 +195,16 @@ def seq2seq_next_logits(task, source_ids, batch_size=4, length=16):
         sequences = [list(s) for s in sequences]
         logits = []
         for start in range(0, len(sequences), batch_size):
-            chunk = sequences[start: start + batch_size]
+            chunk = sequences[start : start + batch_size]
             ids, mask = _pad(chunk, length, batch_size)
-            out = task.predict_on_batch({
-                "encoder_token_ids": np.repeat(np.asarray([source_ids], "int32"), batch_size, 0),
-                "encoder_padding_mask": np.ones((batch_size, len(source_ids)), bool),
-                "decoder_token_ids": ids,
-                "decoder_padding_mask": mask,
-            })
+            out = task.predict_on_batch(
+                {
+                    "encoder_token_ids": np.repeat(np.asarray([source_ids], "int32"), batch_size, 0),
+                    "encoder_padding_mask": np.ones((batch_size, len(source_ids)), bool),
+                    "decoder_token_ids": ids,
+                    "decoder_padding_mask": mask,
+                }
+            )
             logits += [out[i, len(s) - 1] for i, s in enumerate(chunk)]
         return np.stack(logits)
 
@@ -271,7 +310,11 @@ def reference_beam(next_logits, prefix, max_new_tokens, eos, num_beams, length_p
     for step in range(1, max_new_tokens + 1):
         scores = _log_softmax(next_logits([tokens for tokens, _ in beams]))  # (K, V)
         candidates = sorted(
-            ((score + scores[k, v], tokens + [v]) for k, (tokens, score) in enumerate(beams) for v in range(scores.shape[1])),
+            (
+                (score + scores[k, v], tokens + [v])
+                for k, (tokens, score) in enumerate(beams)
+                for v in range(scores.shape[1])
+            ),
             key=lambda c: -c[0],
         )[: 2 * num_beams]
         running = []
@@ -287,7 +330,7 @@ def reference_beam(next_logits, prefix, max_new_tokens, eos, num_beams, length_p
             len(finished) == num_beams and beams[0][1] / step**length_penalty <= finished[-1][0]
         ):
             break
-    return finished[0][1][len(prefix):]
+    return finished[0][1][len(prefix) :]
 
 
 # --- processes ----------------------------------------------------------------
@@ -296,7 +339,13 @@ def reference_beam(next_logits, prefix, max_new_tokens, eos, num_beams, length_p
 def run_python(code, *args, env=None, timeout=300):
     """Run `code` in a fresh interpreter (cwd: the repository); returns the JSON it prints last."""
     environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
-    result = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
-                            cwd=REPO, env=environment, timeout=timeout)
+    result = subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=environment,
+        timeout=timeout,
+    )
     assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return json.loads(result.stdout.strip().splitlines()[-1])

@@ -27,7 +27,12 @@ def chat(tmp_path_factory):
     chat_models.chat_gpt2(directory, "chatml")
     lm = GPTCausalLM.from_preset(directory)
     bundle = lm.export(tmp_path_factory.mktemp("bundle") / "bundle", format="onnx")
-    return {"directory": directory, "lm": lm, "bundle": bundle, "generator": load_bundle_runtime(bundle).Generator(bundle)}
+    return {
+        "directory": directory,
+        "lm": lm,
+        "bundle": bundle,
+        "generator": load_bundle_runtime(bundle).Generator(bundle),
+    }
 
 
 def test_bundle_carries_the_template(chat):
@@ -60,8 +65,9 @@ def test_bundle_replies_match_keras(chat):
     rendered = generator.apply_chat_template(CONVERSATIONS[0], add_generation_prompt=True)
     ids = lm.preprocessor.tokenizer.tokenize(rendered)
     new = generator.generate_ids([ids], max_new_tokens=6, stop_token_ids=None)[0]
-    assert lm.preprocessor.tokenizer.detokenize(new) == lm.generate(CONVERSATIONS[0], max_new_tokens=6,
-                                                                     stop_token_ids=None)
+    assert lm.preprocessor.tokenizer.detokenize(new) == lm.generate(
+        CONVERSATIONS[0], max_new_tokens=6, stop_token_ids=None
+    )
 
 
 RUNNER = """

@@ -19,20 +19,43 @@ from tests.export.helpers import CORPUS, causal_next_logits, randomize, referenc
 
 pytestmark = pytest.mark.slow
 ATOL = 1e-4
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 8}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8,
+}
 VARIANTS = {
     "gqa_tied": {"num_key_value_heads": 2},
-    "untied_window_linear": {"num_key_value_heads": 1, "tie_word_embeddings": False, "sliding_window": 3,
-                             "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
-    "partial_rotary_llama3_biases": {"num_key_value_heads": 2, "head_dim": 32, "rotary_dim": 16, "rope_scaling": LLAMA3,
-                                     "attention_bias": True, "attention_output_bias": True, "sliding_window": 5},
+    "untied_window_linear": {
+        "num_key_value_heads": 1,
+        "tie_word_embeddings": False,
+        "sliding_window": 3,
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+    },
+    "partial_rotary_llama3_biases": {
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "rotary_dim": 16,
+        "rope_scaling": LLAMA3,
+        "attention_bias": True,
+        "attention_output_bias": True,
+        "sliding_window": 5,
+    },
 }
 
 
 def _llama(seed=1, vocabulary_size=97, preprocessor=None, **options):
-    backbone = LlamaBackbone(vocabulary_size, num_layers=2, num_heads=4, hidden_dim=64, intermediate_dim=48,
-                             max_sequence_length=24, **options)
+    backbone = LlamaBackbone(
+        vocabulary_size,
+        num_layers=2,
+        num_heads=4,
+        hidden_dim=64,
+        intermediate_dim=48,
+        max_sequence_length=24,
+        **options,
+    )
     return randomize(LlamaCausalLM(backbone, preprocessor), seed=seed, std=0.2)
 
 
@@ -61,11 +84,20 @@ def test_llama_decode_graph_matches_keras(variant):
     _, cache = lm.call_with_cache(ids.astype("int32"), cache, 0)
     cache = to_numpy(cache)  # (B, L, 2, Hkv, S, Dh): the Keras keys/values of every position
     expected = to_numpy(lm({"token_ids": ids.astype("int32"), "padding_mask": np.ones(ids.shape, bool)}))
-    past = {f"past_key_values.{i}.{part}": np.ascontiguousarray(cache[:, i, j, :, :start])
-            for i in range(layers) for j, part in enumerate(("key", "value"))}
+    past = {
+        f"past_key_values.{i}.{part}": np.ascontiguousarray(cache[:, i, j, :, :start])
+        for i in range(layers)
+        for j, part in enumerate(("key", "value"))
+    }
     for position in range(start, start + steps):
-        out = _run(session, {"input_ids": ids[:, position: position + 1],
-                             "position_ids": np.full((batch, 1), position, np.int64), **past})
+        out = _run(
+            session,
+            {
+                "input_ids": ids[:, position : position + 1],
+                "position_ids": np.full((batch, 1), position, np.int64),
+                **past,
+            },
+        )
         np.testing.assert_allclose(out["logits"][:, 0], expected[:, position], atol=ATOL)
         for i in range(layers):
             for j, part in enumerate(("key", "value")):
@@ -146,7 +178,9 @@ def test_llama_bundle_decodes_in_place_and_matches_keras(llama_bundle):
     assert new == [reference_greedy(causal_next_logits(lm), p, 12, eos) for p in prompts]
     assert max(len(p) + len(n) for p, n in zip(prompts, new)) > 3 + 1  # positions past the window of 3
     beam = generator.generate_ids(prompts, max_new_tokens=8, sampler="beam", num_beams=3)
-    assert [p + n for p, n in zip(prompts, beam)] == lm.generate(prompts, max_new_tokens=8, sampler=BeamSampler(num_beams=3))
+    assert [p + n for p, n in zip(prompts, beam)] == lm.generate(
+        prompts, max_new_tokens=8, sampler=BeamSampler(num_beams=3)
+    )
 
     # The bundle's logits over a generated row: prefill of the first positions, then in-place steps.
     row = prompts[0] + new[0]

@@ -55,10 +55,17 @@ def _prompts(lm):
 
 
 def test_bundle_layout(bundle, lm):
-    assert sorted(os.listdir(bundle)) == sorted([
-        "bundle.json", "decode.onnx", "generation_config.json", "prefill.onnx", "tokenizer.json",
-        "tokenizer_config.json", *BUNDLE_RUNTIME_FILES,
-    ])
+    assert sorted(os.listdir(bundle)) == sorted(
+        [
+            "bundle.json",
+            "decode.onnx",
+            "generation_config.json",
+            "prefill.onnx",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            *BUNDLE_RUNTIME_FILES,
+        ]
+    )
     spec = json.loads((bundle / "bundle.json").read_text())
     assert spec["kind"] == "decoder" and spec["family"] == "gpt" and spec["opset"] <= 18
     decode = spec["graphs"]["decode"]
@@ -77,7 +84,10 @@ def test_bundle_layout(bundle, lm):
     config = json.loads((bundle / "generation_config.json").read_text())
     tokenizer = lm.preprocessor.tokenizer
     assert (config["bos_token_id"], config["eos_token_id"], config["max_length"]) == (
-        tokenizer.bos_token_id, tokenizer.eos_token_id, 48)
+        tokenizer.bos_token_id,
+        tokenizer.eos_token_id,
+        48,
+    )
 
 
 def test_prefill_and_decode_match_keras(bundle, lm):
@@ -104,13 +114,22 @@ def test_prefill_and_decode_match_keras(bundle, lm):
     mask = np.ones((batch, length), np.int64)
     out = _run(prefill, {"input_ids": ids, "attention_mask": mask})
     # Prefill caches (B, S, Hkv, Dh) -> decode caches (B, Hkv, S, Dh), passed at exactly S positions: growing form.
-    past = {f"past_key_values.{i}.{p}": out[f"present.{i}.{p}"].transpose(0, 2, 1, 3) for i in range(2)
-            for p in ("key", "value")}
+    past = {
+        f"past_key_values.{i}.{p}": out[f"present.{i}.{p}"].transpose(0, 2, 1, 3)
+        for i in range(2)
+        for p in ("key", "value")
+    }
     sequence = np.concatenate([ids, rng.integers(0, vocabulary, (batch, 3))], axis=1)
     expected = to_numpy(lm({"token_ids": sequence.astype("int32"), "padding_mask": np.ones(sequence.shape, bool)}))
     for position in range(length, length + 3):
-        step = _run(decode, {"input_ids": sequence[:, position: position + 1],
-                             "position_ids": np.full((batch, 1), position, np.int64), **past})
+        step = _run(
+            decode,
+            {
+                "input_ids": sequence[:, position : position + 1],
+                "position_ids": np.full((batch, 1), position, np.int64),
+                **past,
+            },
+        )
         np.testing.assert_allclose(step["logits"][:, 0], expected[:, position], atol=ATOL)
         assert step["present.1.key"].shape == (batch, 2, position + 1, 8)
         past = {f"past_key_values.{i}.{p}": step[f"present.{i}.{p}"] for i in range(2) for p in ("key", "value")}
@@ -167,10 +186,9 @@ def test_bundle_greedy_matches_keras(generator, lm):
     assert [generator.generate_ids([p], max_new_tokens=12)[0] for p in prompts] == new
 
 
-@pytest.mark.parametrize("options", [
-    {"num_beams": 3},
-    {"num_beams": 4, "length_penalty": 2.0, "early_stopping": "never"},
-])
+@pytest.mark.parametrize(
+    "options", [{"num_beams": 3}, {"num_beams": 4, "length_penalty": 2.0, "early_stopping": "never"}]
+)
 def test_bundle_beam_matches_keras(generator, lm, options):
     _, prompts = _prompts(lm)
     new = generator.generate_ids(prompts, max_new_tokens=10, sampler="beam", **options)
@@ -191,8 +209,25 @@ def test_bundle_random_sampling_matches_keras(generator, lm):
 
 
 def test_cli_generate_with_the_bundle(bundle, generator, capsys):
-    assert cli.main(["generate", str(bundle), "--prompt", "for", "--prompt", "def add(a", "--max-new-tokens", "5",
-                     "--sampler", "beam", "--num-beams", "2"]) == 0
+    assert (
+        cli.main(
+            [
+                "generate",
+                str(bundle),
+                "--prompt",
+                "for",
+                "--prompt",
+                "def add(a",
+                "--max-new-tokens",
+                "5",
+                "--sampler",
+                "beam",
+                "--num-beams",
+                "2",
+            ]
+        )
+        == 0
+    )
     expected = generator.generate(["for", "def add(a"], max_new_tokens=5, sampler="beam", num_beams=2)
     assert capsys.readouterr().out == "".join(text + "\n" for text in expected)
 
@@ -252,11 +287,14 @@ def test_artifacts_identical_to_a_tensorflow_export(bundle, lm, tmp_path):
         assert (tmp_path / "again" / name).read_bytes() == (bundle / name).read_bytes(), name
 
 
-@pytest.mark.parametrize("options", [
-    {"num_key_value_heads": 1, "activation": "gelu"},  # grouped keys/values, exact gelu
-    {"activation": "gated-silu"},
-    {"activation": "relu"},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"num_key_value_heads": 1, "activation": "gelu"},  # grouped keys/values, exact gelu
+        {"activation": "gated-silu"},
+        {"activation": "relu"},
+    ],
+)
 def test_decode_graph_variants_match_keras(options):
     """The decode graph built by the ONNX kernels, for GPTs the bundle fixture does not cover, against the Keras model:
     logits of the next position and the keys/values it appends (built in-process on any backend)."""
@@ -264,8 +302,9 @@ def test_decode_graph_variants_match_keras(options):
     from keras_transformer.models import GPTBackbone, GPTCausalLM
     from tests.export.helpers import randomize
 
-    backbone = GPTBackbone(97, num_layers=2, num_heads=4, hidden_dim=32, intermediate_dim=48, max_sequence_length=24,
-                           **options)
+    backbone = GPTBackbone(
+        97, num_layers=2, num_heads=4, hidden_dim=32, intermediate_dim=48, max_sequence_length=24, **options
+    )
     lm = randomize(GPTCausalLM(backbone), seed=1)
     session = onnxruntime.InferenceSession(decode_model(lm).SerializeToString())
     batch, length, heads = 2, 7, options.get("num_key_value_heads", 4)
@@ -273,8 +312,11 @@ def test_decode_graph_variants_match_keras(options):
     cache = np.zeros(backbone.cache_shape(batch, length + 1), "float32")
     _, cache = lm.call_with_cache(ids.astype("int32"), cache, 0)
     cache = to_numpy(cache)  # (B, L, 2, Hkv, S + 1, Dh): the Keras keys/values of every position
-    past = {f"past_key_values.{i}.{part}": np.ascontiguousarray(cache[:, i, j, :, :length])
-            for i in range(2) for j, part in enumerate(("key", "value"))}
+    past = {
+        f"past_key_values.{i}.{part}": np.ascontiguousarray(cache[:, i, j, :, :length])
+        for i in range(2)
+        for j, part in enumerate(("key", "value"))
+    }
     out = _run(session, {"input_ids": ids[:, length:], "position_ids": np.full((batch, 1), length, np.int64), **past})
     expected = to_numpy(lm({"token_ids": ids.astype("int32"), "padding_mask": np.ones(ids.shape, bool)}))
     np.testing.assert_allclose(out["logits"][:, 0], expected[:, length], atol=ATOL)

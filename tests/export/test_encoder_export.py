@@ -41,10 +41,16 @@ def _keras_outputs(classifier, inputs):
 
 
 def test_graph_matches_keras(bundle, classifier):
-    assert sorted(os.listdir(bundle)) == sorted([
-        "bundle.json", "encoder.onnx", "preprocessor_config.json", "tokenizer.json", "tokenizer_config.json",
-        *BUNDLE_RUNTIME_FILES,
-    ])
+    assert sorted(os.listdir(bundle)) == sorted(
+        [
+            "bundle.json",
+            "encoder.onnx",
+            "preprocessor_config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            *BUNDLE_RUNTIME_FILES,
+        ]
+    )
     spec = json.loads((bundle / "bundle.json").read_text())
     assert spec["kind"] == "encoder" and spec["family"] == "bert"
     session = onnxruntime.InferenceSession(str(bundle / "encoder.onnx"))

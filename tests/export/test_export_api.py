@@ -20,15 +20,20 @@ from tests.export.helpers import run_python
 
 @pytest.fixture(scope="module")
 def lm():
-    backbone = GPTBackbone(vocabulary_size=50, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16,
-                           max_sequence_length=16)
+    backbone = GPTBackbone(
+        vocabulary_size=50, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16, max_sequence_length=16
+    )
     return GPTCausalLM(backbone)
 
 
 def _tiny_onnx_model():
     node = onnx.helper.make_node("Identity", ["x"], ["y"])
-    graph = onnx.helper.make_graph([node], "g", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
-                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    graph = onnx.helper.make_graph(
+        [node],
+        "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+    )
     return onnx.helper.make_model(graph)
 
 
@@ -50,8 +55,9 @@ def test_unsupported_models(lm, tmp_path):
 
 
 def test_float32_only(tmp_path):
-    backbone = GPTBackbone(vocabulary_size=50, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16,
-                           dtype="bfloat16")
+    backbone = GPTBackbone(
+        vocabulary_size=50, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16, dtype="bfloat16"
+    )
     with pytest.raises(ValueError, match="float32 models.*bfloat16"):
         GPTCausalLM(backbone).export(tmp_path / "out")
     assert list(tmp_path.iterdir()) == []
@@ -178,5 +184,6 @@ def test_load_preset_task_defaults_to_the_family_task(lm, tmp_path):
     assert type(task).__name__ == "GPTCausalLM" and task.preprocessor is None
     ids = np.array([[1, 2, 3]], "int32")
     inputs = {"token_ids": ids, "padding_mask": np.ones_like(ids, bool)}
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(task(inputs)), keras.ops.convert_to_numpy(lm(inputs)),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(task(inputs)), keras.ops.convert_to_numpy(lm(inputs)), atol=1e-6
+    )

@@ -10,7 +10,6 @@ and per-token activations in Keras; see `test_the_int8_bundle_follows_keras_int8
 compared within a tolerance and by greedy continuations that mostly agree, never for equal numbers.
 """
 
-
 import keras
 import numpy as np
 import onnxruntime
@@ -29,8 +28,14 @@ pytestmark = pytest.mark.slow  # three exports (a TensorFlow conversion each)
 def bundles(tmp_path_factory):
     keras.utils.set_random_seed(0)  # the same weights whatever ran before in this process
     tokenizer = BytePairTokenizer.train(CORPUS, vocabulary_size=300)
-    backbone = GPTBackbone(tokenizer.vocabulary_size, num_layers=2, num_heads=2, hidden_dim=64,
-                           intermediate_dim=128, max_sequence_length=48)
+    backbone = GPTBackbone(
+        tokenizer.vocabulary_size,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=64,
+        intermediate_dim=128,
+        max_sequence_length=48,
+    )
     lm = GPTCausalLM(backbone, GPTCausalLMPreprocessor(tokenizer, sequence_length=32))
     lm.backbone.enable_lora(4)
     rng = np.random.default_rng(0)
@@ -98,9 +103,14 @@ def test_no_float_weight_matrix_is_left(bundles, mode):
         model = onnx.load(str(bundles[mode] / graph))
         # The prefill reads its first rows of the position table with Slice (no product): that one stays float.
         sliced = {node.input[0] for node in model.graph.node if node.op_type == "Slice"}
-        float_matrices = [(init.name, list(init.dims)) for init in model.graph.initializer
-                          if init.data_type == onnx.TensorProto.FLOAT and len(init.dims) >= 2 and init.name not in sliced
-                          and numpy_helper.to_array(init).size >= 64 * 64]  # the smallest kernel is (64, 64)
+        float_matrices = [
+            (init.name, list(init.dims))
+            for init in model.graph.initializer
+            if init.data_type == onnx.TensorProto.FLOAT
+            and len(init.dims) >= 2
+            and init.name not in sliced
+            and numpy_helper.to_array(init).size >= 64 * 64
+        ]  # the smallest kernel is (64, 64)
         assert not float_matrices, f"{graph}: {float_matrices}"
 
 
@@ -166,12 +176,18 @@ def test_the_int8_bundle_follows_keras_int8(bundles):
 
 
 def _keras_greedy(lm, prompts, new_tokens):
-    return [np.asarray(lm.generate(np.asarray([p], "int32"), max_new_tokens=new_tokens, stop_token_ids=None))[0, len(p):].tolist()
-            for p in prompts]
+    return [
+        np.asarray(lm.generate(np.asarray([p], "int32"), max_new_tokens=new_tokens, stop_token_ids=None))[
+            0, len(p) :
+        ].tolist()
+        for p in prompts
+    ]
 
 
 def test_quantize_arguments_are_checked(tmp_path):
-    lm = GPTCausalLM(GPTBackbone(20, num_layers=1, num_heads=1, hidden_dim=8, intermediate_dim=8, max_sequence_length=8))
+    lm = GPTCausalLM(
+        GPTBackbone(20, num_layers=1, num_heads=1, hidden_dim=8, intermediate_dim=8, max_sequence_length=8)
+    )
     with pytest.raises(ValueError, match="quantize='int2'"):
         export_model(lm, tmp_path / "a", quantize="int2")
     with pytest.raises(ValueError, match="format='onnx' only"):

@@ -89,8 +89,15 @@ def _keras_sampler(name):
 @pytest.fixture(scope="module")
 def cases(exported):
     """{family: (task, prompts, bundle, saved_model)}."""
-    return {family: (exported(family)["task"], _prompts(family, exported(family)["task"]), exported(family)["bundle"],
-                     exported(family)["saved_model"]) for family in FAMILIES}
+    return {
+        family: (
+            exported(family)["task"],
+            _prompts(family, exported(family)["task"]),
+            exported(family)["bundle"],
+            exported(family)["saved_model"],
+        )
+        for family in FAMILIES
+    }
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +134,8 @@ def saved_model_job(exported, directory):
         prompts = _prompts(family, task)
         width = max(len(p) for p in prompts)
         spec[family] = {
-            "path": str(saved_model), "decoder": family in DECODERS,
+            "path": str(saved_model),
+            "decoder": family in DECODERS,
             "ids": [p + [0] * (width - len(p)) for p in prompts],
             "mask": [[True] * len(p) + [False] * (width - len(p)) for p in prompts],
         }
@@ -144,13 +152,15 @@ def saved_model_results(saved_model_runs):
 
 def _new_tokens(family, task, prompts, rows):
     """Whole rows (prompt or decoder start, then new tokens) -> the new tokens."""
-    return [list(map(int, row[len(_decoder_prefix(family, task, prompt)):])) for prompt, row in zip(prompts, rows)]
+    return [list(map(int, row[len(_decoder_prefix(family, task, prompt)) :])) for prompt, row in zip(prompts, rows)]
 
 
 def _run(runtime, family, sampler, cases, saved_model_results):
     task, prompts, bundle, _ = cases[family]
     if runtime == "keras":
-        return _new_tokens(family, task, prompts, task.generate(prompts, max_new_tokens=NEW, sampler=_keras_sampler(sampler)))
+        return _new_tokens(
+            family, task, prompts, task.generate(prompts, max_new_tokens=NEW, sampler=_keras_sampler(sampler))
+        )
     if runtime == "saved_model":
         return _new_tokens(family, task, prompts, saved_model_results[family][sampler])
     generator = load_bundle_runtime(bundle).Generator(bundle)

@@ -11,12 +11,7 @@ import pytest
 
 from keras_transformer.samplers import RandomSampler
 
-from tests.export.helpers import (
-    causal_next_logits,
-    reference_greedy,
-    seq2seq_next_logits,
-    to_numpy,
-)
+from tests.export.helpers import causal_next_logits, reference_greedy, seq2seq_next_logits, to_numpy
 
 pytestmark = pytest.mark.slow
 ATOL = 1e-4
@@ -34,8 +29,8 @@ results = {}
 
 def generate(model, ids, mask, temperature=0.0, top_k=0, seed=0, new=%(new)d, min_new=0, penalty=1.0):
     ids, mask = np.array(ids, np.int32), np.array(mask, bool)
-    names = ("token_ids", "padding_mask") if "token_ids" in model.signatures["generate"].structured_input_signature[1] \\
-        else ("encoder_token_ids", "encoder_padding_mask")
+    inputs = model.signatures["generate"].structured_input_signature[1]
+    names = ("token_ids", "padding_mask") if "token_ids" in inputs else ("encoder_token_ids", "encoder_padding_mask")
     out = model.signatures["generate"](**{names[0]: ids, names[1]: mask}, max_new_tokens=tf.constant(new),
         temperature=tf.constant(float(temperature)), top_k=tf.constant(top_k), top_p=tf.constant(1.0),
         seed=tf.constant(seed), min_new_tokens=tf.constant(min_new), repetition_penalty=tf.constant(float(penalty)))
@@ -58,7 +53,8 @@ results["bert"] = {k: v.numpy().tolist() for k, v in bert.signatures["serving_de
 results["bert"]["signatures"] = sorted(bert.signatures)
 for name in ("t5", "transformer"):
     model = tf.saved_model.load(spec[name]["path"])
-    results[name] = {"greedy": generate(model, spec[name]["ids"], spec[name]["mask"]), "signatures": sorted(model.signatures)}
+    greedy = generate(model, spec[name]["ids"], spec[name]["mask"])
+    results[name] = {"greedy": greedy, "signatures": sorted(model.signatures)}
 # Past the first 128 positions: the graph's max_length loop (its cache widened step by step).
 results["t5"]["long"] = generate(tf.saved_model.load(spec["t5"]["path"]), spec["t5"]["ids"], spec["t5"]["mask"],
                                  1.0, 0, 5, new=%(long)d, min_new=%(long)d - 5)
@@ -97,8 +93,12 @@ def saved_model_job(exported, directory):
     `saved_model_runs` runs it, in the same child as test_runtime_parity.py's)."""
     spec = {}
     _, ids, mask = _gpt_prompts(exported("gpt")["task"])
-    spec["gpt"] = {"path": str(exported("gpt")["saved_model"]), "ids": ids.tolist(), "mask": mask.tolist(),
-                   "max_length": exported("gpt")["task"].backbone.max_sequence_length}
+    spec["gpt"] = {
+        "path": str(exported("gpt")["saved_model"]),
+        "ids": ids.tolist(),
+        "mask": mask.tolist(),
+        "max_length": exported("gpt")["task"].backbone.max_sequence_length,
+    }
     inputs = _bert_inputs(exported("bert")["task"])
     spec["bert"] = {"path": str(exported("bert")["saved_model"]), "inputs": {k: v.tolist() for k, v in inputs.items()}}
     for name in ("t5", "transformer"):
@@ -171,7 +171,8 @@ def test_seq2seq_generate_matches_keras(loaded, exported, name):
 
 
 def test_gpt_processors_and_limits_match_keras(loaded, exported):
-    """The repetition penalty and min_new_tokens inputs act as in Keras; a too long call is an error naming max_length."""
+    """The repetition penalty and min_new_tokens inputs act as in Keras; a too long call is an error naming
+    max_length."""
     lm = exported("gpt")["task"]
     prompts, _, _ = _gpt_prompts(lm)
     result = loaded["gpt"]["processors"]
@@ -188,7 +189,8 @@ def test_t5_long_generation_matches_keras(loaded, exported):
     sources = [row[m].tolist() for row, m in zip(ids, mask)]
     result = loaded["t5"]["long"]
     got = [np.array(row)[np.array(m, bool)].tolist() for row, m in zip(result["ids"], result["mask"])]
-    expected = task.generate(sources, max_new_tokens=LONG, min_new_tokens=LONG - 5,
-                             sampler=RandomSampler(temperature=1.0, seed=5))
+    expected = task.generate(
+        sources, max_new_tokens=LONG, min_new_tokens=LONG - 5, sampler=RandomSampler(temperature=1.0, seed=5)
+    )
     assert got == [list(map(int, row)) for row in expected]
     assert max(len(row) for row in got) > 128

@@ -10,12 +10,7 @@ import pytest
 
 from keras_transformer.bundle_runtime import load_bundle_runtime
 from keras_transformer.samplers import BeamSampler
-from tests.export.helpers import (
-    BUNDLE_RUNTIME_FILES,
-    reference_greedy,
-    seq2seq_next_logits,
-    to_numpy,
-)
+from tests.export.helpers import BUNDLE_RUNTIME_FILES, reference_greedy, seq2seq_next_logits, to_numpy
 
 pytestmark = pytest.mark.slow
 ATOL = 1e-4
@@ -40,15 +35,25 @@ def _sources(task):
 def test_graphs_match_keras(exported, name):
     task, bundle = exported(name)["task"], exported(name)["bundle"]
     layers = task.backbone.cache_shape(1, 1)[1]
-    assert sorted(os.listdir(bundle)) == sorted([
-        "bundle.json", "decoder.onnx", "encoder.onnx", "generation_config.json", "tokenizer.json",
-        "tokenizer_config.json", *BUNDLE_RUNTIME_FILES,
-    ])
+    assert sorted(os.listdir(bundle)) == sorted(
+        [
+            "bundle.json",
+            "decoder.onnx",
+            "encoder.onnx",
+            "generation_config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            *BUNDLE_RUNTIME_FILES,
+        ]
+    )
     assert json.loads((bundle / "bundle.json").read_text())["kind"] == "encoder_decoder"
     # The decoder is the ONNX kernels' in-place step, not the traced fallback.
     decoder_model = onnx.load(bundle / "decoder.onnx")
-    assert [value.name for value in decoder_model.graph.input][:3] == ["input_ids", "position_ids",
-                                                                      "encoder_attention_mask"]
+    assert [value.name for value in decoder_model.graph.input][:3] == [
+        "input_ids",
+        "position_ids",
+        "encoder_attention_mask",
+    ]
     assert {"GroupQueryAttention", "MultiHeadAttention"} <= {node.op_type for node in decoder_model.graph.node}
     encoder = onnxruntime.InferenceSession(str(bundle / "encoder.onnx"))
     decoder = onnxruntime.InferenceSession(str(bundle / "decoder.onnx"))
@@ -61,23 +66,41 @@ def test_graphs_match_keras(exported, name):
     real = mask.astype(bool)
     np.testing.assert_allclose(encoded["encoder_hidden_states"][real], to_numpy(hidden)[real], atol=ATOL)
     cross = to_numpy(task.compute_cross_cache(hidden))
-    np.testing.assert_allclose(encoded[f"cross_key_values.{layers - 1}.value"], cross[:, -1, 1],
-                               atol=ATOL)  # ONNX (B, Hkv, S_enc, Dh); Keras (B, L, 2, Hkv, S_enc, Dh)
+    np.testing.assert_allclose(
+        encoded[f"cross_key_values.{layers - 1}.value"], cross[:, -1, 1], atol=ATOL
+    )  # ONNX (B, Hkv, S_enc, Dh); Keras (B, L, 2, Hkv, S_enc, Dh)
 
     # Decode five random tokens from an empty cache (the growing form: pasts of exactly t positions);
     # each step's logits are the full forward pass's last.
     _, _, _, heads, _, head_dim = task.backbone.cache_shape(1, 1)
-    past = {f"past_key_values.{i}.{p}": np.zeros((batch, heads, 0, head_dim), np.float32)
-            for i in range(layers) for p in ("key", "value")}
+    past = {
+        f"past_key_values.{i}.{p}": np.zeros((batch, heads, 0, head_dim), np.float32)
+        for i in range(layers)
+        for p in ("key", "value")
+    }
     cross_feeds = {k: v for k, v in encoded.items() if k.startswith("cross_key_values")}
     targets = rng.integers(0, vocabulary, (batch, 5))
-    expected = to_numpy(task({
-        "encoder_token_ids": ids.astype("int32"), "encoder_padding_mask": mask.astype(bool),
-        "decoder_token_ids": targets.astype("int32"), "decoder_padding_mask": np.ones(targets.shape, bool),
-    }))
+    expected = to_numpy(
+        task(
+            {
+                "encoder_token_ids": ids.astype("int32"),
+                "encoder_padding_mask": mask.astype(bool),
+                "decoder_token_ids": targets.astype("int32"),
+                "decoder_padding_mask": np.ones(targets.shape, bool),
+            }
+        )
+    )
     for t in range(5):
-        step = _run(decoder, {"input_ids": targets[:, t:t + 1], "position_ids": np.full((batch, 1), t, np.int64),
-                              "encoder_attention_mask": mask, **past, **cross_feeds})
+        step = _run(
+            decoder,
+            {
+                "input_ids": targets[:, t : t + 1],
+                "position_ids": np.full((batch, 1), t, np.int64),
+                "encoder_attention_mask": mask,
+                **past,
+                **cross_feeds,
+            },
+        )
         np.testing.assert_allclose(step["logits"][:, 0], expected[:, t], atol=ATOL)
         past = {f"past_key_values.{i}.{p}": step[f"present.{i}.{p}"] for i in range(layers) for p in ("key", "value")}
 

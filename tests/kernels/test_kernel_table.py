@@ -70,8 +70,9 @@ def _residual_norm(layer):
 def _reversible_embedding():
     layer = keras.layers.ReversibleEmbedding(50, D, tie_weights=True)
     ids = _rng().integers(0, 50, (B, 1)).astype("int64")
-    return Case(layer, {"ids": ids, "x": _x()},
-                lambda call, v, onnx: (call(v["ids"]), call(v["x"], reverse=True)))  # (B, 1, D), (B, 1, V)
+    return Case(
+        layer, {"ids": ids, "x": _x()}, lambda call, v, onnx: (call(v["ids"]), call(v["x"], reverse=True))
+    )  # (B, 1, D), (B, 1, V)
 
 
 def _positional_embedding():
@@ -91,8 +92,9 @@ def _relative_position_bias():
     # The causal (decoder) bias of the new query against keys [0, POSITION]: (1, H, 1, POSITION + 1).
     layer = RelativePositionBias(num_heads=2, num_buckets=4, max_distance=8, bidirectional=False)
     keys = np.zeros((B, POSITION + 1, D), "float32")
-    return Case(layer, {"query": _x(), "key": keys},
-                lambda call, v, onnx: call(v["query"], v["key"], query_start=POSITION))
+    return Case(
+        layer, {"query": _x(), "key": keys}, lambda call, v, onnx: call(v["query"], v["key"], query_start=POSITION)
+    )
 
 
 def _feed_forward():
@@ -102,8 +104,10 @@ def _feed_forward():
 def _decoder_block():
     # A pre-norm block's step: the new token attends the POSITION cached keys/values and its own.
     block = TransformerDecoderBlock(num_heads=2, intermediate_dim=48, norm_first=True)
-    past = {f"past_key_values.0.{part}": _rng().normal(size=(B, 2, POSITION, D // 2)).astype("float32")
-            for part in ("key", "value")}  # (B, Hkv, S, Dh)
+    past = {
+        f"past_key_values.0.{part}": _rng().normal(size=(B, 2, POSITION, D // 2)).astype("float32")
+        for part in ("key", "value")
+    }  # (B, Hkv, S, Dh)
 
     def call(layer_call, v, onnx):
         cache = [v["past_key_values.0.key"], v["past_key_values.0.value"]]
@@ -161,15 +165,19 @@ def _onnx(case, kernel):
     builder = _Builder()
     kernels = OnnxKernels(builder, max_positions=16)
     values = {name: Value(builder, name) for name in case.inputs}
-    outputs = [builder.node("Identity", [y.materialize()])
-               for y in _flat(case.call(lambda *args, **kwargs: kernel(kernels, case.layer, *args, **kwargs),
-                                        values, True))]
+    outputs = [
+        builder.node("Identity", [y.materialize()])
+        for y in _flat(case.call(lambda *args, **kwargs: kernel(kernels, case.layer, *args, **kwargs), values, True))
+    ]
     feeds = {**case.inputs, "position_ids": np.full((B, 1), POSITION, np.int64)}
     types = {np.dtype("float32"): TensorProto.FLOAT, np.dtype("int64"): TensorProto.INT64}
     graph = helper.make_graph(
-        builder.nodes, "case", [helper.make_tensor_value_info(name, types[value.dtype], value.shape)
-                                for name, value in feeds.items()],
-        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in outputs], builder.initializers)
+        builder.nodes,
+        "case",
+        [helper.make_tensor_value_info(name, types[value.dtype], value.shape) for name, value in feeds.items()],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in outputs],
+        builder.initializers,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in OPSET_IMPORTS], ir_version=8)
     session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     used = {graph_input.name for graph_input in session.get_inputs()}

@@ -12,7 +12,13 @@ import numpy as np
 import pytest
 
 from keras_transformer.models import (
-    GPTBackbone, GPTCausalLM, LlamaBackbone, LlamaCausalLM, T5Backbone, T5Seq2SeqLM, TransformerBackbone,
+    GPTBackbone,
+    GPTCausalLM,
+    LlamaBackbone,
+    LlamaCausalLM,
+    T5Backbone,
+    T5Seq2SeqLM,
+    TransformerBackbone,
     TransformerSeq2SeqLM,
 )
 from keras_transformer.kernels import torch_kernels
@@ -22,28 +28,57 @@ VOCABULARY = 37
 
 
 def _gpt(**kwargs):
-    config = dict(vocabulary_size=VOCABULARY, num_layers=2, num_heads=4, hidden_dim=16, intermediate_dim=24,
-                  max_sequence_length=32)
+    config = dict(
+        vocabulary_size=VOCABULARY,
+        num_layers=2,
+        num_heads=4,
+        hidden_dim=16,
+        intermediate_dim=24,
+        max_sequence_length=32,
+    )
     return GPTCausalLM(GPTBackbone(**{**config, **kwargs}))
 
 
 def _t5(**kwargs):
-    config = dict(vocabulary_size=VOCABULARY, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=24,
-                  key_dim=6, dropout=0.0, relative_attention_num_buckets=8, relative_attention_max_distance=12)
+    config = dict(
+        vocabulary_size=VOCABULARY,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=24,
+        key_dim=6,
+        dropout=0.0,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=12,
+    )
     return T5Seq2SeqLM(T5Backbone(**{**config, **kwargs}))
 
 
 def _llama(**kwargs):
-    config = dict(vocabulary_size=VOCABULARY, num_layers=2, num_heads=4, num_key_value_heads=2, hidden_dim=16,
-                  intermediate_dim=24, max_sequence_length=32)
+    config = dict(
+        vocabulary_size=VOCABULARY,
+        num_layers=2,
+        num_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=16,
+        intermediate_dim=24,
+        max_sequence_length=32,
+    )
     return LlamaCausalLM(LlamaBackbone(**{**config, **kwargs}))
 
 
 def _transformer():
-    return TransformerSeq2SeqLM(TransformerBackbone(
-        VOCABULARY, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=24, max_sequence_length=32,
-        dropout=0.0,
-    ))
+    return TransformerSeq2SeqLM(
+        TransformerBackbone(
+            VOCABULARY,
+            num_layers=2,
+            num_heads=2,
+            hidden_dim=16,
+            intermediate_dim=24,
+            max_sequence_length=32,
+            dropout=0.0,
+        )
+    )
 
 
 MODELS = {
@@ -57,9 +92,18 @@ MODELS = {
     "llama_gqa_tied": _llama,
     # Qwen2's biases, a separate head, llama3 rope scaling, partial rotary, a window shorter than the steps
     "llama_untied_window_partial": lambda: _llama(
-        tie_word_embeddings=False, attention_bias=True, attention_output_bias=False, sliding_window=3, rotary_dim=2,
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                      "original_max_position_embeddings": 8},
+        tie_word_embeddings=False,
+        attention_bias=True,
+        attention_output_bias=False,
+        sliding_window=3,
+        rotary_dim=2,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8,
+        },
     ),
 }
 
@@ -67,9 +111,21 @@ MODELS = {
 ON_TORCH = keras.config.backend() == "torch"
 torch_only = pytest.mark.skipif(not ON_TORCH, reason="the kernels are PyTorch's; elsewhere Keras runs the layers")
 # Per compute dtype: how far the kernels' logits may be from Keras's (16-bit products round differently).
-TOLERANCES = {"float32": 2e-5, "bfloat16": 0.1, "mixed_bfloat16": 0.1, "int8": 1e-4, "int4": 2e-5,
-              "int4_per_channel": 1e-4, "int4_block_8": 2e-5, "int4_block_6": 2e-5, "int4_per_channel_inputs": 1e-4, "bfloat16_int4": 0.1, "int8_lora": 1e-4,
-              "int4_lora": 2e-5, "int8_partial": 1e-4}
+TOLERANCES = {
+    "float32": 2e-5,
+    "bfloat16": 0.1,
+    "mixed_bfloat16": 0.1,
+    "int8": 1e-4,
+    "int4": 2e-5,
+    "int4_per_channel": 1e-4,
+    "int4_block_8": 2e-5,
+    "int4_block_6": 2e-5,
+    "int4_per_channel_inputs": 1e-4,
+    "bfloat16_int4": 0.1,
+    "int8_lora": 1e-4,
+    "int4_lora": 2e-5,
+    "int8_partial": 1e-4,
+}
 
 
 def test_chosen_for_float_models_on_pytorch_only():
@@ -91,24 +147,41 @@ def test_chosen_for_float_models_on_pytorch_only():
 def _cases():
     cases = [(name, "float32", static) for name in sorted(MODELS) for static in (False, True)]
     # 16-bit models: the kernels compute in the layers' dtype, norms and softmax in float32, as Keras does
-    cases += [(name, dtype, static) for name in ("gpt", "t5_untied_gated", "llama_untied_window_partial")
-              for dtype in ("bfloat16", "mixed_bfloat16") for static in (False, True)]
+    cases += [
+        (name, dtype, static)
+        for name in ("gpt", "t5_untied_gated", "llama_untied_window_partial")
+        for dtype in ("bfloat16", "mixed_bfloat16")
+        for static in (False, True)
+    ]
     # int8 weights (Keras's int8 layers: inputs quantized per row, integer products), fused q/k/v and gate/up
-    cases += [(name, "int8", static) for name in ("gpt", "t5_untied_gated", "llama_untied_window_partial",
-                                                  "transformer_post_norm") for static in (False, True)]
+    cases += [
+        (name, "int8", static)
+        for name in ("gpt", "t5_untied_gated", "llama_untied_window_partial", "transformer_post_norm")
+        for static in (False, True)
+    ]
     # int4 weights: Keras's default groups of inputs (a zero point and a scale each: a float kernel), fused
     # q/k/v and gate/up; per output channel (Dense: integer products and a divisor); a bfloat16 model's
-    cases += [(name, "int4", static) for name in ("gpt", "t5_untied_gated", "llama_untied_window_partial",
-                                                  "transformer_post_norm") for static in (False, True)]
-    cases += [(name, "int4_per_channel", static) for name in ("gpt_gated_silu", "llama_untied_window_partial")
-              for static in (False, True)]
+    cases += [
+        (name, "int4", static)
+        for name in ("gpt", "t5_untied_gated", "llama_untied_window_partial", "transformer_post_norm")
+        for static in (False, True)
+    ]
+    cases += [
+        (name, "int4_per_channel", static)
+        for name in ("gpt_gated_silu", "llama_untied_window_partial")
+        for static in (False, True)
+    ]
     cases += [("gpt_gated_silu", "int4_per_channel_inputs", False)]  # inputs quantized per row as well
     # several groups along the inputs (width 16 and 24): blocks that fill the rows, and ones that do not
     cases += [("gpt_gated_silu", "int4_block_8", False), ("gpt_gated_silu", "int4_block_6", False)]
     cases += [("llama_untied_window_partial", "bfloat16_int4", static) for static in (False, True)]
     # LoRA over quantized weights (QLoRA), on some of the fused q/k/v and gate/up projections only
-    cases += [(name, dtype, static) for name in ("t5_untied_gated", "llama_untied_window_partial")
-              for dtype in ("int8_lora", "int4_lora") for static in (False, True)]
+    cases += [
+        (name, dtype, static)
+        for name in ("t5_untied_gated", "llama_untied_window_partial")
+        for dtype in ("int8_lora", "int4_lora")
+        for static in (False, True)
+    ]
     # a model quantized in part (the query and the gate only): q/k/v and gate/up cannot share one product
     cases += [("llama_untied_window_partial", "int8_partial", static) for static in (False, True)]
     return cases
@@ -165,8 +238,13 @@ def test_logits_and_caches_match_keras(name, dtype, static):
     keras_cache = keras.ops.zeros(shape, cache_dtype)
     _, layers, _, kv, _, head_dim = shape
     torch_dtype = getattr(torch, cache_dtype)
-    cache = [(torch.zeros((batch, kv, length, head_dim), dtype=torch_dtype),
-              torch.zeros((batch, kv, length, head_dim), dtype=torch_dtype)) for _ in range(layers)]
+    cache = [
+        (
+            torch.zeros((batch, kv, length, head_dim), dtype=torch_dtype),
+            torch.zeros((batch, kv, length, head_dim), dtype=torch_dtype),
+        )
+        for _ in range(layers)
+    ]
     kernels = torch_kernels.TorchKernels(length=length if static else None)
     atol = TOLERANCES[dtype]
     start = 0
@@ -178,8 +256,13 @@ def test_logits_and_caches_match_keras(name, dtype, static):
             logits, cache = task.call_with_cache(
                 torch.as_tensor(chunk), cache, torch.tensor(start, dtype=torch.int32), *args, call_layer=kernels
             )
-            np.testing.assert_allclose(to_numpy(logits), to_numpy(expected), atol=atol, rtol=0,
-                                       err_msg=f"{name}: positions {start}..{start + width - 1}")
+            np.testing.assert_allclose(
+                to_numpy(logits),
+                to_numpy(expected),
+                atol=atol,
+                rtol=0,
+                err_msg=f"{name}: positions {start}..{start + width - 1}",
+            )
             start += width
     # L x 2 x (B, Hkv, S, Dh) -> (B, L, 2, Hkv, S, Dh)
     stacked = np.stack([np.stack([to_numpy(k.float()), to_numpy(v.float())], axis=1) for k, v in cache], axis=1)
@@ -192,12 +275,25 @@ def test_logits_and_caches_match_keras(name, dtype, static):
 def _with_dtype(name, dtype):
     """The MODELS entry `name` built in `dtype`, with the float32 model's weights (seed 3)."""
     reference = MODELS[name]()
-    builders = {"gpt": _gpt, "t5_untied_gated": lambda **kw: _t5(activation="gated-gelu", tie_embedding_weights=False, **kw),
-                "llama_untied_window_partial": lambda **kw: _llama(
-                    tie_word_embeddings=False, attention_bias=True, attention_output_bias=False, sliding_window=3,
-                    rotary_dim=2, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                                "high_freq_factor": 4.0, "original_max_position_embeddings": 8},
-                    **kw)}
+    builders = {
+        "gpt": _gpt,
+        "t5_untied_gated": lambda **kw: _t5(activation="gated-gelu", tie_embedding_weights=False, **kw),
+        "llama_untied_window_partial": lambda **kw: _llama(
+            tie_word_embeddings=False,
+            attention_bias=True,
+            attention_output_bias=False,
+            sliding_window=3,
+            rotary_dim=2,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8,
+            },
+            **kw,
+        ),
+    }
     task = builders[name](dtype=dtype)
     task.backbone.set_weights(reference.backbone.get_weights())
     return task
@@ -220,8 +316,9 @@ def test_every_layer_of_a_step_has_a_kernel():
             args = ([(cross[:, i, 0], cross[:, i, 1]) for i in range(shape[1])], torch.as_tensor(mask))
         kernels = torch_kernels.TorchKernels()
         with torch.no_grad():
-            task.call_with_cache(torch.ones((2, 1), dtype=torch.int32), cache, torch.tensor(0), *args,
-                                 call_layer=kernels)
+            task.call_with_cache(
+                torch.ones((2, 1), dtype=torch.int32), cache, torch.tensor(0), *args, call_layer=kernels
+            )
         assert kernels.through_keras == set(), name
 
 

@@ -12,13 +12,7 @@ from keras_transformer.layers import MultiHeadAttention
 from keras_transformer.layers.kv_cache import BeamCache, PaddedQueryCache
 from tests import reference
 from tests.conftest import to_numpy
-from tests.layers.helpers import (
-    assert_close,
-    attention_weights,
-    randomize_weights,
-    save_and_load,
-    wrap_in_model,
-)
+from tests.layers.helpers import assert_close, attention_weights, randomize_weights, save_and_load, wrap_in_model
 
 # One set of shapes shared by most tests: under JAX every new shape costs a compile per op.
 B, T, S, D = 2, 5, 7, 8
@@ -97,7 +91,9 @@ def test_reference_self_consistency():
         "value_kernel": rng.standard_normal((D, 2, 2)),
         "output_kernel": rng.standard_normal((4, 2, D)),
     }
-    full = dict(w, key_kernel=np.repeat(w["key_kernel"], 2, axis=1), value_kernel=np.repeat(w["value_kernel"], 2, axis=1))
+    full = dict(
+        w, key_kernel=np.repeat(w["key_kernel"], 2, axis=1), value_kernel=np.repeat(w["value_kernel"], 2, axis=1)
+    )
     x = rng.standard_normal((B, T, D))
     np.testing.assert_allclose(
         reference.multi_head_attention(w, x, use_causal_mask=True),
@@ -305,14 +301,16 @@ def test_padded_query_cache_runs_only_the_first_token(rng, kv_heads):
     query = np.concatenate([x[:, index : index + 1], _random(rng, B, pads, D)], axis=1)  # (B, 1 + pads, D)
     bias = _random(rng, 1, heads, 1 + pads, s_max)  # (1, H, T, S): only its first query row counts
     cache = PaddedQueryCache(ops.convert_to_tensor(cache_keys), ops.convert_to_tensor(cache_values))
-    output, cache = layer(query, attention_bias=bias, cache=cache, cache_index=ops.convert_to_tensor(index, "int32"),
-                          use_causal_mask=True)
+    output, cache = layer(
+        query, attention_bias=bias, cache=cache, cache_index=ops.convert_to_tensor(index, "int32"), use_causal_mask=True
+    )
 
     # The numpy reference over the first index + 1 positions, with the bias row of the real token.
     sequence_bias = np.zeros((1, heads, index + 1, index + 1), "float32")
     sequence_bias[:, :, index] = bias[:, :, 0, : index + 1]
-    expected = reference.multi_head_attention(weights, x[:, : index + 1], use_causal_mask=True,
-                                              attention_bias=sequence_bias)[:, index:]  # (B, 1, D)
+    expected = reference.multi_head_attention(
+        weights, x[:, : index + 1], use_causal_mask=True, attention_bias=sequence_bias
+    )[:, index:]  # (B, 1, D)
     assert tuple(output.shape) == (B, 1 + pads, D)
     assert_close(to_numpy(output), np.repeat(expected, 1 + pads, axis=1))
     written_keys, written_values = cache_keys.copy(), cache_values.copy()
@@ -350,9 +348,7 @@ def test_config_round_trip(rng):
     clone = MultiHeadAttention.from_config(config)
     clone(x)
     clone.set_weights(layer.get_weights())
-    np.testing.assert_array_equal(
-        to_numpy(clone(x, use_causal_mask=True)), to_numpy(layer(x, use_causal_mask=True))
-    )
+    np.testing.assert_array_equal(to_numpy(clone(x, use_causal_mask=True)), to_numpy(layer(x, use_causal_mask=True)))
 
 
 def test_keras_save_and_load(rng, tmp_path):

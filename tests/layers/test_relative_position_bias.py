@@ -106,7 +106,9 @@ def test_keras_save_and_load(rng, tmp_path):
     expected = reference.relative_position_bias(to_numpy(layer.embeddings), L, L, True, 8, 20)
     assert_close(model({"query": query, "key": key}), expected)
     restored = save_and_load(model, tmp_path)
-    np.testing.assert_array_equal(to_numpy(restored({"query": query, "key": key})), to_numpy(model({"query": query, "key": key})))
+    np.testing.assert_array_equal(
+        to_numpy(restored({"query": query, "key": key})), to_numpy(model({"query": query, "key": key}))
+    )
 
 
 # ----------------------------------------------------------------------------- dtype policy
@@ -114,7 +116,9 @@ def test_keras_save_and_load(rng, tmp_path):
 
 def test_mixed_bfloat16(rng):
     query, key = _inputs(rng, L, L)
-    layer = RelativePositionBias(num_heads=H, num_buckets=8, max_distance=20, initializer="zeros", dtype="mixed_bfloat16")
+    layer = RelativePositionBias(
+        num_heads=H, num_buckets=8, max_distance=20, initializer="zeros", dtype="mixed_bfloat16"
+    )
     layer(query, key)
     randomize_weights(layer, rng)
     output = layer(query, key)
@@ -127,8 +131,7 @@ def test_mixed_bfloat16(rng):
 
 
 @pytest.mark.parametrize(
-    "kwargs, pattern",
-    [(dict(num_heads=0), r"num_heads=0"), (dict(num_heads=2, num_buckets=0), r"num_buckets=0")],
+    "kwargs, pattern", [(dict(num_heads=0), r"num_heads=0"), (dict(num_heads=2, num_buckets=0), r"num_buckets=0")]
 )
 def test_bad_arguments(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):

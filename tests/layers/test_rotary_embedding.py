@@ -13,8 +13,13 @@ from tests import reference
 from tests.conftest import to_numpy
 from tests.layers.helpers import assert_close, attention_weights, randomize_weights
 
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 64}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
 SCALINGS = {"none": None, "linear": {"rope_type": "linear", "factor": 4.0}, "llama3": LLAMA3}
 
 
@@ -42,7 +47,9 @@ def test_rotated_dot_products_depend_on_distance_only():
     layer = RotaryEmbedding(100.0)
 
     def score(query_position, key_position):
-        return float(np.sum(to_numpy(layer(q, start_index=query_position)) * to_numpy(layer(k, start_index=key_position))))
+        return float(
+            np.sum(to_numpy(layer(q, start_index=query_position)) * to_numpy(layer(k, start_index=key_position)))
+        )
 
     assert score(7, 3) == pytest.approx(score(104, 100), abs=1e-4)
     assert score(7, 3) != pytest.approx(score(7, 4), abs=1e-3)
@@ -94,8 +101,14 @@ def test_attention_full_pass_matches_reference(window):
     mask = np.array([[1] * 7, [1] * 5 + [0] * 2], bool)  # right padding
     layer = _attention(rng, x, rotary_embedding=ROPE, sliding_window=window, output_bias=False)
     assert layer.output_dense.bias is None and layer.query_dense.bias is not None
-    expected = reference.multi_head_attention(attention_weights(layer), x, attention_mask=mask, use_causal_mask=True,
-                                              rotary_kwargs=ROPE, sliding_window=window)
+    expected = reference.multi_head_attention(
+        attention_weights(layer),
+        x,
+        attention_mask=mask,
+        use_causal_mask=True,
+        rotary_kwargs=ROPE,
+        sliding_window=window,
+    )
     got = layer(x, attention_mask=mask, use_causal_mask=True)
     assert_close(got[0], expected[0], atol=1e-4)
     assert_close(got[1, :5], expected[1, :5], atol=1e-4)  # the real positions
@@ -144,7 +157,8 @@ def test_attention_serialises_rotary_and_window():
     clone(x)
     for source, target in zip(layer.weights, clone.weights):
         target.assign(source)
-    np.testing.assert_allclose(to_numpy(clone(x, use_causal_mask=True)), to_numpy(layer(x, use_causal_mask=True)),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        to_numpy(clone(x, use_causal_mask=True)), to_numpy(layer(x, use_causal_mask=True)), atol=1e-6
+    )
     assert clone.rotary_embedding.arguments() == RotaryEmbedding(**ROPE).arguments()
     assert clone.sliding_window == 2 and clone.output_dense.bias is None

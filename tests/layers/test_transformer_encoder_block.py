@@ -60,7 +60,9 @@ def _case(name, rng):
             use_bias=False, attention_scale=1.0, activation="gated-silu", norm_epsilon=1e-6,
         )  # fmt: skip
         call_kwargs = dict(
-            padding_mask=PADDING, attention_mask=mask, attention_bias=rng.standard_normal((1, 4, T, T)).astype("float32")
+            padding_mask=PADDING,
+            attention_mask=mask,
+            attention_bias=rng.standard_normal((1, 4, T, T)).astype("float32"),
         )
         return block_kwargs, call_kwargs
     if name == "post_rms_norm_no_bias":
@@ -160,7 +162,8 @@ def test_keras_save_and_load(rng, tmp_path):
     inputs = {"x": x, "padding_mask": PADDING}
     output = to_numpy(model(inputs))
     assert_close(
-        output, reference.encoder_block(block_weights(block), x, norm_type="rms_norm", norm_first=True, padding_mask=PADDING)
+        output,
+        reference.encoder_block(block_weights(block), x, norm_type="rms_norm", norm_first=True, padding_mask=PADDING),
     )
     restored = save_and_load(model, tmp_path)
     assert isinstance(restored.layers[-1], TransformerEncoderBlock)

@@ -67,7 +67,14 @@ def assert_cached_decoding_matches_full(task, x, prefill=1, pass_decoder_mask=Fa
     cross_cache = task.compute_cross_cache(encoder_outputs)
     cache = np.zeros(task.backbone.cache_shape(B, S_max), "float32")
     S = x["encoder_token_ids"].shape[1]
-    assert tuple(cross_cache.shape) == (B, cache.shape[1], 2, cache.shape[3], S, cache.shape[5])  # (B, L, 2, Hkv, S, Dh)
+    assert tuple(cross_cache.shape) == (
+        B,
+        cache.shape[1],
+        2,
+        cache.shape[3],
+        S,
+        cache.shape[5],
+    )  # (B, L, 2, Hkv, S, Dh)
     decoder_mask = None
     if pass_decoder_mask:
         decoder_mask = np.zeros((B, S_max), bool)

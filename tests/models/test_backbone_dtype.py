@@ -22,8 +22,12 @@ def _inputs(backbone):
         return {"token_ids": ids, "padding_mask": mask}
     if isinstance(backbone, BertBackbone):
         return {"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": mask}
-    return {"encoder_token_ids": ids, "encoder_padding_mask": mask, "decoder_token_ids": ids,
-            "decoder_padding_mask": mask}
+    return {
+        "encoder_token_ids": ids,
+        "encoder_padding_mask": mask,
+        "decoder_token_ids": ids,
+        "decoder_padding_mask": mask,
+    }
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -19,21 +19,31 @@ from tests.conftest import to_numpy
 VOCAB, LENGTH, BATCH, ROWS = 64, 8, 4, 20  # 5 steps per epoch
 EPOCHS = 4  # 20 steps
 
-torch_only = pytest.mark.skipif(keras.config.backend() != "torch",
-                                reason="the compiled train step is PyTorch's (JAX jits, TensorFlow uses XLA)")
+torch_only = pytest.mark.skipif(
+    keras.config.backend() != "torch", reason="the compiled train step is PyTorch's (JAX jits, TensorFlow uses XLA)"
+)
 
 
 def _build(seed=0):
     keras.utils.set_random_seed(seed)
-    backbone = kt.models.GPTBackbone(vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=16,
-                                     intermediate_dim=32, max_sequence_length=LENGTH, dropout=0.0)
+    backbone = kt.models.GPTBackbone(
+        vocabulary_size=VOCAB,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=LENGTH,
+        dropout=0.0,
+    )
     return kt.models.GPTCausalLM(backbone)
 
 
 def _data():
     rng = np.random.default_rng(0)
-    x = {"token_ids": rng.integers(0, VOCAB, (ROWS, LENGTH)).astype("int32"),
-         "padding_mask": np.ones((ROWS, LENGTH), bool)}
+    x = {
+        "token_ids": rng.integers(0, VOCAB, (ROWS, LENGTH)).astype("int32"),
+        "padding_mask": np.ones((ROWS, LENGTH), bool),
+    }
     y = rng.integers(0, VOCAB, (ROWS, LENGTH)).astype("int32")
     sample_weight = rng.uniform(0.0, 2.0, (ROWS, LENGTH)).astype("float32")
     return x, y, sample_weight
@@ -53,8 +63,16 @@ class _StepLosses(keras.callbacks.Callback):
 def _fit(lm, epochs, callbacks=()):
     x, y, w = _data()
     recorder = _StepLosses()
-    lm.fit(x, y, sample_weight=w, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0,
-           callbacks=[recorder, *callbacks])
+    lm.fit(
+        x,
+        y,
+        sample_weight=w,
+        batch_size=BATCH,
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        callbacks=[recorder, *callbacks],
+    )
     return recorder.losses
 
 
@@ -137,7 +155,9 @@ def test_resumed_from_a_checkpoint_the_step_is_compiled_again(compiled_run):
     _, _, resumed = compiled_run
     assert resumed.get_compile_config()["jit_compile"] is True  # the user's choice came back from the file
     assert (resumed.train_function.compiled_steps, resumed.train_function.eager_steps) == (
-        EPOCHS // 2 * ROWS // BATCH, 0)
+        EPOCHS // 2 * ROWS // BATCH,
+        0,
+    )
     assert int(to_numpy(resumed.optimizer.iterations)) == EPOCHS * ROWS // BATCH
 
 
@@ -147,7 +167,7 @@ def test_the_step_is_one_graph_and_never_recompiles(compiled_run):
     import torch
 
     _, first_step, resumed = compiled_run
-    (key, graph), = first_step.graphs.items()  # one signature: every batch had the same shape
+    ((key, graph),) = first_step.graphs.items()  # one signature: every batch had the same shape
     x, y, w = _data()
     batch = keras.tree.map_structure(lambda a: torch.as_tensor(a[:BATCH]), (x, y, w))
     values = [v.value.detach().clone() for v in first_step._vars[0]]  # explain runs the graph
@@ -195,8 +215,15 @@ def test_compiled_dropout_draws_a_new_mask_every_step():
     """Dropout inside the graph: the same batch at learning rate 0 gives a different loss every step
     (a mask traced as a constant would repeat it), and the same sequence again after reseeding."""
     keras.utils.set_random_seed(0)
-    backbone = kt.models.GPTBackbone(vocabulary_size=VOCAB, num_layers=1, num_heads=2, hidden_dim=16,
-                                     intermediate_dim=32, max_sequence_length=LENGTH, dropout=0.5)
+    backbone = kt.models.GPTBackbone(
+        vocabulary_size=VOCAB,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=LENGTH,
+        dropout=0.5,
+    )
     lm = kt.models.GPTCausalLM(backbone)
     lm.compile(optimizer=keras.optimizers.AdamW(learning_rate=0.0), jit_compile=True)
     x, y, _ = _data()
@@ -208,8 +235,9 @@ def test_compiled_dropout_draws_a_new_mask_every_step():
         recorder = _StepLosses()
         lm.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[recorder])
         running = np.array(recorder.losses)  # running means -> the loss of each step
-        return running * np.arange(1, len(running) + 1) - np.concatenate([[0.0], running[:-1] * np.arange(
-            1, len(running))])
+        return running * np.arange(1, len(running) + 1) - np.concatenate(
+            [[0.0], running[:-1] * np.arange(1, len(running))]
+        )
 
     step_losses()  # compiles (compiling may draw from the global generator)
     first, second = step_losses(), step_losses()
@@ -240,3 +268,47 @@ def test_a_variable_the_step_does_not_map_makes_the_model_train_eagerly(caplog):
         model.fit(np.ones((8, 3), "float32"), np.zeros((8, 3), "float32"), batch_size=4, verbose=0)
     assert (step.compiled_steps, step.eager_steps) == (0, 2)
     assert "reads a variable" in step._eager_reason and "runs eagerly" in caplog.text
+
+
+@torch_only
+def test_auto_switches_from_eager_to_compiled_within_one_fit(monkeypatch):
+    """`jit_compile="auto"` trains eagerly until its eager steps (the first excluded: it builds the optimizer)
+    have taken `COMPILE_AFTER_SECONDS`, then compiles the step and runs it compiled, within the same `fit`. The
+    threshold is set to the smallest time here, so the switch comes at a known step on any machine: the third
+    (the second is the one timed eager step). The losses and weights are those of an all-eager run.
+
+    Fast: a one-layer model, and Dynamo's "eager" backend (the library's own switch, read when the step compiles)
+    runs the traced step graph without generating code; the inductor-compiled step is checked against eager
+    above (slow tests)."""
+    import torch
+
+    def build():
+        keras.utils.set_random_seed(0)
+        backbone = kt.models.GPTBackbone(
+            vocabulary_size=VOCAB,
+            num_layers=1,
+            num_heads=1,
+            hidden_dim=8,
+            intermediate_dim=16,
+            max_sequence_length=LENGTH,
+            dropout=0.0,
+        )
+        return kt.models.GPTCausalLM(backbone)
+
+    eager = build()
+    eager.compile(jit_compile=False)
+    eager_losses = _fit(eager, epochs=2)
+    monkeypatch.setattr(compiled_step, "COMPILE_AFTER_SECONDS", 1e-9)
+    monkeypatch.setenv("KERAS_TRANSFORMER_TORCH_COMPILE_BACKEND", "eager")
+    lm = build()
+    lm.compile()  # jit_compile="auto"
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    losses = _fit(lm, epochs=2)  # one run: 10 steps
+    step = lm.train_function
+    assert isinstance(step, CompiledTrainStep) and step.warmup_seconds == 1e-9
+    assert (step.eager_steps, step.compiled_steps) == (2, 2 * ROWS // BATCH - 2)
+    assert len(step.graphs) == 1  # the traced step, one batch shape
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs + 1  # which Dynamo compiled
+    np.testing.assert_allclose(losses, eager_losses, rtol=1e-5, atol=1e-6)
+    for actual, expected in zip(_weights(lm), _weights(eager), strict=True):
+        np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5)

@@ -21,8 +21,9 @@ from keras_transformer.models.compiled_train_step import CompiledTrainStep
 from tests.conftest import to_numpy
 from tests.models.test_compiled_fit import _StepLosses
 
-pytestmark = pytest.mark.skipif(keras.config.backend() != "torch",
-                                reason="the compiled train step is PyTorch's (JAX jits, TensorFlow uses XLA)")
+pytestmark = pytest.mark.skipif(
+    keras.config.backend() != "torch", reason="the compiled train step is PyTorch's (JAX jits, TensorFlow uses XLA)"
+)
 
 V, S, T, P, BATCH, STEPS = 48, 8, 6, 3, 4, 20  # vocabulary, source / target length, masked positions
 
@@ -38,15 +39,26 @@ def _ids(rng, mask):
 
 
 def _bert(**kwargs):
-    return kt.models.BertBackbone(vocabulary_size=V, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32,
-                                  max_sequence_length=S, dropout=0.0, **kwargs)
+    return kt.models.BertBackbone(
+        vocabulary_size=V,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=S,
+        dropout=0.0,
+        **kwargs,
+    )
 
 
 def _bert_masked_lm(rng, rows):
     mask = _lengths(rng, rows, S)
-    x = {"token_ids": _ids(rng, mask), "segment_ids": (np.arange(S)[None, :] >= S // 2).repeat(rows, 0).astype("int32"),
-         "padding_mask": mask, "mask_positions": np.sort(rng.integers(0, 2, (rows, P)) + [0, 1, 2][:P], -1).astype(
-             "int32")}
+    x = {
+        "token_ids": _ids(rng, mask),
+        "segment_ids": (np.arange(S)[None, :] >= S // 2).repeat(rows, 0).astype("int32"),
+        "padding_mask": mask,
+        "mask_positions": np.sort(rng.integers(0, 2, (rows, P)) + [0, 1, 2][:P], -1).astype("int32"),
+    }
     y = rng.integers(1, V, (rows, P)).astype("int32")
     return kt.models.BertMaskedLM(_bert()), x, y, rng.uniform(0.0, 2.0, (rows, P)).astype("float32")
 
@@ -61,33 +73,71 @@ def _bert_classifier(rng, rows):
 def _seq2seq(task, backbone):
     def build(rng, rows):
         encoder_mask, decoder_mask = _lengths(rng, rows, S), _lengths(rng, rows, T)
-        x = {"encoder_token_ids": _ids(rng, encoder_mask), "encoder_padding_mask": encoder_mask,
-             "decoder_token_ids": _ids(rng, decoder_mask), "decoder_padding_mask": decoder_mask}
+        x = {
+            "encoder_token_ids": _ids(rng, encoder_mask),
+            "encoder_padding_mask": encoder_mask,
+            "decoder_token_ids": _ids(rng, decoder_mask),
+            "decoder_padding_mask": decoder_mask,
+        }
         y = _ids(rng, decoder_mask)
         return task(backbone()), x, y, rng.uniform(0.0, 2.0, (rows, T)).astype("float32") * decoder_mask
+
     return build
 
 
 def _llama(rng, rows):
     mask = _lengths(rng, rows, S)
-    backbone = kt.models.LlamaBackbone(vocabulary_size=V, num_layers=2, num_heads=4, num_key_value_heads=2,
-                                       hidden_dim=16, intermediate_dim=24, max_sequence_length=S)
+    backbone = kt.models.LlamaBackbone(
+        vocabulary_size=V,
+        num_layers=2,
+        num_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=16,
+        intermediate_dim=24,
+        max_sequence_length=S,
+    )
     y = _ids(rng, mask)
-    return kt.models.LlamaCausalLM(backbone), {"token_ids": _ids(rng, mask), "padding_mask": mask}, y, (
-        rng.uniform(0.0, 2.0, (rows, S)).astype("float32") * mask)
+    return (
+        kt.models.LlamaCausalLM(backbone),
+        {"token_ids": _ids(rng, mask), "padding_mask": mask},
+        y,
+        (rng.uniform(0.0, 2.0, (rows, S)).astype("float32") * mask),
+    )
 
 
 FAMILIES = {
     "bert_masked_lm": _bert_masked_lm,
     "bert_classifier": _bert_classifier,
-    "t5": _seq2seq(kt.models.T5Seq2SeqLM, lambda: kt.models.T5Backbone(
-        vocabulary_size=V, num_layers=1, num_decoder_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32,
-        key_dim=8, dropout=0.0, relative_attention_num_buckets=8, relative_attention_max_distance=10,
-        activation="gated-gelu")),
+    "t5": _seq2seq(
+        kt.models.T5Seq2SeqLM,
+        lambda: kt.models.T5Backbone(
+            vocabulary_size=V,
+            num_layers=1,
+            num_decoder_layers=2,
+            num_heads=2,
+            hidden_dim=16,
+            intermediate_dim=32,
+            key_dim=8,
+            dropout=0.0,
+            relative_attention_num_buckets=8,
+            relative_attention_max_distance=10,
+            activation="gated-gelu",
+        ),
+    ),
     "llama": _llama,
-    "transformer": _seq2seq(kt.models.TransformerSeq2SeqLM, lambda: kt.models.TransformerBackbone(
-        vocabulary_size=V, num_layers=1, num_decoder_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32,
-        max_sequence_length=S, dropout=0.0)),
+    "transformer": _seq2seq(
+        kt.models.TransformerSeq2SeqLM,
+        lambda: kt.models.TransformerBackbone(
+            vocabulary_size=V,
+            num_layers=1,
+            num_decoder_layers=2,
+            num_heads=2,
+            hidden_dim=16,
+            intermediate_dim=32,
+            max_sequence_length=S,
+            dropout=0.0,
+        ),
+    ),
 }
 
 
@@ -96,8 +146,9 @@ def _train(family, jit_compile):
     task, x, y, w = FAMILIES[family](np.random.default_rng(0), STEPS * BATCH)
     task.compile(jit_compile=jit_compile)
     recorder = _StepLosses()
-    history = task.fit(x, y, sample_weight=w, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
-                       callbacks=[recorder])
+    history = task.fit(
+        x, y, sample_weight=w, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[recorder]
+    )
     return task, recorder.losses, history.history, (x, y, w)
 
 
@@ -126,8 +177,7 @@ def test_compiled_fit_matches_eager_fit(family, monkeypatch):
     for name in history:
         np.testing.assert_allclose(history[name], eager_history[name], rtol=1e-5, atol=1e-6, err_msg=name)
     for variable, expected in zip(task.weights, eager.weights, strict=True):
-        np.testing.assert_allclose(to_numpy(variable), to_numpy(expected), rtol=1e-4, atol=1e-5,
-                                   err_msg=variable.path)
+        np.testing.assert_allclose(to_numpy(variable), to_numpy(expected), rtol=1e-4, atol=1e-5, err_msg=variable.path)
     assert len(step.graphs) == 1
 
 

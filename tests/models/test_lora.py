@@ -32,7 +32,9 @@ def _copy(family):
 
 FAMILIES = {family: (lambda family=family: _copy(family)) for family in _BUILDERS}
 # GPT always; the other families are marked slow (several seconds each on a shared 2-core machine).
-ALL_FAMILIES = [family if family == "gpt" else pytest.param(family, marks=pytest.mark.slow) for family in sorted(_BUILDERS)]
+ALL_FAMILIES = [
+    family if family == "gpt" else pytest.param(family, marks=pytest.mark.slow) for family in sorted(_BUILDERS)
+]
 
 
 def _inputs(task, seed=0):
@@ -150,4 +152,4 @@ def test_generate_with_lora_follows_the_full_forward_pass(family):
     eos = lm.preprocessor.tokenizer.eos_token_id
     expected = helpers.reference_greedy(helpers.causal_next_logits(lm), prompt, 6, eos)
     out = lm.generate(np.asarray([prompt], "int32"), max_new_tokens=6, stop_token_ids=[eos])
-    assert list(np.asarray(out)[0, len(prompt): len(prompt) + len(expected)]) == expected
+    assert list(np.asarray(out)[0, len(prompt) : len(prompt) + len(expected)]) == expected

@@ -40,7 +40,9 @@ def reference_windows(documents, sequence_length, pad):
 def _as_rows(x, y, w):
     return [
         (list(ids), list(mask), list(labels), list(weights))
-        for ids, mask, labels, weights in zip(x["token_ids"].tolist(), x["padding_mask"].tolist(), y.tolist(), w.tolist())
+        for ids, mask, labels, weights in zip(
+            x["token_ids"].tolist(), x["padding_mask"].tolist(), y.tolist(), w.tolist()
+        )
     ]
 
 
@@ -140,8 +142,14 @@ def test_preprocessor_packing_options(tokenizer):
 
 
 def test_fit_and_evaluate_on_long_documents_with_packing(tokenizer):
-    backbone = kt.models.GPTBackbone(vocabulary_size=tokenizer.vocabulary_size, num_layers=1, num_heads=2,
-                                     hidden_dim=16, intermediate_dim=32, max_sequence_length=16)
+    backbone = kt.models.GPTBackbone(
+        vocabulary_size=tokenizer.vocabulary_size,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=16,
+    )
     preprocessor = kt.models.GPTCausalLMPreprocessor(tokenizer, sequence_length=16, packing=True)
     lm = kt.models.GPTCausalLM(backbone, preprocessor)
     lm.compile(optimizer=keras.optimizers.Adam(1e-2))
@@ -157,7 +165,7 @@ def test_fit_and_evaluate_on_long_documents_with_packing(tokenizer):
             return 2
 
         def __getitem__(self, index):
-            return LONG_TEXTS[index: index + 2]
+            return LONG_TEXTS[index : index + 2]
 
     assert np.isfinite(lm.fit(Texts(), epochs=1, verbose=0).history["loss"][0])
 
@@ -169,7 +177,9 @@ def test_other_preprocessors_refuse_long_inputs_and_name_truncate(family):
         inputs = ([" ".join(["1"] * 20)], ["1"])
     else:
         words = ["apple", "river"]
-        tokenizer = kt.tokenizers.WordPieceTokenizer.from_vocabulary(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words)
+        tokenizer = kt.tokenizers.WordPieceTokenizer.from_vocabulary(
+            ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words
+        )
         cls = kt.models.BertMaskedLMPreprocessor if family == "bert_mlm" else kt.models.BertTextClassifierPreprocessor
         preprocessor = cls(tokenizer, sequence_length=8)
         inputs = [" ".join(["apple"] * 20)]

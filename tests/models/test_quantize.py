@@ -4,6 +4,7 @@ presets that keep the 8- and 4-bit forms, and LoRA trained on top of int8 weight
 
 import json
 
+import keras
 import numpy as np
 import pytest
 
@@ -20,6 +21,44 @@ def _relative_error(a, b):
     return np.abs(a - b).max() / np.abs(b).max()
 
 
+_PROJECTIONS = (keras.layers.Dense, keras.layers.EinsumDense)
+INT4_BLOCK = 128  # Keras's default int4 block: rows of the input axis that share a scale and a zero point
+
+
+def _projections(task):
+    return [layer for layer in task._flatten_layers() if isinstance(layer, _PROJECTIONS)]
+
+
+def _input_axes(layer):
+    """The kernel axes a projection sums over (those its input has and its output has not)."""
+    if isinstance(layer, keras.layers.EinsumDense):
+        inputs, rest = layer.equation.split(",")
+        kernel, outputs = rest.split("->")
+        return tuple(axis for axis, letter in enumerate(kernel) if letter in inputs and letter not in outputs)
+    return (0,)  # Dense: (in, out)
+
+
+def int4_reference(kernel, input_axes, block=INT4_BLOCK):
+    """Keras's int4 weights, dequantized, in numpy: for each output channel and each block of `block` rows along
+    the input axes, 16 levels (-8..7) spread evenly over [min, max] (a block padded with zero rows counts the
+    padding, so its range holds 0), with an integer zero point; each weight rounded to its nearest level."""
+    other = [axis for axis in range(kernel.ndim) if axis not in input_axes]
+    moved = np.transpose(kernel, (*input_axes, *other))  # (in..., out...)
+    rows = int(np.prod([kernel.shape[axis] for axis in input_axes]))
+    flat = moved.reshape(rows, -1)  # (I, O)
+    out = np.empty_like(flat)
+    for start in range(0, rows, block):
+        group = flat[start : start + block]  # (<= block, O)
+        low, high = group.min(axis=0), group.max(axis=0)
+        if len(group) < block:
+            low, high = np.minimum(low, 0), np.maximum(high, 0)
+        scale = (high - low + np.float32(keras.config.epsilon())) / np.float32(15)  # (O,)
+        zero = np.clip(np.round(-low / scale) - 8, -8, 7)
+        levels = np.clip(np.round(group / scale) + zero, -8, 7)
+        out[start : start + block] = (levels - zero) * scale
+    return np.transpose(out.reshape(moved.shape), np.argsort((*input_axes, *other)))
+
+
 @pytest.mark.parametrize("family", ALL_FAMILIES)
 def test_quantized_outputs_stay_near_float(family):
     task = FAMILIES[family]()
@@ -29,12 +68,28 @@ def test_quantized_outputs_stay_near_float(family):
     kernels = [v for v in task.weights if v.path.endswith("/kernel")]
     assert kernels and all(v.dtype == "int8" for v in kernels)
     assert all(v.dtype == "float32" for v in task.weights if v.path.endswith("embeddings"))  # tables stay float
-    # The tiny test models' weights are large (std 0.3): int8 moves the logits by 2-6% of their range,
-    # int4 (per channel) by 35-45% on JAX; weights read as raw integers would move them by far more.
+    # The tiny test models' weights are large (std 0.3): int8 moves the logits by 2-6% of their range;
+    # weights read as raw integers would move them by far more.
     assert _relative_error(helpers.to_numpy(task(x)), reference) < 0.1
-    task = FAMILIES[family]()
-    task.quantize("int4")
-    assert _relative_error(helpers.to_numpy(task(x)), reference) < 0.6
+
+
+@pytest.mark.parametrize("family", ALL_FAMILIES)
+def test_int4_outputs_are_the_float_model_with_int4_rounded_weights(family):
+    """int4 is weight-only (activations stay float): the quantized model computes what the float model computes
+    with each projection kernel replaced by its int4 rounding, written out in numpy above. So the outputs agree to
+    float32 round-off (measured: at most 4e-7 of their range), where one weight rounded one level off already moves
+    the tiny GPT's logits by 1e-4 of their range, and int4 itself moves them by 35-45%."""
+    quantized, rounded = FAMILIES[family](), FAMILIES[family]()
+    x = _inputs(quantized)
+    reference = helpers.to_numpy(quantized(x))
+    quantized.quantize("int4")
+    assert quantization_mode(quantized) == "int4"
+    for layer in _projections(rounded):
+        layer.kernel.assign(int4_reference(helpers.to_numpy(layer.kernel), _input_axes(layer)))
+    expected = helpers.to_numpy(rounded(x))
+    assert _relative_error(expected, reference) > 0.05  # the rounding is not a no-op: the check below has teeth
+    error = _relative_error(helpers.to_numpy(quantized(x)), expected)
+    assert error < 1e-5, error
 
 
 def _greedy_matches_the_forward_pass(task, new_tokens=6):
@@ -44,10 +99,10 @@ def _greedy_matches_the_forward_pass(task, new_tokens=6):
     if hasattr(task.preprocessor, "decoder_start_token_id"):  # seq2seq: PROMPT is the source
         start = task.preprocessor.decoder_start_token_id
         expected = helpers.reference_greedy(helpers.seq2seq_next_logits(task, PROMPT), [start], new_tokens, eos)
-        generated = list(np.asarray(out)[0, 1: 1 + len(expected)])
+        generated = list(np.asarray(out)[0, 1 : 1 + len(expected)])
     else:
         expected = helpers.reference_greedy(helpers.causal_next_logits(task), PROMPT, new_tokens, eos)
-        generated = list(np.asarray(out)[0, len(PROMPT): len(PROMPT) + len(expected)])
+        generated = list(np.asarray(out)[0, len(PROMPT) : len(PROMPT) + len(expected)])
     assert generated == expected
 
 
@@ -82,8 +137,9 @@ def test_quantizing_rebuilds_the_compiled_loop_once():
 
 
 # GPT int8 is above; every family's cached step must dequantize as its full forward pass does.
-@pytest.mark.parametrize("family, mode", [("gpt", "int4"), ("llama", "int8"), ("llama", "int4"),
-                                          ("t5", "int8"), ("t5", "int4")])
+@pytest.mark.parametrize(
+    "family, mode", [("gpt", "int4"), ("llama", "int8"), ("llama", "int4"), ("t5", "int8"), ("t5", "int4")]
+)
 def test_greedy_generate_after_quantizing_follows_the_forward_pass(family, mode):
     task = FAMILIES[family]()
     task.quantize(mode)

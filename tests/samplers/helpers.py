@@ -41,15 +41,18 @@ class BigramLM:
         return decoding.generate(self, inputs, **kwargs)
 
 
-def bigram_greedy(table, prompt, max_new_tokens, stop_token_ids=(), min_new_tokens=0, repetition_penalty=1.0,
-                  no_repeat_ngram_size=0):
+def bigram_greedy(
+    table, prompt, max_new_tokens, stop_token_ids=(), min_new_tokens=0, repetition_penalty=1.0, no_repeat_ngram_size=0
+):
     """Numpy greedy decoding of a bigram table with Hugging Face's processors, from their definitions."""
     sequence = list(prompt)
     for step in range(max_new_tokens):
         scores = table[sequence[-1]].astype(np.float64).copy()
         if repetition_penalty != 1.0:
             for token in set(sequence):
-                scores[token] = scores[token] * repetition_penalty if scores[token] < 0 else scores[token] / repetition_penalty
+                scores[token] = (
+                    scores[token] * repetition_penalty if scores[token] < 0 else scores[token] / repetition_penalty
+                )
         n = no_repeat_ngram_size
         if n:
             prefix = sequence[len(sequence) - n + 1 :] if n > 1 else []
@@ -69,8 +72,14 @@ def tiny_gpt(vocabulary_size=8, max_sequence_length=64, seed=0):
     """A 2-layer, width-16 GPT with weights of std 0.5, so its logits have no near-ties."""
     from keras_transformer.models import GPTBackbone, GPTCausalLM
 
-    backbone = GPTBackbone(vocabulary_size=vocabulary_size, num_layers=2, num_heads=2, hidden_dim=16,
-                           intermediate_dim=32, max_sequence_length=max_sequence_length)
+    backbone = GPTBackbone(
+        vocabulary_size=vocabulary_size,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=max_sequence_length,
+    )
     lm = GPTCausalLM(backbone)
     randomize_weights(lm, np.random.default_rng(seed), std=0.5)
     return lm
@@ -116,8 +125,12 @@ def seq2seq_logits(lm, sources, decoder_sequences, width=16):
     def inputs(rows):
         encoder_ids, encoder_mask = _pad(sources, rows, width)
         decoder_ids, decoder_mask = _pad(decoder_sequences, rows, width)
-        return {"encoder_token_ids": encoder_ids, "encoder_padding_mask": encoder_mask,
-                "decoder_token_ids": decoder_ids, "decoder_padding_mask": decoder_mask}
+        return {
+            "encoder_token_ids": encoder_ids,
+            "encoder_padding_mask": encoder_mask,
+            "decoder_token_ids": decoder_ids,
+            "decoder_padding_mask": decoder_mask,
+        }
 
     logits = _batched_forward(lm, inputs, len(sources))
     return [logits[i, : len(s)] for i, s in enumerate(decoder_sequences)]

@@ -15,7 +15,9 @@ def test_beam_finds_the_exhaustive_best(gpt, length_penalty=1.0):
     out = gpt.generate(PROMPTS, max_new_tokens=STEPS, stop_token_ids=[STOP], sampler=sampler, return_dict=True)
     penalty_matters = False
     for prompt, results, scores in zip(PROMPTS, out["outputs"], out["scores"]):
-        table = prefix_log_probs(lambda continuations: causal_logits(gpt, [prompt + c for c in continuations]), VOCAB, STEPS)
+        table = prefix_log_probs(
+            lambda continuations: causal_logits(gpt, [prompt + c for c in continuations]), VOCAB, STEPS
+        )
         best = exhaustive_beam(table, VOCAB, STOP, length_penalty, STEPS)[:3]
         assert [r[len(prompt) :] for r in results] == [sequence for _, sequence in best]
         assert all(r[: len(prompt)] == prompt for r in results)

@@ -66,17 +66,27 @@ def test_greedy_equals_one_beam(lm, greedy):
 def test_random_sampling_stays_in_the_top_k_and_the_nucleus(lm, greedy):
     temperature, top_k, top_p = 1.5, 4, 0.8
     sampler = RandomSampler(temperature=temperature, top_k=top_k, top_p=top_p, seed=7)
-    out = lm.generate(PROMPTS, max_new_tokens=NEW, stop_token_ids=None, sampler=sampler, return_dict=True, output_logits=True)
+    out = lm.generate(
+        PROMPTS, max_new_tokens=NEW, stop_token_ids=None, sampler=sampler, return_dict=True, output_logits=True
+    )
     for prompt, ids, reference in zip(PROMPTS, out["outputs"], _check_logits(lm, out)):
         for token, logits in zip(ids[len(prompt) :], reference):
             assert token in np.argsort(-logits)[:top_k]
             probabilities = _softmax(logits / temperature)
             assert probabilities[probabilities > probabilities[token]].sum() < top_p + 1e-6
     assert out["outputs"] != greedy  # it does sample
-    again = lm.generate(PROMPTS, max_new_tokens=NEW, stop_token_ids=None, sampler=sampler, return_dict=True, output_logits=True)
+    again = lm.generate(
+        PROMPTS, max_new_tokens=NEW, stop_token_ids=None, sampler=sampler, return_dict=True, output_logits=True
+    )
     assert again["outputs"] == out["outputs"]  # same seed, same tokens
-    other = lm.generate(PROMPTS, max_new_tokens=NEW, stop_token_ids=None, return_dict=True, output_logits=True,
-                        sampler=RandomSampler(temperature=temperature, top_k=top_k, top_p=top_p, seed=8))
+    other = lm.generate(
+        PROMPTS,
+        max_new_tokens=NEW,
+        stop_token_ids=None,
+        return_dict=True,
+        output_logits=True,
+        sampler=RandomSampler(temperature=temperature, top_k=top_k, top_p=top_p, seed=8),
+    )
     assert other["outputs"] != out["outputs"]
 
 
@@ -92,8 +102,9 @@ def test_one_row_decodes_as_it_would_alone(lm, greedy):
     assert [s.shape for s in steps] == [(1,)] * NEW and [int(s[0]) for s in steps] == greedy[0][len(prompt) :]
 
     sampler = RandomSampler(temperature=2.0, seed=3)
-    out = lm.generate([prompt], max_new_tokens=NEW, stop_token_ids=None, sampler=sampler, return_dict=True,
-                      output_logits=True)
+    out = lm.generate(
+        [prompt], max_new_tokens=NEW, stop_token_ids=None, sampler=sampler, return_dict=True, output_logits=True
+    )
     length = -(-(len(prompt) + NEW) // LENGTH_BUCKET) * LENGTH_BUCKET  # the call's buffer: rounded up to its bucket
     uniform = sampler.draw_noise((length, 1))[len(prompt) : len(prompt) + NEW, 0]  # the call's noise of its row
     expected = to_numpy(sampler.get_next_token(np.asarray(out["logits"][0]), uniform))  # (NEW,)
@@ -102,7 +113,9 @@ def test_one_row_decodes_as_it_would_alone(lm, greedy):
 
 
 def test_temperature_near_zero_matches_greedy(lm, greedy):
-    assert lm.generate(PROMPTS, max_new_tokens=NEW, stop_token_ids=None, sampler=RandomSampler(temperature=1e-4)) == greedy
+    assert (
+        lm.generate(PROMPTS, max_new_tokens=NEW, stop_token_ids=None, sampler=RandomSampler(temperature=1e-4)) == greedy
+    )
 
 
 def test_compiled_once_per_batch_size_and_bucket(lm, greedy):

@@ -26,8 +26,14 @@ def case(models):
     rng = np.random.default_rng(3)
     prompts = [rng.integers(1, lm.backbone.vocabulary_size, n).tolist() for n in (7, 3)]
     with torch.no_grad():
-        greedy = hf.generate(hf_models.to_torch(prompts[:1]), attention_mask=torch.ones(1, 7, dtype=torch.long),
-                             do_sample=False, max_new_tokens=3, eos_token_id=None, pad_token_id=0)
+        greedy = hf.generate(
+            hf_models.to_torch(prompts[:1]),
+            attention_mask=torch.ones(1, 7, dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=3,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
     continuation = greedy[0, 7:].tolist()
     assert continuation[2] not in continuation[:2]
     return prompts, continuation[2]
@@ -37,17 +43,26 @@ def case(models):
 def test_beam_search_matches_hugging_face(models, case, early_stopping, length_penalty):
     hf, lm = models
     prompts, stop = case
-    sampler = BeamSampler(num_beams=4, length_penalty=length_penalty, early_stopping=early_stopping,
-                          num_return_sequences=4)
+    sampler = BeamSampler(
+        num_beams=4, length_penalty=length_penalty, early_stopping=early_stopping, num_return_sequences=4
+    )
     ours = lm.generate(prompts, max_new_tokens=NEW, stop_token_ids=[stop], sampler=sampler, return_dict=True)
     stopped = 0
     for prompt, rows, scores in zip(prompts, ours["outputs"], ours["scores"]):
         with torch.no_grad():
             out = hf.generate(
-                hf_models.to_torch([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                do_sample=False, num_beams=4, num_return_sequences=4, early_stopping=early_stopping,
-                length_penalty=length_penalty, max_new_tokens=NEW, eos_token_id=stop, pad_token_id=stop,
-                output_scores=True, return_dict_in_generate=True,
+                hf_models.to_torch([prompt]),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                do_sample=False,
+                num_beams=4,
+                num_return_sequences=4,
+                early_stopping=early_stopping,
+                length_penalty=length_penalty,
+                max_new_tokens=NEW,
+                eos_token_id=stop,
+                pad_token_id=stop,
+                output_scores=True,
+                return_dict_in_generate=True,
             )
         expected = []
         for sequence in out.sequences.tolist():

@@ -17,7 +17,11 @@ def logits():
 
 
 def _pick(sampler, logits, seed=0):
-    uniform = sampler.draw_noise((1, len(logits)))[0] if seed is None else RandomSampler(seed=seed).draw_noise((1, len(logits)))[0]
+    uniform = (
+        sampler.draw_noise((1, len(logits)))[0]
+        if seed is None
+        else RandomSampler(seed=seed).draw_noise((1, len(logits)))[0]
+    )
     return to_numpy(sampler.get_next_token(keras.ops.convert_to_tensor(logits), keras.ops.convert_to_tensor(uniform)))
 
 
@@ -53,7 +57,9 @@ def test_samplers_take_numpy_logits_and_noise(logits):
     uniform = RandomSampler(seed=1).draw_noise((1, len(logits)))[0]
     for sampler in (GreedySampler(), RandomSampler(top_k=2, top_p=0.9, temperature=0.8)):
         picked = to_numpy(sampler.get_next_token(logits, uniform))
-        expected = to_numpy(sampler.get_next_token(keras.ops.convert_to_tensor(logits), keras.ops.convert_to_tensor(uniform)))
+        expected = to_numpy(
+            sampler.get_next_token(keras.ops.convert_to_tensor(logits), keras.ops.convert_to_tensor(uniform))
+        )
         np.testing.assert_array_equal(picked, expected)
     top2 = np.argsort(-logits, axis=-1)[:, :2]
     assert all(p in t for p, t in zip(picked, top2))
@@ -77,7 +83,9 @@ def test_temperature_near_zero_is_greedy(logits):
 def test_filtered_tokens_never_sampled_even_with_extreme_noise():
     logits = np.array([[0.0, 5.0, -1e9, 4.0, -1e9]] * 4, "float32")
     uniform = np.array([1.0, 1e-7, 0.5, 0.999999], "float32")
-    picked = to_numpy(RandomSampler().get_next_token(keras.ops.convert_to_tensor(logits), keras.ops.convert_to_tensor(uniform)))
+    picked = to_numpy(
+        RandomSampler().get_next_token(keras.ops.convert_to_tensor(logits), keras.ops.convert_to_tensor(uniform))
+    )
     assert set(picked.tolist()) <= {0, 1, 3}
 
 
@@ -114,15 +122,20 @@ def test_names_and_config_round_trip():
     assert isinstance(samplers.get("random"), RandomSampler)
     with pytest.raises(ValueError, match="sampler"):
         samplers.get("nucleus")
-    for sampler in (GreedySampler(), RandomSampler(0.7, top_k=5, top_p=0.8, seed=3),
-                    BeamSampler(num_beams=5, length_penalty=0.6, early_stopping="never", num_return_sequences=2)):
+    for sampler in (
+        GreedySampler(),
+        RandomSampler(0.7, top_k=5, top_p=0.8, seed=3),
+        BeamSampler(num_beams=5, length_penalty=0.6, early_stopping="never", num_return_sequences=2),
+    ):
         restored = samplers.deserialize(samplers.serialize(sampler))
         assert type(restored) is type(sampler) and restored.get_config() == sampler.get_config()
         assert type(sampler).from_config(sampler.get_config()).get_config() == sampler.get_config()
 
 
-@pytest.mark.parametrize("name", ["DecodeOptions", "LENGTH_BUCKET", "PREFILL_BUCKET", "cache_widths", "generate",
-                                  "trace_prepare", "trace_run"])
+@pytest.mark.parametrize(
+    "name",
+    ["DecodeOptions", "LENGTH_BUCKET", "PREFILL_BUCKET", "cache_widths", "generate", "trace_prepare", "trace_run"],
+)
 def test_engine_names_moved_to_decoding_with_a_warning(name):
     """The engine's names, once exported by `samplers`, are read there with a DeprecationWarning that names
     their new home, and are the engine's own objects."""

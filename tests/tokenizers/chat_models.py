@@ -130,8 +130,13 @@ def chat_gpt2(directory, style, seed=0, template=True):
     vocabulary_size = backend.get_vocab_size(with_added_tokens=True)
     bos = backend.token_to_id(special_tokens.get("bos_token", "<|endoftext|>"))
     config = transformers.GPT2Config(
-        vocab_size=vocabulary_size, n_embd=32, n_layer=2, n_head=4, n_positions=256,
-        bos_token_id=bos, eos_token_id=backend.token_to_id(special_tokens["eos_token"]),
+        vocab_size=vocabulary_size,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_positions=256,
+        bos_token_id=bos,
+        eos_token_id=backend.token_to_id(special_tokens["eos_token"]),
         attn_implementation="eager",
     )
     model = hf_models.randomize(transformers.GPT2LMHeadModel(config), seed)

@@ -18,12 +18,23 @@ from keras_transformer.tokenizers import BytePairTokenizer, Tokenizer, chat_temp
 from tests.tokenizers import chat_models
 from tests.tokenizers.chat_models import CONVERSATIONS
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Météo d'une ville",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Météo d'une ville",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
 TOOL_CONVERSATION = [
     {"role": "user", "content": "What is the weather in Paris?"},
-    {"role": "assistant", "content": None,
-     "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+    },
     {"role": "tool", "content": "22°C, sunny"},
 ]
 
@@ -44,8 +55,9 @@ def test_rendering_and_ids_match_transformers(checkpoint):
     for conversation in CONVERSATIONS:
         for add_generation_prompt in (True, False):
             ours = tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt)
-            theirs = hf_tokenizer.apply_chat_template(conversation, tokenize=False,
-                                                      add_generation_prompt=add_generation_prompt)
+            theirs = hf_tokenizer.apply_chat_template(
+                conversation, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
             assert ours == theirs
         rendered = tokenizer.apply_chat_template(conversation, add_generation_prompt=True)
         assert tokenizer.tokenize(rendered) == chat_models.hf_ids(hf_tokenizer, conversation)
@@ -76,8 +88,9 @@ def test_tools_and_template_options_match_transformers(checkpoint):
     tokenizer = lm.preprocessor.tokenizer
     if style == "chatml":
         ours = tokenizer.apply_chat_template(TOOL_CONVERSATION, add_generation_prompt=True, tools=TOOLS)
-        theirs = hf_tokenizer.apply_chat_template(TOOL_CONVERSATION, tools=TOOLS, tokenize=False,
-                                                  add_generation_prompt=True)
+        theirs = hf_tokenizer.apply_chat_template(
+            TOOL_CONVERSATION, tools=TOOLS, tokenize=False, add_generation_prompt=True
+        )
         assert "Météo" in ours and '"city": "Paris"' in ours
     else:
         ours = tokenizer.apply_chat_template(CONVERSATIONS[0], date_string="26 Jul 2024")
@@ -92,14 +105,21 @@ def test_generate_messages_matches_prompt_ids_and_transformers(checkpoint):
     tokenizer = lm.preprocessor.tokenizer
     conversation = CONVERSATIONS[1]
     streamed = []
-    reply = lm.generate(conversation, max_new_tokens=6, stop_token_ids=None,
-                        streamer=lambda tokens: streamed.append(int(tokens[0])))
+    reply = lm.generate(
+        conversation, max_new_tokens=6, stop_token_ids=None, streamer=lambda tokens: streamed.append(int(tokens[0]))
+    )
     prompt = chat_models.hf_ids(hf_tokenizer, conversation)
-    from_ids = lm.generate(prompt, max_new_tokens=6, stop_token_ids=None)[len(prompt):]
+    from_ids = lm.generate(prompt, max_new_tokens=6, stop_token_ids=None)[len(prompt) :]
     with torch.no_grad():
-        expected = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                               do_sample=False, max_new_tokens=6, eos_token_id=None, pad_token_id=0)
-    expected = expected[0, len(prompt):].tolist()
+        expected = hf.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=6,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    expected = expected[0, len(prompt) :].tolist()
     assert streamed == from_ids == expected
     assert len(set(expected)) >= 2
     assert reply == tokenizer.detokenize(expected)
@@ -239,7 +259,9 @@ def test_in_memory_tokenizer_variables_and_placeholders():
     tokenizer = BytePairTokenizer.train(chat_models.hf_models.TEXTS, vocabulary_size=300)
     with pytest.raises(ValueError, match="built in memory"):
         tokenizer.apply_chat_template(CONVERSATIONS[0])
-    tokenizer.chat_template = "{{ bos_token }}{% for m in messages %}{{ m.content }}|{% endfor %}{{ messages | tojson }}"
+    tokenizer.chat_template = (
+        "{{ bos_token }}{% for m in messages %}{{ m.content }}|{% endfor %}{{ messages | tojson }}"
+    )
     out = tokenizer.apply_chat_template([{"role": "user", "content": "é", "n": np.int64(3), "x": object()}])
     assert out == '<|endoftext|>é|[{"role": "user", "content": "é", "n": 3, "x": "<object>"}]'
 

@@ -21,12 +21,7 @@ import unicodedata
 import numpy as np
 import pytest
 
-from keras_transformer.tokenizers import (
-    BytePairTokenizer,
-    Tokenizer,
-    UnigramTokenizer,
-    WordPieceTokenizer,
-)
+from keras_transformer.tokenizers import BytePairTokenizer, Tokenizer, UnigramTokenizer, WordPieceTokenizer
 from keras_transformer.tokenizers import byte_pair_tokenizer as byte_pair_module
 from keras_transformer.tokenizers import tokenizer as tokenizer_module
 from keras_transformer.tokenizers import unigram_tokenizer as unigram_module
@@ -56,9 +51,7 @@ def trained(corpus):
 def _gpt2_byte_table():
     """GPT-2's byte -> printable character table, as published with GPT-2 (encoder.py)."""
     printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     )
     table = {byte: chr(byte) for byte in printable}
     extra = 0

@@ -5,5 +5,9 @@ from keras_transformer.models.bert.bert_masked_lm_preprocessor import BertMasked
 from keras_transformer.models.bert.bert_text_classifier_preprocessor import BertTextClassifierPreprocessor
 
 __all__ = [
-    "BertBackbone", "BertClassifier", "BertMaskedLM", "BertMaskedLMPreprocessor", "BertTextClassifierPreprocessor",
+    "BertBackbone",
+    "BertClassifier",
+    "BertMaskedLM",
+    "BertMaskedLMPreprocessor",
+    "BertTextClassifierPreprocessor",
 ]

@@ -72,30 +72,34 @@ class BertBackbone(Backbone):
         dtype=None,
         **kwargs,
     ):
-        check_positive_ints(vocabulary_size=vocabulary_size, num_layers=num_layers, num_heads=num_heads,
-                            hidden_dim=hidden_dim, intermediate_dim=intermediate_dim,
-                            max_sequence_length=max_sequence_length, num_segments=num_segments)
+        check_positive_ints(vocabulary_size=vocabulary_size, num_layers=num_layers, num_heads=num_heads)
+        check_positive_ints(hidden_dim=hidden_dim, intermediate_dim=intermediate_dim)
+        check_positive_ints(max_sequence_length=max_sequence_length, num_segments=num_segments)
         _check_options(hidden_dim, num_heads, dropout, initializer_range)
         initializer = keras.initializers.TruncatedNormal(stddev=initializer_range)
 
         # === Layers ===
+        embedding = dict(embeddings_initializer=initializer, dtype=dtype)
         self.token_embedding = keras.layers.ReversibleEmbedding(
-            vocabulary_size, hidden_dim, tie_weights=True, embeddings_initializer=initializer,
-            dtype=dtype, name="token_embedding",
+            vocabulary_size, hidden_dim, tie_weights=True, name="token_embedding", **embedding
         )
-        self.segment_embedding = keras.layers.Embedding(
-            num_segments, hidden_dim, embeddings_initializer=initializer, dtype=dtype, name="segment_embedding",
-        )
+        self.segment_embedding = keras.layers.Embedding(num_segments, hidden_dim, name="segment_embedding", **embedding)
         self.position_embedding = PositionalEmbedding(
-            max_sequence_length, "learned", initializer=initializer, dtype=dtype, name="position_embedding",
+            max_sequence_length, "learned", initializer=initializer, dtype=dtype, name="position_embedding"
         )
         self.embeddings_layer_norm = keras.layers.LayerNormalization(
             epsilon=norm_epsilon, dtype=dtype, name="embeddings_layer_norm"
         )
         self.embeddings_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="embeddings_dropout")
         self.transformer_layers = _encoder_blocks(
-            num_layers, num_heads, intermediate_dim, activation=activation, dropout=dropout,
-            norm_epsilon=norm_epsilon, kernel_initializer=initializer, dtype=dtype,
+            num_layers,
+            num_heads,
+            intermediate_dim,
+            activation=activation,
+            dropout=dropout,
+            norm_epsilon=norm_epsilon,
+            kernel_initializer=initializer,
+            dtype=dtype,
         )
         self.pooled_dense = keras.layers.Dense(
             hidden_dim, activation="tanh", kernel_initializer=initializer, dtype=dtype, name="pooled_dense"
@@ -159,8 +163,7 @@ def _check_options(hidden_dim, num_heads, dropout, initializer_range):
     """The checks beyond `check_positive_ints`: a ValueError naming the first bad argument."""
     if hidden_dim % num_heads:
         raise ValueError(
-            f"`hidden_dim` must be a multiple of `num_heads`. Received: hidden_dim={hidden_dim}, "
-            f"num_heads={num_heads}"
+            f"`hidden_dim` must be a multiple of `num_heads`. Received: hidden_dim={hidden_dim}, num_heads={num_heads}"
         )
     if not (isinstance(dropout, (int, float)) and 0.0 <= dropout < 1.0):
         raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={dropout!r}")

@@ -35,8 +35,14 @@ class BertClassifier(TextClassifier):
         logits (B, C) float32.
 
     Example:
-    >>> classifier = BertClassifier(backbone, num_classes=2, preprocessor=BertTextClassifierPreprocessor(tokenizer))
-    >>> classifier.fit(["a good film", "a bad film"], [1, 0], epochs=1)
+    >>> from keras_transformer.tokenizers import WordPieceTokenizer
+    >>> texts, labels = ["a good film", "a bad film"], [1, 0]
+    >>> tokenizer = WordPieceTokenizer.train(texts * 10, vocabulary_size=50)
+    >>> backbone = BertBackbone(tokenizer.vocabulary_size, num_layers=1, num_heads=2, hidden_dim=16,
+    ...                         intermediate_dim=32, max_sequence_length=16)
+    >>> preprocessor = BertTextClassifierPreprocessor(tokenizer, sequence_length=16)
+    >>> classifier = BertClassifier(backbone, num_classes=2, preprocessor=preprocessor)
+    >>> history = classifier.fit(texts, labels, epochs=1, verbose=0)
     """
 
     backbone_cls = BertBackbone
@@ -59,8 +65,10 @@ class BertClassifier(TextClassifier):
         self.preprocessor = preprocessor
         self.output_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="output_dropout")
         self.output_dense = keras.layers.Dense(
-            num_classes, kernel_initializer=keras.initializers.TruncatedNormal(stddev=backbone.initializer_range),
-            dtype=dtype, name="output_dense",
+            num_classes,
+            kernel_initializer=keras.initializers.TruncatedNormal(stddev=backbone.initializer_range),
+            dtype=dtype,
+            name="output_dense",
         )
 
         # === Functional model ===

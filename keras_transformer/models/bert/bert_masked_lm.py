@@ -31,8 +31,13 @@ class BertMaskedLM(MaskedLM):
         logits (B, P, V) float32.
 
     Example:
+    >>> from keras_transformer.tokenizers import WordPieceTokenizer
+    >>> texts = ["the quick brown fox jumps over the lazy dog"] * 8
+    >>> tokenizer = WordPieceTokenizer.train(texts, vocabulary_size=60)
+    >>> backbone = BertBackbone(tokenizer.vocabulary_size, num_layers=1, num_heads=2, hidden_dim=16,
+    ...                         intermediate_dim=32, max_sequence_length=32)
     >>> lm = BertMaskedLM(backbone, preprocessor=BertMaskedLMPreprocessor(tokenizer, sequence_length=32))
-    >>> lm.fit(["the quick brown fox jumps over the lazy dog"] * 8, epochs=1)
+    >>> history = lm.fit(texts, epochs=1, verbose=0)  # masks 15% of the tokens, predicts them
     """
 
     backbone_cls = BertBackbone
@@ -59,10 +64,7 @@ class BertMaskedLM(MaskedLM):
         self.mlm_output_bias = _OutputBias(dtype=dtype, name="mlm_output_bias")
 
         # === Functional model ===
-        inputs = {
-            **backbone.input,
-            "mask_positions": keras.Input(shape=(None,), dtype="int32", name="mask_positions"),
-        }
+        inputs = {**backbone.input, "mask_positions": keras.Input(shape=(None,), dtype="int32", name="mask_positions")}
         sequence = backbone({k: inputs[k] for k in backbone.input})["sequence_output"]  # (B, T, D)
         positions = ops.expand_dims(inputs["mask_positions"], axis=-1)  # (B, P) -> (B, P, 1)
         x = ops.take_along_axis(sequence, positions, axis=1)  # (B, T, D) -> (B, P, D)

@@ -57,7 +57,9 @@ class BertMaskedLMPreprocessor(Preprocessor):
         short texts (their position is 0 and their label the padding id).
 
     Example:
-    >>> tokenizer = WordPieceTokenizer.from_vocabulary(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "quick", "brown", "fox", "a", "dog"])
+    >>> from keras_transformer.tokenizers import WordPieceTokenizer
+    >>> tokenizer = WordPieceTokenizer.from_vocabulary(
+    ...     ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "quick", "brown", "fox", "a", "dog"])
     >>> preprocessor = BertMaskedLMPreprocessor(tokenizer, sequence_length=16, seed=0)
     >>> x, y, w = preprocessor(["the quick brown fox"])
     >>> x["mask_positions"].shape, y.shape, w.tolist()
@@ -94,7 +96,9 @@ class BertMaskedLMPreprocessor(Preprocessor):
         if max_selections is not None and (
             not isinstance(max_selections, int) or isinstance(max_selections, bool) or max_selections < 1
         ):
-            raise ValueError(f"`max_selections` must be a positive int or None. Received: max_selections={max_selections!r}")
+            raise ValueError(
+                f"`max_selections` must be a positive int or None. Received: max_selections={max_selections!r}"
+            )
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise ValueError(f"`seed` must be an int or None. Received: seed={seed!r}")
         self.mask_selection_rate = mask_selection_rate
@@ -106,8 +110,15 @@ class BertMaskedLMPreprocessor(Preprocessor):
         self._num_slots = max_selections or max(1, round(mask_selection_rate * sequence_length))
         self._rng = np.random.default_rng(seed)
         self._special_ids = np.array(
-            sorted({i for i in (getattr(tokenizer, f"{n}_token_id") for n in
-                    ("pad", "bos", "eos", "unk", "mask", "cls", "sep")) if i is not None})
+            sorted(
+                {
+                    i
+                    for i in (
+                        getattr(tokenizer, f"{n}_token_id") for n in ("pad", "bos", "eos", "unk", "mask", "cls", "sep")
+                    )
+                    if i is not None
+                }
+            )
         )
         # Random replacements are ordinary tokens: never [PAD], [CLS], [MASK], ...
         self._ordinary_ids = np.setdiff1d(np.arange(tokenizer.vocabulary_size), self._special_ids)

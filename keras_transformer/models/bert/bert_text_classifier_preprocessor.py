@@ -37,7 +37,9 @@ class BertTextClassifierPreprocessor(Preprocessor):
         sample_weight (B,) float32 or None.
 
     Example:
-    >>> tokenizer = WordPieceTokenizer.from_vocabulary(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "quick", "brown", "fox", "a", "dog"])
+    >>> from keras_transformer.tokenizers import WordPieceTokenizer
+    >>> tokenizer = WordPieceTokenizer.from_vocabulary(
+    ...     ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "quick", "brown", "fox", "a", "dog"])
     >>> preprocessor = BertTextClassifierPreprocessor(tokenizer, sequence_length=8)
     >>> x, y, _ = preprocessor((["the fox"], ["a dog"]), [1])
     >>> x["token_ids"].tolist(), x["segment_ids"].tolist(), y.tolist()
@@ -84,4 +86,3 @@ class BertTextClassifierPreprocessor(Preprocessor):
 
 def _is_pair(x):
     return isinstance(x, tuple) and len(x) == 2 and not isinstance(x[0], (str, bytes))
-

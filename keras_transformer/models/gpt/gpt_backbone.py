@@ -54,23 +54,40 @@ class GPTBackbone(Backbone):
         dtype=None,
         **kwargs,
     ):
-        check_positive_ints(vocabulary_size=vocabulary_size, num_layers=num_layers, num_heads=num_heads,
-                        hidden_dim=hidden_dim, intermediate_dim=intermediate_dim,
-                        max_sequence_length=max_sequence_length)
+        check_positive_ints(
+            vocabulary_size=vocabulary_size,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            hidden_dim=hidden_dim,
+            intermediate_dim=intermediate_dim,
+            max_sequence_length=max_sequence_length,
+        )
         # === Layers ===
         self.token_embedding = keras.layers.ReversibleEmbedding(
-            vocabulary_size, hidden_dim, tie_weights=True,
+            vocabulary_size,
+            hidden_dim,
+            tie_weights=True,
             embeddings_initializer=keras.initializers.RandomNormal(stddev=0.02),
-            dtype=dtype, name="token_embedding",
+            dtype=dtype,
+            name="token_embedding",
         )
         self.position_embedding = PositionalEmbedding(
-            max_sequence_length, "learned", initializer=keras.initializers.RandomNormal(stddev=0.01),
-            dtype=dtype, name="position_embedding",
+            max_sequence_length,
+            "learned",
+            initializer=keras.initializers.RandomNormal(stddev=0.01),
+            dtype=dtype,
+            name="position_embedding",
         )
         self.embeddings_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="embeddings_dropout")
         self.transformer_layers = _decoder_blocks(
-            num_layers, num_heads, intermediate_dim, activation=activation, dropout=dropout,
-            norm_epsilon=norm_epsilon, num_key_value_heads=num_key_value_heads, dtype=dtype,
+            num_layers,
+            num_heads,
+            intermediate_dim,
+            activation=activation,
+            dropout=dropout,
+            norm_epsilon=norm_epsilon,
+            num_key_value_heads=num_key_value_heads,
+            dtype=dtype,
         )
         self.layer_norm = keras.layers.LayerNormalization(epsilon=norm_epsilon, dtype=dtype, name="layer_norm")
 
@@ -83,8 +100,9 @@ class GPTBackbone(Backbone):
         for block in self.transformer_layers:
             x = block(x, padding_mask=padding_mask)
         outputs = self.layer_norm(x)
-        super().__init__(inputs={"token_ids": token_ids, "padding_mask": padding_mask}, outputs=outputs,
-                         dtype=dtype, **kwargs)
+        super().__init__(
+            inputs={"token_ids": token_ids, "padding_mask": padding_mask}, outputs=outputs, dtype=dtype, **kwargs
+        )
 
         # === Config ===
         self.vocabulary_size = vocabulary_size
@@ -137,7 +155,10 @@ class GPTBackbone(Backbone):
         layer_caches = []
         for i, block in enumerate(self.transformer_layers):
             x, layer_cache = call_layer(
-                block, x, padding_mask=padding_mask, self_attention_cache=layer_cache_of(cache, i),
+                block,
+                x,
+                padding_mask=padding_mask,
+                self_attention_cache=layer_cache_of(cache, i),
                 cache_index=cache_index,
             )
             layer_caches.append(layer_cache)
@@ -152,9 +173,12 @@ def _decoder_blocks(num_layers, num_heads, intermediate_dim, **block_kwargs):
     """GPT-2's blocks, `transformer_layer_{i}`: causal, pre-norm, N(0, 0.02) kernels."""
     return [
         TransformerDecoderBlock(
-            num_heads, intermediate_dim, norm_first=True,
+            num_heads,
+            intermediate_dim,
+            norm_first=True,
             kernel_initializer=keras.initializers.RandomNormal(stddev=0.02),
-            name=f"transformer_layer_{i}", **block_kwargs,
+            name=f"transformer_layer_{i}",
+            **block_kwargs,
         )
         for i in range(num_layers)
     ]

@@ -21,8 +21,8 @@ class GPTCausalLM(CausalLM):
     Inputs: {"token_ids": (B, T), "padding_mask": (B, T)}. Outputs: logits (B, T, V) float32.
 
     Example:
-    >>> lm = GPTCausalLM.from_preset("gpt_tiny")
-    >>> lm.fit(["def f(x):\\n    return x\\n"] * 8, epochs=1)
+    >>> lm = GPTCausalLM.from_preset("gpt_stdlib")  # trained on the Python standard library
+    >>> history = lm.fit(["def f(x):\\n    return x\\n"] * 8, epochs=1, verbose=0)  # fine-tuned on more code
     """
 
     backbone_cls = GPTBackbone

@@ -42,9 +42,14 @@ class GPTCausalLMPreprocessor(Preprocessor):
         with packing, N rows instead of B.
 
     Example:
+    >>> from keras_transformer.corpus import stdlib_texts
+    >>> from keras_transformer.tokenizers import BytePairTokenizer
+    >>> texts = stdlib_texts("train", max_chars=20_000)  # whole source files
+    >>> tokenizer = BytePairTokenizer.train(texts, vocabulary_size=1000)
     >>> preprocessor = GPTCausalLMPreprocessor(tokenizer, sequence_length=128, packing=True)
-    >>> x, y, w = preprocessor(stdlib_texts("train", max_chars=20_000))  # whole source files
+    >>> x, y, w = preprocessor(texts)
     >>> x["token_ids"].shape  # (N, 128): every token of every file, in windows
+    (..., 128)
     """
 
     def __init__(

@@ -2,6 +2,4 @@ from keras_transformer.models.llama.llama_backbone import LlamaBackbone
 from keras_transformer.models.llama.llama_causal_lm import LlamaCausalLM
 from keras_transformer.models.llama.llama_causal_lm_preprocessor import LlamaCausalLMPreprocessor
 
-__all__ = [
-    "LlamaBackbone", "LlamaCausalLM", "LlamaCausalLMPreprocessor",
-]
+__all__ = ["LlamaBackbone", "LlamaCausalLM", "LlamaCausalLMPreprocessor"]

@@ -78,20 +78,37 @@ class LlamaBackbone(Backbone):
         dtype=None,
         **kwargs,
     ):
-        check_positive_ints(vocabulary_size=vocabulary_size, num_layers=num_layers, num_heads=num_heads,
-                            hidden_dim=hidden_dim, intermediate_dim=intermediate_dim,
-                            max_sequence_length=max_sequence_length)
+        check_positive_ints(
+            vocabulary_size=vocabulary_size,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            hidden_dim=hidden_dim,
+            intermediate_dim=intermediate_dim,
+            max_sequence_length=max_sequence_length,
+        )
         # === Layers ===
         self.token_embedding = keras.layers.ReversibleEmbedding(
-            vocabulary_size, hidden_dim, tie_weights=tie_word_embeddings,
+            vocabulary_size,
+            hidden_dim,
+            tie_weights=tie_word_embeddings,
             embeddings_initializer=keras.initializers.RandomNormal(stddev=0.02),
-            dtype=dtype, name="token_embedding",
+            dtype=dtype,
+            name="token_embedding",
         )
         rotary = {"max_wavelength": rope_max_wavelength, "rotary_dim": rotary_dim, "scaling": rope_scaling}
         self.transformer_layers = _decoder_blocks(
-            num_layers, num_heads, intermediate_dim, dropout=dropout, norm_epsilon=norm_epsilon, use_bias=mlp_bias,
-            key_dim=head_dim, num_key_value_heads=num_key_value_heads, attention_bias=attention_bias,
-            attention_output_bias=attention_output_bias, rotary_embedding=rotary, sliding_window=sliding_window,
+            num_layers,
+            num_heads,
+            intermediate_dim,
+            dropout=dropout,
+            norm_epsilon=norm_epsilon,
+            use_bias=mlp_bias,
+            key_dim=head_dim,
+            num_key_value_heads=num_key_value_heads,
+            attention_bias=attention_bias,
+            attention_output_bias=attention_output_bias,
+            rotary_embedding=rotary,
+            sliding_window=sliding_window,
             dtype=dtype,
         )
         self.layer_norm = keras.layers.RMSNormalization(epsilon=norm_epsilon, dtype=dtype, name="layer_norm")
@@ -103,8 +120,9 @@ class LlamaBackbone(Backbone):
         for block in self.transformer_layers:
             x = block(x, padding_mask=padding_mask)
         outputs = self.layer_norm(x)
-        super().__init__(inputs={"token_ids": token_ids, "padding_mask": padding_mask}, outputs=outputs,
-                         dtype=dtype, **kwargs)
+        super().__init__(
+            inputs={"token_ids": token_ids, "padding_mask": padding_mask}, outputs=outputs, dtype=dtype, **kwargs
+        )
 
         # === Config ===
         self.vocabulary_size = vocabulary_size
@@ -171,7 +189,10 @@ class LlamaBackbone(Backbone):
         layer_caches = []
         for i, block in enumerate(self.transformer_layers):
             x, layer_cache = call_layer(
-                block, x, padding_mask=padding_mask, self_attention_cache=layer_cache_of(cache, i),
+                block,
+                x,
+                padding_mask=padding_mask,
+                self_attention_cache=layer_cache_of(cache, i),
                 cache_index=cache_index,
             )
             layer_caches.append(layer_cache)
@@ -185,9 +206,14 @@ def _decoder_blocks(num_layers, num_heads, intermediate_dim, **block_kwargs):
     """Llama's blocks, `transformer_layer_{i}`: causal, pre-norm RMS norms, SwiGLU, N(0, 0.02) kernels."""
     return [
         TransformerDecoderBlock(
-            num_heads, intermediate_dim, activation="gated-silu", norm_type="rms_norm", norm_first=True,
+            num_heads,
+            intermediate_dim,
+            activation="gated-silu",
+            norm_type="rms_norm",
+            norm_first=True,
             kernel_initializer=keras.initializers.RandomNormal(stddev=0.02),
-            name=f"transformer_layer_{i}", **block_kwargs,
+            name=f"transformer_layer_{i}",
+            **block_kwargs,
         )
         for i in range(num_layers)
     ]

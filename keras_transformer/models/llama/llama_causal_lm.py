@@ -24,8 +24,9 @@ class LlamaCausalLM(CausalLM):
     Inputs: {"token_ids": (B, T), "padding_mask": (B, T)}. Outputs: logits (B, T, V) float32.
 
     Example:
-    >>> lm = LlamaCausalLM.from_preset("llama_tiny")
-    >>> lm.generate("def f(x):", max_length=32)
+    >>> lm = LlamaCausalLM.from_preset("llama_stdlib")  # trained on the Python standard library
+    >>> lm.generate("    def __init__(self", max_new_tokens=8)
+    '    def __init__(self, name):\\n        self.tk.'
     """
 
     backbone_cls = LlamaBackbone

@@ -15,6 +15,10 @@ class LlamaCausalLMPreprocessor(GPTCausalLMPreprocessor):
     Args: as `GPTCausalLMPreprocessor`.
 
     Example:
-    >>> preprocessor = LlamaCausalLMPreprocessor(tokenizer, sequence_length=128)
+    >>> from keras_transformer.tokenizers import BytePairTokenizer
+    >>> tokenizer = BytePairTokenizer.train(["def f(x):\\n    return x\\n"] * 10, vocabulary_size=300)
+    >>> preprocessor = LlamaCausalLMPreprocessor(tokenizer, sequence_length=16)
     >>> x, y, w = preprocessor(["def f(x):"])
+    >>> x["token_ids"].shape, y.shape, w.shape
+    ((1, 16), (1, 16), (1, 16))
     """

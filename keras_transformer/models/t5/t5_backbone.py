@@ -96,30 +96,31 @@ class T5Backbone(Seq2SeqBackbone):
         **kwargs,
     ):
         check_positive_ints(
-            vocabulary_size=vocabulary_size, num_layers=num_layers, num_heads=num_heads, hidden_dim=hidden_dim,
-            intermediate_dim=intermediate_dim, relative_attention_num_buckets=relative_attention_num_buckets,
+            vocabulary_size=vocabulary_size,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            hidden_dim=hidden_dim,
+            intermediate_dim=intermediate_dim,
+            relative_attention_num_buckets=relative_attention_num_buckets,
             relative_attention_max_distance=relative_attention_max_distance,
             max_sequence_length=max_sequence_length,
         )
         _check_options(dropout, hidden_dim, num_heads, key_dim, num_decoder_layers)
         decoder_layers = num_decoder_layers or num_layers
-        block_kwargs = dict(
-            activation=activation, dropout=dropout, norm_type="rms_norm", norm_first=True,
-            norm_epsilon=norm_epsilon, use_bias=False, key_dim=key_dim, attention_scale=1.0,
-            # fan-in scaling keeps unscaled attention logits near unit variance at initialisation.
-            kernel_initializer=keras.initializers.VarianceScaling(1.0, "fan_in", "truncated_normal"),
-            dtype=dtype,
-        )
+        block_kwargs = _block_options(activation, dropout, norm_epsilon, key_dim, dtype)
         bias_kwargs = dict(
-            num_buckets=relative_attention_num_buckets, max_distance=relative_attention_max_distance,
-            initializer=keras.initializers.RandomNormal(stddev=hidden_dim**-0.5), dtype=dtype,
+            num_buckets=relative_attention_num_buckets, max_distance=relative_attention_max_distance, dtype=dtype
         )
+        bias_kwargs["initializer"] = keras.initializers.RandomNormal(stddev=hidden_dim**-0.5)
 
         # === Layers ===
         self.token_embedding = keras.layers.ReversibleEmbedding(
-            vocabulary_size, hidden_dim, tie_weights=True,
+            vocabulary_size,
+            hidden_dim,
+            tie_weights=True,
             embeddings_initializer=keras.initializers.RandomNormal(stddev=1.0),
-            dtype=dtype, name="token_embedding",
+            dtype=dtype,
+            name="token_embedding",
         )
         self.encoder_embedding_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="encoder_embedding_dropout")
         self.encoder_relative_position_bias = RelativePositionBias(
@@ -200,8 +201,12 @@ class T5Backbone(Seq2SeqBackbone):
         bias = self.decoder_relative_position_bias(x, x)  # (1, H, T, T), causal buckets
         for block in self.decoder_layers:
             x = block(
-                x, encoder_outputs, padding_mask=decoder_padding_mask, encoder_padding_mask=encoder_padding_mask,
-                self_attention_bias=bias, training=training,
+                x,
+                encoder_outputs,
+                padding_mask=decoder_padding_mask,
+                encoder_padding_mask=encoder_padding_mask,
+                self_attention_bias=bias,
+                training=training,
             )
         x = self.decoder_layer_norm(x)
         return self.decoder_output_dropout(x, training=training)
@@ -213,7 +218,13 @@ class T5Backbone(Seq2SeqBackbone):
         return self.key_dim or self.hidden_dim // self.num_heads
 
     def call_with_cache(
-        self, decoder_token_ids, self_cache, cache_index, cross_cache, encoder_padding_mask, decoder_padding_mask=None,
+        self,
+        decoder_token_ids,
+        self_cache,
+        cache_index,
+        cross_cache,
+        encoder_padding_mask,
+        decoder_padding_mask=None,
         call_layer=call_layer,
     ):
         """Decode T new tokens at positions [cache_index, cache_index + T), reading and writing the cache.
@@ -231,8 +242,13 @@ class T5Backbone(Seq2SeqBackbone):
         layer_caches = []
         for i, block in enumerate(self.decoder_layers):
             x, layer_cache, _ = call_layer(
-                block, x, padding_mask=decoder_padding_mask, encoder_padding_mask=encoder_padding_mask,
-                self_attention_bias=bias, self_attention_cache=layer_cache_of(self_cache, i), cache_index=cache_index,
+                block,
+                x,
+                padding_mask=decoder_padding_mask,
+                encoder_padding_mask=encoder_padding_mask,
+                self_attention_bias=bias,
+                self_attention_cache=layer_cache_of(self_cache, i),
+                cache_index=cache_index,
                 cross_attention_cache=layer_cache_of(cross_cache, i),
             )
             layer_caches.append(layer_cache)
@@ -274,3 +290,20 @@ def _decoder_blocks(num_layers, num_heads, intermediate_dim, **block_kwargs):
         )
         for i in range(num_layers)
     ]
+
+
+def _block_options(activation, dropout, norm_epsilon, key_dim, dtype):
+    """The options T5's encoder and decoder blocks share: pre-norm RMS, no biases, unscaled attention."""
+    return dict(
+        activation=activation,
+        dropout=dropout,
+        norm_type="rms_norm",
+        norm_first=True,
+        norm_epsilon=norm_epsilon,
+        use_bias=False,
+        key_dim=key_dim,
+        attention_scale=1.0,
+        # fan-in scaling keeps unscaled attention logits near unit variance at initialisation.
+        kernel_initializer=keras.initializers.VarianceScaling(1.0, "fan_in", "truncated_normal"),
+        dtype=dtype,
+    )

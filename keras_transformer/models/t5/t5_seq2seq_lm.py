@@ -29,6 +29,7 @@ class T5Seq2SeqLM(Seq2SeqLM):
     Outputs: logits (B, T, V) float32.
 
     Example:
+    >>> from keras_transformer.tokenizers import UnigramTokenizer
     >>> tokenizer = UnigramTokenizer.train(["1 2 3", "3 2 1"] * 50, vocabulary_size=20)
     >>> preprocessor = T5Seq2SeqLMPreprocessor(tokenizer, encoder_sequence_length=8, decoder_sequence_length=8)
     >>> backbone = T5Backbone(tokenizer.vocabulary_size, num_layers=1, num_heads=2, hidden_dim=16,
@@ -45,9 +46,11 @@ class T5Seq2SeqLM(Seq2SeqLM):
         self.lm_head = None
         if not backbone.tie_embedding_weights:
             self.lm_head = keras.layers.Dense(
-                backbone.vocabulary_size, use_bias=False,
+                backbone.vocabulary_size,
+                use_bias=False,
                 kernel_initializer=keras.initializers.RandomNormal(stddev=backbone.hidden_dim**-0.5),
-                dtype=backbone.dtype_policy, name="lm_head",
+                dtype=backbone.dtype_policy,
+                name="lm_head",
             )
 
         # === Functional model ===

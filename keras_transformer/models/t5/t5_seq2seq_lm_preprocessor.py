@@ -39,6 +39,7 @@ class T5Seq2SeqLMPreprocessor(Preprocessor):
           labels (B, T) int32, sample_weight (B, T) float32)`.
 
     Example:
+    >>> from keras_transformer.tokenizers import UnigramTokenizer
     >>> tokenizer = UnigramTokenizer.train(["1 2 3", "3 2 1"] * 50, vocabulary_size=20)
     >>> preprocessor = T5Seq2SeqLMPreprocessor(tokenizer, encoder_sequence_length=8, decoder_sequence_length=8)
     >>> x, labels, weights = preprocessor((["1 2 3"], ["3 2 1"]))

@@ -71,23 +71,36 @@ class TransformerBackbone(Seq2SeqBackbone):
         **kwargs,
     ):
         check_positive_ints(
-            vocabulary_size=vocabulary_size, num_layers=num_layers, num_heads=num_heads, hidden_dim=hidden_dim,
-            intermediate_dim=intermediate_dim, max_sequence_length=max_sequence_length,
+            vocabulary_size=vocabulary_size,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            hidden_dim=hidden_dim,
+            intermediate_dim=intermediate_dim,
+            max_sequence_length=max_sequence_length,
         )
         _check_options(dropout, hidden_dim, num_heads, num_decoder_layers)
         decoder_layers = num_decoder_layers or num_layers
         block_kwargs = dict(
-            activation=activation, dropout=dropout, norm_type="layer_norm", norm_first=False,
-            norm_epsilon=norm_epsilon, use_bias=True, kernel_initializer="glorot_uniform", dtype=dtype,
+            activation=activation,
+            dropout=dropout,
+            norm_type="layer_norm",
+            norm_first=False,
+            norm_epsilon=norm_epsilon,
+            use_bias=True,
+            kernel_initializer="glorot_uniform",
+            dtype=dtype,
         )
 
         # === Layers ===
         # N(0, D^-1/2) rows: scaled by sqrt(D) they enter the model at unit scale, and the tied
         # output projection starts with unit-scale logits.
         self.token_embedding = keras.layers.ReversibleEmbedding(
-            vocabulary_size, hidden_dim, tie_weights=True,
+            vocabulary_size,
+            hidden_dim,
+            tie_weights=True,
             embeddings_initializer=keras.initializers.RandomNormal(stddev=hidden_dim**-0.5),
-            dtype=dtype, name="token_embedding",
+            dtype=dtype,
+            name="token_embedding",
         )
         self.position_embedding = PositionalEmbedding(
             max_sequence_length, "sinusoidal", dtype=dtype, name="position_embedding"
@@ -150,7 +163,10 @@ class TransformerBackbone(Seq2SeqBackbone):
         x = self.decoder_embedding_dropout(self.embed(decoder_token_ids), training=training)
         for block in self.decoder_layers:
             x = block(
-                x, encoder_outputs, padding_mask=decoder_padding_mask, encoder_padding_mask=encoder_padding_mask,
+                x,
+                encoder_outputs,
+                padding_mask=decoder_padding_mask,
+                encoder_padding_mask=encoder_padding_mask,
                 training=training,
             )
         return x
@@ -158,7 +174,13 @@ class TransformerBackbone(Seq2SeqBackbone):
     # --- cached decoding --------------------------------------------------
 
     def call_with_cache(
-        self, decoder_token_ids, self_cache, cache_index, cross_cache, encoder_padding_mask, decoder_padding_mask=None,
+        self,
+        decoder_token_ids,
+        self_cache,
+        cache_index,
+        cross_cache,
+        encoder_padding_mask,
+        decoder_padding_mask=None,
         call_layer=call_layer,
     ):
         """Decode T new tokens at positions [cache_index, cache_index + T), reading and writing the cache.
@@ -173,8 +195,11 @@ class TransformerBackbone(Seq2SeqBackbone):
         for i, block in enumerate(self.decoder_layers):
             x, layer_cache, _ = call_layer(
                 block,
-                x, padding_mask=decoder_padding_mask, encoder_padding_mask=encoder_padding_mask,
-                self_attention_cache=layer_cache_of(self_cache, i), cache_index=cache_index,
+                x,
+                padding_mask=decoder_padding_mask,
+                encoder_padding_mask=encoder_padding_mask,
+                self_attention_cache=layer_cache_of(self_cache, i),
+                cache_index=cache_index,
                 cross_attention_cache=layer_cache_of(cross_cache, i),
             )
             layer_caches.append(layer_cache)
@@ -191,8 +216,7 @@ def _check_options(dropout, hidden_dim, num_heads, num_decoder_layers):
         raise ValueError(f"`dropout` must be a float in [0, 1). Received: dropout={dropout!r}")
     if hidden_dim % num_heads:
         raise ValueError(
-            f"`hidden_dim` must be divisible by `num_heads`. Received: hidden_dim={hidden_dim}, "
-            f"num_heads={num_heads}"
+            f"`hidden_dim` must be divisible by `num_heads`. Received: hidden_dim={hidden_dim}, num_heads={num_heads}"
         )
     if num_decoder_layers is not None:
         check_positive_ints(num_decoder_layers=num_decoder_layers)

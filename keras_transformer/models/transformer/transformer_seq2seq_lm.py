@@ -7,9 +7,7 @@ import keras
 
 from keras_transformer.models.seq2seq_lm import Seq2SeqLM
 from keras_transformer.models.transformer.transformer_backbone import TransformerBackbone
-from keras_transformer.models.transformer.transformer_seq2seq_lm_preprocessor import (
-    TransformerSeq2SeqLMPreprocessor,
-)
+from keras_transformer.models.transformer.transformer_seq2seq_lm_preprocessor import TransformerSeq2SeqLMPreprocessor
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -29,6 +27,7 @@ class TransformerSeq2SeqLM(Seq2SeqLM):
     Outputs: logits (B, T, V) float32.
 
     Example:
+    >>> from keras_transformer.tokenizers import UnigramTokenizer
     >>> tokenizer = UnigramTokenizer.train(["1 2 3", "3 2 1"] * 50, vocabulary_size=20)
     >>> preprocessor = TransformerSeq2SeqLMPreprocessor(tokenizer, encoder_sequence_length=8,
     ...                                                 decoder_sequence_length=8)

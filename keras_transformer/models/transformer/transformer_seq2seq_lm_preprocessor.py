@@ -21,6 +21,7 @@ class TransformerSeq2SeqLMPreprocessor(T5Seq2SeqLMPreprocessor):
     Call arguments and returns: as `T5Seq2SeqLMPreprocessor`.
 
     Example:
+    >>> from keras_transformer.tokenizers import UnigramTokenizer
     >>> tokenizer = UnigramTokenizer.train(["1 2 3", "3 2 1"] * 50, vocabulary_size=20)
     >>> TransformerSeq2SeqLMPreprocessor(tokenizer).decoder_start_token_id == tokenizer.pad_token_id
     True

@@ -67,7 +67,9 @@ def main():
     decoder = TransformerDecoderBlock(**DECODER_CONFIG)
     decoder(x, encoder_outputs)
     randomize_weights(decoder, rng)
-    call_kwargs = dict(encoder_outputs=encoder_outputs, padding_mask=padding_mask, encoder_padding_mask=encoder_padding_mask)
+    call_kwargs = dict(
+        encoder_outputs=encoder_outputs, padding_mask=padding_mask, encoder_padding_mask=encoder_padding_mask
+    )
     expected = reference.decoder_block(
         block_weights(decoder), x, activation="silu", norm_type="rms_norm", norm_first=True, **call_kwargs
     )

@@ -26,8 +26,14 @@ def tiny_backbone(tokenizer):
     """A BertBackbone factory. The BERT tests share these shapes: JAX compiles each new shape once."""
 
     def build(**kwargs):
-        options = dict(vocabulary_size=tokenizer.vocabulary_size, num_layers=2, num_heads=2, hidden_dim=16,
-                       intermediate_dim=32, max_sequence_length=32)
+        options = dict(
+            vocabulary_size=tokenizer.vocabulary_size,
+            num_layers=2,
+            num_heads=2,
+            hidden_dim=16,
+            intermediate_dim=32,
+            max_sequence_length=32,
+        )
         return BertBackbone(**{**options, **kwargs})
 
     return build

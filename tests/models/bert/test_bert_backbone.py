@@ -34,8 +34,14 @@ def test_shapes_names_and_family(tiny_backbone, rng):
     assert sequence.shape == (2, 16, 16) and pooled.shape == (2, 16)
     assert BertBackbone.family == "bert"
     names = {layer.name for layer in backbone.layers}
-    assert {"token_embedding", "segment_embedding", "position_embedding", "embeddings_layer_norm",
-            "transformer_layer_0", "pooled_dense"} <= names
+    assert {
+        "token_embedding",
+        "segment_embedding",
+        "position_embedding",
+        "embeddings_layer_norm",
+        "transformer_layer_0",
+        "pooled_dense",
+    } <= names
     assert isinstance(backbone.token_embedding, keras.layers.ReversibleEmbedding)
 
 

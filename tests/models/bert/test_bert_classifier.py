@@ -35,8 +35,14 @@ def test_learns_from_raw_strings(tiny_backbone, tokenizer, rng):
     # Multiples of the batch size: one compiled step, no second one for a ragged last batch.
     texts, labels = _contains_zebra(rng, 640)
     held_out, held_out_labels = _contains_zebra(rng, 320)
-    history = classifier.fit(texts, labels, batch_size=32, epochs=8, verbose=0,  # the default compile
-                             validation_data=(held_out, held_out_labels))
+    history = classifier.fit(
+        texts,
+        labels,
+        batch_size=32,
+        epochs=8,
+        verbose=0,  # the default compile
+        validation_data=(held_out, held_out_labels),
+    )
     accuracy = classifier.evaluate(held_out, held_out_labels, batch_size=32, verbose=0, return_dict=True)["accuracy"]
     print(f"BertClassifier held-out accuracy {accuracy:.3f}")
     assert accuracy >= 0.95, f"held-out accuracy {accuracy:.3f}"
@@ -73,8 +79,11 @@ def test_text_pairs_and_logits(tiny_backbone, tokenizer):
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [(dict(num_classes=1), "num_classes=1"), (dict(num_classes=2.0), "num_classes=2.0"),
-     (dict(num_classes=2, dropout=1.5), "dropout=1.5")],
+    [
+        (dict(num_classes=1), "num_classes=1"),
+        (dict(num_classes=2.0), "num_classes=2.0"),
+        (dict(num_classes=2, dropout=1.5), "dropout=1.5"),
+    ],
 )
 def test_invalid_arguments(tiny_backbone, kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -90,8 +99,9 @@ def test_config_and_keras_file_round_trip(tiny_backbone, tokenizer, tmp_path):
     assert isinstance(restored, BertClassifier)
     assert restored.num_classes == 3 and restored.dropout == 0.25
     texts = ["apple river", "stone zebra"]
-    np.testing.assert_array_equal(to_numpy(restored.predict(texts, verbose=0)),
-                                  to_numpy(classifier.predict(texts, verbose=0)))
+    np.testing.assert_array_equal(
+        to_numpy(restored.predict(texts, verbose=0)), to_numpy(classifier.predict(texts, verbose=0))
+    )
 
 
 def test_preset_round_trip_and_new_head(tiny_backbone, tokenizer, tmp_path):
@@ -106,5 +116,6 @@ def test_preset_round_trip_and_new_head(tiny_backbone, tokenizer, tmp_path):
     five = BertClassifier.from_preset(tmp_path / "preset", num_classes=5)
     assert to_numpy(five.predict(texts, verbose=0)).shape == (2, 5)
     x, _, _ = classifier.preprocessor(texts)
-    np.testing.assert_array_equal(to_numpy(five.backbone(x)["pooled_output"]),
-                                  to_numpy(classifier.backbone(x)["pooled_output"]))
+    np.testing.assert_array_equal(
+        to_numpy(five.backbone(x)["pooled_output"]), to_numpy(classifier.backbone(x)["pooled_output"])
+    )

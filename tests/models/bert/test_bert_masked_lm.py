@@ -21,8 +21,10 @@ def _inputs(preprocessor, texts):
 
 def test_logits_shape_and_independent_positions(tiny_backbone, tokenizer):
     lm = BertMaskedLM(tiny_backbone())
-    x = _inputs(BertMaskedLMPreprocessor(tokenizer, sequence_length=16, max_selections=3, seed=0),
-                generated_corpus(2, min_words=8))
+    x = _inputs(
+        BertMaskedLMPreprocessor(tokenizer, sequence_length=16, max_selections=3, seed=0),
+        generated_corpus(2, min_words=8),
+    )
     logits = to_numpy(lm(x))
     assert logits.shape == (2, 3, tokenizer.vocabulary_size) and logits.dtype == np.float32
     # A position's logits depend on that position only, not on the other selections.
@@ -89,18 +91,28 @@ def test_learns_to_recover_masked_tokens(tokenizer, rng):
     test_runs, train_runs = runs[:12], runs[12:]
 
     # A tiny model trains much faster from a wider initialisation than BERT's 0.02.
-    backbone = BertBackbone(tokenizer.vocabulary_size, num_layers=1, num_heads=2, hidden_dim=32,
-                            intermediate_dim=64, max_sequence_length=16, dropout=0.0, initializer_range=0.2)
+    backbone = BertBackbone(
+        tokenizer.vocabulary_size,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=32,
+        intermediate_dim=64,
+        max_sequence_length=16,
+        dropout=0.0,
+        initializer_range=0.2,
+    )
     # Twice BERT's selection rate: twice the training signal per step.
-    lm = BertMaskedLM(backbone, preprocessor=BertMaskedLMPreprocessor(
-        tokenizer, sequence_length=16, mask_selection_rate=0.3, seed=0))
+    lm = BertMaskedLM(
+        backbone, preprocessor=BertMaskedLMPreprocessor(tokenizer, sequence_length=16, mask_selection_rate=0.3, seed=0)
+    )
     lm.compile(optimizer=keras.optimizers.AdamW(5e-3, weight_decay=0.01))
     # Multiples of the batch size: one compiled step, no second one for a ragged last batch.
     lm.fit(_successor_texts(rng, train_runs, 1024, words), batch_size=32, epochs=6, verbose=0)
 
     # Held out: new runs, BERT's default masking (15%: 80% [MASK], 10% random, 10% unchanged).
     x, y, weights = BertMaskedLMPreprocessor(tokenizer, sequence_length=16, seed=1)(
-        _successor_texts(rng, test_runs, 320, words))
+        _successor_texts(rng, test_runs, 320, words)
+    )
     predicted = np.argmax(to_numpy(lm.predict(x, batch_size=32, verbose=0)), axis=-1)
     accuracy = np.sum((predicted == y) * weights) / np.sum(weights)
     print(f"BertMaskedLM held-out accuracy {accuracy:.3f}")

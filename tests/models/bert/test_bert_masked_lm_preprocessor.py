@@ -21,8 +21,9 @@ def _plain_ids(tokenizer, texts, length):
 
 def test_packing_labels_and_weights(tokenizer):
     texts = ["apple river stone cloud green music paper", "house"]
-    preprocessor = BertMaskedLMPreprocessor(tokenizer, sequence_length=12, mask_token_rate=0.0,
-                                            random_token_rate=0.0, seed=0)  # selected tokens stay unchanged
+    preprocessor = BertMaskedLMPreprocessor(
+        tokenizer, sequence_length=12, mask_token_rate=0.0, random_token_rate=0.0, seed=0
+    )  # selected tokens stay unchanged
     x, y, weights = preprocessor(texts)
     expected = _plain_ids(tokenizer, texts, 12)
     np.testing.assert_array_equal(x["token_ids"], expected)
@@ -72,8 +73,13 @@ def test_masking_statistics_on_a_large_batch(tokenizer):
     assert abs(masked.mean() - 0.8) < 0.015
     assert abs(randomised.mean() - 0.1) < 0.015
     assert abs(unchanged.mean() - 0.1) < 0.015
-    special_ids = [tokenizer.pad_token_id, tokenizer.unk_token_id, tokenizer.cls_token_id,
-                   tokenizer.sep_token_id, tokenizer.mask_token_id]
+    special_ids = [
+        tokenizer.pad_token_id,
+        tokenizer.unk_token_id,
+        tokenizer.cls_token_id,
+        tokenizer.sep_token_id,
+        tokenizer.mask_token_id,
+    ]
     assert not np.any(np.isin(shown[randomised], special_ids))
     assert len(np.unique(shown[randomised])) > 20  # spread over the vocabulary
     # Nothing else changes.
@@ -83,8 +89,9 @@ def test_masking_statistics_on_a_large_batch(tokenizer):
 def test_special_tokens_in_the_text_are_never_selected(tokenizer):
     # "[MASK]" in the text is the mask token; "xyz" has letters the vocabulary lacks: [UNK].
     texts = ["apple [MASK] xyz river"] * 200
-    preprocessor = BertMaskedLMPreprocessor(tokenizer, sequence_length=8, mask_selection_rate=1.0,
-                                            mask_token_rate=0.0, random_token_rate=0.0, seed=0)
+    preprocessor = BertMaskedLMPreprocessor(
+        tokenizer, sequence_length=8, mask_selection_rate=1.0, mask_token_rate=0.0, random_token_rate=0.0, seed=0
+    )
     x, y, weights = preprocessor(texts)
     ids = _plain_ids(tokenizer, texts[:1], 8)[0]
     assert tokenizer.mask_token_id in ids and tokenizer.unk_token_id in ids
@@ -130,8 +137,9 @@ def test_too_long_text_is_an_error_unless_truncate(tokenizer):
     text = "apple river stone cloud green music paper light"  # 8 tokens + 2 special > 6
     with pytest.raises(ValueError, match="sequence_length=6"):
         BertMaskedLMPreprocessor(tokenizer, sequence_length=6)([text])
-    x, _, _ = BertMaskedLMPreprocessor(tokenizer, sequence_length=6, truncate=True, mask_token_rate=0.0,
-                                       random_token_rate=0.0)([text])
+    x, _, _ = BertMaskedLMPreprocessor(
+        tokenizer, sequence_length=6, truncate=True, mask_token_rate=0.0, random_token_rate=0.0
+    )([text])
     expected = [tokenizer.cls_token_id] + tokenizer.tokenize(text)[:4] + [tokenizer.sep_token_id]
     np.testing.assert_array_equal(x["token_ids"][0], expected)
 
@@ -162,9 +170,16 @@ def test_labels_are_refused(tokenizer):
 
 
 def test_config_round_trip(tokenizer):
-    preprocessor = BertMaskedLMPreprocessor(tokenizer, sequence_length=20, mask_selection_rate=0.3,
-                                            mask_token_rate=0.5, random_token_rate=0.2, max_selections=5,
-                                            seed=11, truncate=True)
+    preprocessor = BertMaskedLMPreprocessor(
+        tokenizer,
+        sequence_length=20,
+        mask_selection_rate=0.3,
+        mask_token_rate=0.5,
+        random_token_rate=0.2,
+        max_selections=5,
+        seed=11,
+        truncate=True,
+    )
     restored = BertMaskedLMPreprocessor.from_config(preprocessor.get_config(), tokenizer=tokenizer)
     assert restored.get_config() == preprocessor.get_config()
     texts = generated_corpus(8)

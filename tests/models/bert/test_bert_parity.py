@@ -20,10 +20,15 @@ ATOL = 1e-4
 
 def _hf_config(backbone):
     return transformers.BertConfig(
-        vocab_size=backbone.vocabulary_size, hidden_size=backbone.hidden_dim, num_hidden_layers=backbone.num_layers,
-        num_attention_heads=backbone.num_heads, intermediate_size=backbone.intermediate_dim,
-        max_position_embeddings=backbone.max_sequence_length, type_vocab_size=backbone.num_segments,
-        layer_norm_eps=backbone.norm_epsilon, attn_implementation="eager",
+        vocab_size=backbone.vocabulary_size,
+        hidden_size=backbone.hidden_dim,
+        num_hidden_layers=backbone.num_layers,
+        num_attention_heads=backbone.num_heads,
+        intermediate_size=backbone.intermediate_dim,
+        max_position_embeddings=backbone.max_sequence_length,
+        type_vocab_size=backbone.num_segments,
+        layer_norm_eps=backbone.norm_epsilon,
+        attn_implementation="eager",
     )
 
 
@@ -136,4 +141,3 @@ def test_masked_lm_matches_hugging_face_bert_for_masked_lm(tiny_backbone, rng):
     assert keras.backend.standardize_dtype(logits.dtype) == "float32"
     np.testing.assert_allclose(to_numpy(logits), expected, atol=ATOL, rtol=0)
     assert np.std(expected) > 0.1
-

@@ -13,7 +13,9 @@ def test_single_texts(tokenizer):
     x, y, weights = BertTextClassifierPreprocessor(tokenizer, sequence_length=6)(["apple river", "house"], [1, 0])
     cls, sep, pad = tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id
     apple, river, house = (tokenizer.token_to_id(w) for w in ("apple", "river", "house"))
-    np.testing.assert_array_equal(x["token_ids"], [[cls, apple, river, sep, pad, pad], [cls, house, sep, pad, pad, pad]])
+    np.testing.assert_array_equal(
+        x["token_ids"], [[cls, apple, river, sep, pad, pad], [cls, house, sep, pad, pad, pad]]
+    )
     np.testing.assert_array_equal(x["segment_ids"], np.zeros((2, 6)))
     np.testing.assert_array_equal(x["padding_mask"], [[1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0]])
     assert x["token_ids"].dtype == np.int32 and x["padding_mask"].dtype == bool
@@ -27,8 +29,10 @@ def test_pairs(tokenizer):
     ids = {w: tokenizer.token_to_id(w) for w in ("apple", "river", "house", "stone", "cloud", "green")}
     np.testing.assert_array_equal(
         x["token_ids"],
-        [[cls, ids["apple"], ids["river"], sep, ids["stone"], sep, pad, pad],
-         [cls, ids["house"], sep, ids["cloud"], ids["green"], sep, pad, pad]],
+        [
+            [cls, ids["apple"], ids["river"], sep, ids["stone"], sep, pad, pad],
+            [cls, ids["house"], sep, ids["cloud"], ids["green"], sep, pad, pad],
+        ],
     )
     np.testing.assert_array_equal(x["segment_ids"], [[0, 0, 0, 0, 1, 1, 0, 0], [0, 0, 0, 1, 1, 1, 0, 0]])
     np.testing.assert_array_equal(x["padding_mask"].sum(axis=1), [6, 6])
@@ -43,8 +47,13 @@ def test_truncation_longest_first(tokenizer):
         BertTextClassifierPreprocessor(tokenizer, sequence_length=8)(([a], [b]))
     x, _, _ = BertTextClassifierPreprocessor(tokenizer, sequence_length=8, truncate=True)(([a], [b]))
     # 8 - 3 special tokens = 5 left: the longer first text is cut to 3, the pair keeps its 2.
-    expected = ([tokenizer.cls_token_id] + tokenizer.tokenize(a)[:3] + [tokenizer.sep_token_id]
-                + tokenizer.tokenize(b) + [tokenizer.sep_token_id])
+    expected = (
+        [tokenizer.cls_token_id]
+        + tokenizer.tokenize(a)[:3]
+        + [tokenizer.sep_token_id]
+        + tokenizer.tokenize(b)
+        + [tokenizer.sep_token_id]
+    )
     np.testing.assert_array_equal(x["token_ids"][0], expected)
     np.testing.assert_array_equal(x["segment_ids"][0], [0, 0, 0, 0, 0, 1, 1, 1])
 

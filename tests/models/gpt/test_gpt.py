@@ -17,8 +17,15 @@ def _numpy(x):
 
 
 def _tiny(vocabulary_size=24, max_sequence_length=32, **kwargs):
-    config = dict(vocabulary_size=vocabulary_size, num_layers=2, num_heads=2, hidden_dim=32,
-                  intermediate_dim=64, max_sequence_length=max_sequence_length, **kwargs)
+    config = dict(
+        vocabulary_size=vocabulary_size,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=32,
+        intermediate_dim=64,
+        max_sequence_length=max_sequence_length,
+        **kwargs,
+    )
     return kt.models.GPTBackbone(**config)
 
 
@@ -60,8 +67,10 @@ def test_bad_arguments_name_the_argument():
         kt.models.GPTBackbone(vocabulary_size=10, num_layers=1, num_heads=4, hidden_dim=10, intermediate_dim=8)
     tokenizer = kt.tokenizers.Tokenizer.load(presets.resolve("gpt_tiny"))
     with pytest.raises(ValueError, match="max_sequence_length"):
-        kt.models.GPTCausalLM(_tiny(vocabulary_size=tokenizer.vocabulary_size, max_sequence_length=16),
-                              kt.models.GPTCausalLMPreprocessor(tokenizer, sequence_length=32))
+        kt.models.GPTCausalLM(
+            _tiny(vocabulary_size=tokenizer.vocabulary_size, max_sequence_length=16),
+            kt.models.GPTCausalLMPreprocessor(tokenizer, sequence_length=32),
+        )
 
 
 def test_preprocessor_shifts_labels_and_refuses_silent_truncation():
@@ -95,7 +104,7 @@ def test_fit_accepts_strings_tf_data_and_py_dataset():
             return 2
 
         def __getitem__(self, index):
-            return texts[2 * index: 2 * index + 2]
+            return texts[2 * index : 2 * index + 2]
 
     history = lm.fit(texts, batch_size=2, epochs=1, verbose=0, validation_data=texts[:2]).history
     # Raw validation strings are preprocessed like the training strings.

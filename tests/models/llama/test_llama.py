@@ -14,8 +14,13 @@ from keras_transformer import presets
 from tests import reference
 from tests.layers.helpers import attention_weights, feed_forward_weights
 
-LLAMA3 = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 16}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 4.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
 
 
 def _numpy(x):
@@ -23,8 +28,15 @@ def _numpy(x):
 
 
 def _tiny(vocabulary_size=40, **kwargs):
-    config = dict(vocabulary_size=vocabulary_size, num_layers=2, num_heads=4, num_key_value_heads=2, hidden_dim=32,
-                  intermediate_dim=48, max_sequence_length=64)
+    config = dict(
+        vocabulary_size=vocabulary_size,
+        num_layers=2,
+        num_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=32,
+        intermediate_dim=48,
+        max_sequence_length=64,
+    )
     return kt.models.LlamaBackbone(**{**config, **kwargs})
 
 
@@ -49,8 +61,14 @@ def _reference_forward(backbone, x, rope, window):
     eps = backbone.norm_epsilon
     for block in backbone.transformer_layers:
         normed = reference.rms_norm(h, _numpy(block.self_attention_norm.scale), eps)
-        h = h + reference.multi_head_attention(attention_weights(block.self_attention), normed, attention_mask=mask,
-                                               use_causal_mask=True, rotary_kwargs=rope, sliding_window=window)
+        h = h + reference.multi_head_attention(
+            attention_weights(block.self_attention),
+            normed,
+            attention_mask=mask,
+            use_causal_mask=True,
+            rotary_kwargs=rope,
+            sliding_window=window,
+        )
         normed = reference.rms_norm(h, _numpy(block.feed_forward_norm.scale), eps)
         h = h + reference.feed_forward(feed_forward_weights(block.feed_forward), normed, "gated-silu")
     return reference.rms_norm(h, _numpy(backbone.layer_norm.scale), eps)
@@ -62,8 +80,14 @@ def test_backbone_matches_numpy_forward(variant):
     rope = {"max_wavelength": 10000.0}
     window = None
     if variant != "plain":
-        kwargs = dict(attention_bias=True, attention_output_bias=False, rope_scaling=LLAMA3, rotary_dim=4,
-                      sliding_window=3, rope_max_wavelength=500.0)
+        kwargs = dict(
+            attention_bias=True,
+            attention_output_bias=False,
+            rope_scaling=LLAMA3,
+            rotary_dim=4,
+            sliding_window=3,
+            rope_max_wavelength=500.0,
+        )
         rope, window = {"max_wavelength": 500.0, "rotary_dim": 4, "scaling": LLAMA3}, 3
     backbone = _tiny(**kwargs)
     _randomize(backbone)
@@ -110,8 +134,9 @@ def test_bad_arguments_name_the_argument():
         _tiny(rope_scaling={"rope_type": "yarn", "factor": 4.0})
 
 
-@pytest.mark.parametrize("name, count", [("llama_tiny", None), ("smollm2_135m", 134_515_008),
-                                         ("qwen2_0_5b", 494_032_768)])
+@pytest.mark.parametrize(
+    "name, count", [("llama_tiny", None), ("smollm2_135m", 134_515_008), ("qwen2_0_5b", 494_032_768)]
+)
 def test_presets_are_registered_with_the_published_shapes(name, count):
     row = {row["name"]: row for row in kt.list_presets()}[name]
     assert row["family"] == "llama"
@@ -149,8 +174,10 @@ def test_preprocessor_without_a_start_token():
 
 def test_fit_lowers_the_loss():
     tokenizer = kt.tokenizers.Tokenizer.load(presets.resolve("llama_tiny"))
-    lm = kt.models.LlamaCausalLM(_tiny(vocabulary_size=tokenizer.vocabulary_size),
-                                 kt.models.LlamaCausalLMPreprocessor(tokenizer, sequence_length=16, truncate=True))
+    lm = kt.models.LlamaCausalLM(
+        _tiny(vocabulary_size=tokenizer.vocabulary_size),
+        kt.models.LlamaCausalLMPreprocessor(tokenizer, sequence_length=16, truncate=True),
+    )
     lm.compile(optimizer=keras.optimizers.Adam(1e-2))
     texts = ["def f(x):\n    return x\n", "import os\n"] * 4
     losses = [lm.fit(texts, batch_size=4, epochs=1, verbose=0).history["loss"][0] for _ in range(3)]
@@ -181,7 +208,10 @@ def test_generate_equals_full_forward_greedy(window):
 
 def test_every_sampler_runs():
     lm = kt.models.CausalLM.from_preset("llama_tiny")
-    for sampler in ("greedy", kt.samplers.BeamSampler(num_beams=3),
-                    kt.samplers.RandomSampler(temperature=0.8, top_k=20, top_p=0.9, seed=3)):
+    for sampler in (
+        "greedy",
+        kt.samplers.BeamSampler(num_beams=3),
+        kt.samplers.RandomSampler(temperature=0.8, top_k=20, top_p=0.9, seed=3),
+    ):
         texts = lm.generate(["import", "def"], max_new_tokens=3, sampler=sampler)
         assert len(texts) == 2 and texts[0].startswith("import")

@@ -25,17 +25,30 @@ CONFIGS = {
     # T5 v1.1: gated-gelu, separate lm_head; few buckets and a short max distance so that the
     # logarithmic buckets and the last shared bucket are all used by these short sequences.
     "v1_1_gated_gelu_untied": dict(
-        feed_forward_proj="gated-gelu", tie_word_embeddings=False,
-        relative_attention_num_buckets=8, relative_attention_max_distance=12,
+        feed_forward_proj="gated-gelu",
+        tie_word_embeddings=False,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=12,
     ),
 }
 
 
 def _hf_model(options, seed=0):
     config = transformers.T5Config(
-        vocab_size=V, d_model=D, d_kv=DH, d_ff=F, num_layers=L, num_decoder_layers=L, num_heads=H,
-        dropout_rate=0.0, layer_norm_epsilon=1e-6, decoder_start_token_id=0, pad_token_id=0,
-        eos_token_id=1, attn_implementation="eager", **options,
+        vocab_size=V,
+        d_model=D,
+        d_kv=DH,
+        d_ff=F,
+        num_layers=L,
+        num_decoder_layers=L,
+        num_heads=H,
+        dropout_rate=0.0,
+        layer_norm_epsilon=1e-6,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+        attn_implementation="eager",
+        **options,
     )
     model = transformers.T5ForConditionalGeneration(config)
     generator = torch.Generator().manual_seed(seed)
@@ -57,8 +70,15 @@ def _tied(hf_config):
 
 def _our_model(hf_config):
     backbone = T5Backbone(
-        vocabulary_size=V, num_layers=L, num_heads=H, hidden_dim=D, intermediate_dim=F, key_dim=DH,
-        dropout=0.0, activation=hf_config.feed_forward_proj, norm_epsilon=hf_config.layer_norm_epsilon,
+        vocabulary_size=V,
+        num_layers=L,
+        num_heads=H,
+        hidden_dim=D,
+        intermediate_dim=F,
+        key_dim=DH,
+        dropout=0.0,
+        activation=hf_config.feed_forward_proj,
+        norm_epsilon=hf_config.layer_norm_epsilon,
         relative_attention_num_buckets=hf_config.relative_attention_num_buckets,
         relative_attention_max_distance=hf_config.relative_attention_max_distance,
         tie_embedding_weights=_tied(hf_config),

@@ -21,8 +21,15 @@ V = 120  # the shapes of test_t5_parity.py, so JAX reuses its compiled ops
 
 def _backbone(**overrides):
     kwargs = dict(
-        vocabulary_size=V, num_layers=2, num_heads=4, hidden_dim=32, intermediate_dim=64, key_dim=8,
-        dropout=0.0, relative_attention_num_buckets=8, relative_attention_max_distance=10,
+        vocabulary_size=V,
+        num_layers=2,
+        num_heads=4,
+        hidden_dim=32,
+        intermediate_dim=64,
+        key_dim=8,
+        dropout=0.0,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=10,
     )
     return T5Backbone(**{**kwargs, **overrides})
 
@@ -145,8 +152,13 @@ def test_learns_to_reverse_digits(rng):
     """Plain `fit((sources, targets))` on raw strings; teacher-forced accuracy on held-out pairs."""
     preprocessor = T5Seq2SeqLMPreprocessor(helpers.digit_tokenizer(), 6, 6)
     backbone = T5Backbone(
-        preprocessor.tokenizer.vocabulary_size, num_layers=2, num_heads=8, hidden_dim=32, intermediate_dim=64,
-        dropout=0.0, max_sequence_length=6,
+        preprocessor.tokenizer.vocabulary_size,
+        num_layers=2,
+        num_heads=8,
+        hidden_dim=32,
+        intermediate_dim=64,
+        dropout=0.0,
+        max_sequence_length=6,
     )
     task = T5Seq2SeqLM(backbone, preprocessor)
     train = helpers.reverse_pairs(rng, 4000, 3, 5)

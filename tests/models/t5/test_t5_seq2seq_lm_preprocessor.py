@@ -14,8 +14,9 @@ from tests.models import seq2seq_helpers as helpers
 
 
 def _preprocessor(**kwargs):
-    return T5Seq2SeqLMPreprocessor(helpers.digit_tokenizer(), **{"encoder_sequence_length": 5,
-                                                                 "decoder_sequence_length": 4, **kwargs})
+    return T5Seq2SeqLMPreprocessor(
+        helpers.digit_tokenizer(), **{"encoder_sequence_length": 5, "decoder_sequence_length": 4, **kwargs}
+    )
 
 
 def test_packing_by_hand():

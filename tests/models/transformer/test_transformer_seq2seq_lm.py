@@ -14,11 +14,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_transformer.models import (
-    TransformerBackbone,
-    TransformerSeq2SeqLM,
-    TransformerSeq2SeqLMPreprocessor,
-)
+from keras_transformer.models import TransformerBackbone, TransformerSeq2SeqLM, TransformerSeq2SeqLMPreprocessor
 from keras_transformer.tokenizers import UnigramTokenizer
 from keras_transformer.samplers import BeamSampler
 from tests import reference
@@ -32,8 +28,13 @@ V, D, H, F, P = 120, 32, 4, 64, 16
 
 def _backbone(**overrides):
     kwargs = dict(
-        vocabulary_size=V, num_layers=2, num_heads=H, hidden_dim=D, intermediate_dim=F,
-        max_sequence_length=P, dropout=0.0,
+        vocabulary_size=V,
+        num_layers=2,
+        num_heads=H,
+        hidden_dim=D,
+        intermediate_dim=F,
+        max_sequence_length=P,
+        dropout=0.0,
     )
     return TransformerBackbone(**{**kwargs, **overrides})
 
@@ -64,8 +65,12 @@ def _reference_logits(task, x):
     x_dec = embed(x["decoder_token_ids"])
     for block in backbone.decoder_layers:
         x_dec = reference.decoder_block(
-            block_weights(block), x_dec, x_enc, padding_mask=x["decoder_padding_mask"],
-            encoder_padding_mask=x["encoder_padding_mask"], **options,
+            block_weights(block),
+            x_dec,
+            x_enc,
+            padding_mask=x["decoder_padding_mask"],
+            encoder_padding_mask=x["encoder_padding_mask"],
+            **options,
         )
     return x_enc, x_dec @ embeddings.T  # tied pre-softmax projection: (B, T, D) x (D, V)
 
@@ -181,8 +186,13 @@ def test_learns_to_reverse_digits(rng):
     sources exactly with greedy and beam search."""
     preprocessor = TransformerSeq2SeqLMPreprocessor(helpers.digit_tokenizer(), 6, 6)
     backbone = TransformerBackbone(
-        preprocessor.tokenizer.vocabulary_size, num_layers=2, num_heads=4, hidden_dim=32, intermediate_dim=64,
-        max_sequence_length=6, dropout=0.0,
+        preprocessor.tokenizer.vocabulary_size,
+        num_layers=2,
+        num_heads=4,
+        hidden_dim=32,
+        intermediate_dim=64,
+        max_sequence_length=6,
+        dropout=0.0,
     )
     task = TransformerSeq2SeqLM(backbone, preprocessor)
     train = helpers.reverse_pairs(rng, 2000, 3, 5)
