@@ -28,7 +28,14 @@ class Perplexity(keras.metrics.Mean):
         loss = keras.losses.sparse_categorical_crossentropy(
             y_true, ops.cast(y_pred, "float32"), from_logits=self.from_logits
         )
-        super().update_state(loss, sample_weight=sample_weight)
+        # Every token counts once, across batches of any length: `Mean` would reduce (B, T) to per-row means
+        # first, weighing a short batch's tokens more than a long one's.
+        if sample_weight is not None:
+            sample_weight = ops.cast(sample_weight, "float32")  # (B,) per row or (B, T) per token
+            while len(sample_weight.shape) < len(loss.shape):
+                sample_weight = ops.expand_dims(sample_weight, -1)
+            sample_weight = ops.reshape(ops.broadcast_to(sample_weight, ops.shape(loss)), (-1,))
+        super().update_state(ops.reshape(loss, (-1,)), sample_weight=sample_weight)  # (B, T) -> (B * T,)
 
     def result(self):
         return ops.exp(super().result())

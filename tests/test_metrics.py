@@ -101,14 +101,6 @@ def test_reset_state_forgets_earlier_batches(rng):
     np.testing.assert_allclose(float(to_numpy(metric.result())), reference_perplexity([second]), rtol=1e-5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "Perplexity averages each update's per-row means (keras.metrics.Mean reduces (B, T) values to (B,) first), so "
-        "batches of different lengths T are weighted by rows, not by tokens; flattening the cross-entropy and its "
-        "weights to (B * T,) before Mean.update_state would count every token once"
-    ),
-)
 def test_batches_of_different_lengths_count_every_token_once(rng):
     batches = [_batch(rng, length=4, weights="mask"), _batch(rng, length=12, weights="mask")]
     np.testing.assert_allclose(_perplexity(batches), reference_perplexity(batches), rtol=1e-5)
