@@ -4,8 +4,9 @@ under test.
 One test per module with examples in its docstrings: the module is imported (the bundle runtime's modules as a bundle
 imports them, export/runtime/ on `sys.path`), `doctest.DocTestFinder` collects its docstrings' examples, and
 `doctest.DocTestRunner` runs each docstring in a copy of the module's globals (ELLIPSIS, NORMALIZE_WHITESPACE),
-in a temporary working directory. A failure shows the runner's report: the example, what it printed, what the
-docstring shows.
+in a temporary working directory that must stay empty (an example that saves writes under `tempfile.mkdtemp()`,
+which the test points into pytest's `tmp_path`). A failure shows the runner's report: the example, what it
+printed, what the docstring shows. Modules whose examples train, generate or export are marked slow.
 
 An example that cannot run here (the Hugging Face Hub, several devices, an exported bundle) ends with
 `# doctest: +SKIP`, under a comment line that says why:
@@ -23,6 +24,7 @@ import importlib.util
 import io
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 import keras
@@ -55,16 +57,12 @@ def source_examples(path):
     return [example for node in nodes for example in parser.get_examples(ast.get_docstring(node, clean=False) or "")]
 
 
-EXAMPLES = {
-    _module_name(path): examples
+FILES = {
+    _module_name(path): path
     for path in sorted((ROOT / "keras_transformer").rglob("*.py")) + sorted(RUNTIME.glob("*.py"))
-    if (examples := source_examples(path))
 }
-SOURCES = {
-    name: path
-    for path in sorted((ROOT / "keras_transformer").rglob("*.py")) + sorted(RUNTIME.glob("*.py"))
-    if (name := _module_name(path)) in EXAMPLES
-}
+EXAMPLES = {name: examples for name, path in FILES.items() if (examples := source_examples(path))}
+SOURCES = {name: FILES[name] for name in EXAMPLES}  # the modules with examples: one test each
 # An example that trains, generates or exports compiles a training step, a decoding loop or a graph: seconds
 # each under JAX and TensorFlow. Those modules' tests are marked slow (`make test-fast` leaves them out).
 _COMPILES = re.compile(r"\.(?:fit|generate|export)\(")
@@ -147,10 +145,14 @@ def test_docstring_examples_run(name, tmp_path, monkeypatch):
     found, written = sum(len(test.examples) for test in tests), len(EXAMPLES[name])
     assert found == written, f"{name}: the doctest finder sees {found} of the {written} examples in its docstrings"
     reasons = skip_reasons(tests)
-    monkeypatch.chdir(tmp_path)  # an example that writes a file writes it here, never into the repository
+    work, temp = tmp_path / "cwd", tmp_path / "tmp"
+    work.mkdir()
+    temp.mkdir()
+    monkeypatch.chdir(work)  # an example that writes a file writes it here, never into the repository
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # and `tempfile.mkdtemp()` folders go where pytest cleans
     failed, run, report = run_examples(tests)
     assert not failed, f"{failed} docstring example(s) of {name} failed on {keras.config.backend()}:\n{report}"
-    left = sorted(path.name for path in tmp_path.iterdir())
+    left = sorted(path.name for path in work.iterdir())
     assert not left, f"{name}'s examples wrote {left} into the working directory: write under tempfile.mkdtemp()"
     if not run:
         pytest.skip(f"{name}: every example is marked +SKIP: " + "; ".join(reasons))

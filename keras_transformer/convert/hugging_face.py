@@ -17,11 +17,11 @@ Example, with a Hugging Face folder written here by `export(..., format="hugging
 >>> from keras_transformer.models import CausalLM, LlamaCausalLM
 >>> out = tempfile.mkdtemp()
 >>> hf_dir = LlamaCausalLM.from_preset("llama_stdlib").export(f"{out}/llama_hf", format="huggingface")
->>> lm = LlamaCausalLM.from_preset(hf_dir)               # converted on the fly
->>> type(CausalLM.from_preset(hf_dir)).__name__          # the base class picks the family
+>>> lm = LlamaCausalLM.from_preset(hf_dir)          # converted on the fly
+>>> type(CausalLM.from_preset(hf_dir)).__name__     # the base class picks the family
 'LlamaCausalLM'
->>> lm.save_to_preset(f"{out}/llama_preset")            # our format
->>> lm = convert(hf_dir, f"{out}/llama_preset_2")       # the same, as `keras-transformer convert` does
+>>> lm.save_to_preset(f"{out}/llama_preset")        # our format
+>>> lm = convert(hf_dir, f"{out}/llama_preset_2")   # the same, as `keras-transformer convert` does
 """
 
 from pathlib import Path

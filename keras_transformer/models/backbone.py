@@ -75,12 +75,12 @@ class Backbone(keras.Model):
 
         Example:
         >>> import os, tempfile
-        >>> from keras_transformer.models import GPTCausalLM
-        >>> lm = GPTCausalLM.from_preset("gpt_stdlib")
-        >>> lm.backbone.enable_lora(4)
-        >>> len(lm.backbone.trainable_weights)  # what `fit` trains now: A and B of query and value, 2 layers
+        >>> from keras_transformer.models import GPTBackbone
+        >>> backbone = GPTBackbone(vocabulary_size=100, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32)
+        >>> backbone.enable_lora(4)
+        >>> len(backbone.trainable_weights)  # what `fit` trains now: A and B of query and value, in 2 layers
         8
-        >>> lm.backbone.save_lora_weights(os.path.join(tempfile.mkdtemp(), "adapter.lora.safetensors"))
+        >>> backbone.save_lora_weights(os.path.join(tempfile.mkdtemp(), "adapter.lora.safetensors"))
         """
         lora.enable_lora(self, rank, target_names)
 

@@ -257,7 +257,7 @@ class Task(keras.Model):
         >>> lm = GPTCausalLM.from_preset("gpt_stdlib")
         >>> lm.quantize("int8")
         >>> lm.generate("def add(", max_new_tokens=16)
-        'def add(...'
+        'def add(self, value):\\n...'
         """
         if kwargs:
             raise ValueError(f"Unexpected arguments for quantize: {sorted(kwargs)}")
