@@ -10,6 +10,12 @@ against `lm.generate` on the current backend (compiled loop, timed after a warm-
 Encoder: `bert_tiny`'s shape, batch 8 x 128 tokens: ONNX Runtime against Keras
 `predict_on_batch`. Prints tokens/s (or ms) and the bundle/Keras ratios (> 1: the bundle is faster).
 
+`--model PRESET [--format F]`: instead, the export itself at a real size: `PRESET` (a registered preset, e.g.
+`smollm2_135m` or `qwen2_0_5b`; random weights where it has none) built on the current backend in a child process
+and exported with `lm.export(path, format=F)` (default "onnx"; "onnx-int8" for `quantize="int8"`); prints the
+wall time of the export, the peak RSS of the whole export (the child and, under JAX or PyTorch, the TensorFlow
+process it starts), the RSS before the export began, and the size of what was written.
+
 `--t5`: instead, T5 generation at `benchmarks/generate_seq2seq.py`'s shape (4 + 4 layers, d 256,
 4 heads of 64, d_ff 1024 gated gelu, untied head, vocabulary 8000), sources of 32 tokens, 64 new
 tokens (no early stop), greedy and beam-4 at batch 1 and 8: the bundle (its decoder the ONNX
@@ -19,6 +25,7 @@ in-process) also times a bundle whose decoder is the traced fallback step.
 
 import argparse
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -172,13 +179,45 @@ def _load():
     return f"{os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else "n/a"
 
 
+MODEL_EXPORT = """
+import os, resource, sys, tempfile, time
+from pathlib import Path
+preset, fmt = sys.argv[1:3]
+import keras_transformer as kt
+lm = kt.models.CausalLM.from_preset(preset)
+params = lm.count_params()
+rss = lambda who: resource.getrusage(who).ru_maxrss / 2**20
+before = rss(resource.RUSAGE_SELF)
+with tempfile.TemporaryDirectory() as directory:
+    start = time.perf_counter()
+    quantize = "int8" if fmt == "onnx-int8" else None
+    path = lm.export(Path(directory) / "out", format=fmt.split("-")[0], quantize=quantize)
+    seconds = time.perf_counter() - start
+    size = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+peak = max(rss(resource.RUSAGE_SELF), rss(resource.RUSAGE_CHILDREN))
+print(f"export {preset} ({params / 1e6:.0f}M parameters, {params * 4 / 2**30:.2f} GB float32) backend "
+      f"{os.environ['KERAS_BACKEND']} format {fmt}: {seconds:.1f} s, "
+      f"peak RSS {peak:.2f} GB (before the export {before:.2f} GB), written {size / 2**30:.2f} GB", flush=True)
+"""
+
+
+def model_export(preset, format):
+    """The export of `preset` at its real size, in a child process on this backend (see the module docstring)."""
+    env = dict(os.environ, KERAS_BACKEND=keras.config.backend())
+    subprocess.run([sys.executable, "-c", MODEL_EXPORT, preset, format], check=True, env=env)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 timed repeat, 32 new tokens")
     parser.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: its own)")
     parser.add_argument("--t5", action="store_true", help="T5 generation instead (64 new tokens)")
     parser.add_argument("--traced", action="store_true", help="with --t5: also the traced-decoder bundle (TensorFlow)")
+    parser.add_argument("--model", help="export this preset at its real size instead (e.g. smollm2_135m)")
+    parser.add_argument("--format", default="onnx", help="with --model: onnx, onnx-int8 or tf_saved_model")
     args = parser.parse_args()
+    if args.model:
+        return model_export(args.model, args.format)
     repeats, new_tokens = (1, 32) if args.quick else (3, NEW_TOKENS)
     load_before = _load()
     with tempfile.TemporaryDirectory() as directory:

@@ -38,9 +38,10 @@ from keras_transformer.models.seq2seq_lm import Seq2SeqLM
 OPSET_IMPORTS = (("", 17), ("com.microsoft", 1))
 
 
-def decode_model(task):
+def decode_model(task, weights=None):
     """`task` (a causal or seq2seq LM whose step the kernels cover) -> the checked ONNX ModelProto of its
-    in-place decode step; `Unsupported` otherwise."""
+    in-place decode step; `Unsupported` otherwise. With a `weights_file.WeightsFile`, its large initializers
+    point into that file (written there once, shared with the bundle's other graphs); else they are inline."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -49,7 +50,7 @@ def decode_model(task):
         raise Unsupported(f"{type(task).__name__} has no `compute_logits`.")
     seq2seq = isinstance(task, Seq2SeqLM)
     _, layers, _, kv_heads, _, head_dim = backbone.cache_shape(1, 1)
-    builder = _Builder()
+    builder = _Builder(weights)
     kernels = OnnxKernels(builder, max_positions=getattr(backbone, "max_sequence_length", None))
     inputs = [
         helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", 1]),
@@ -96,7 +97,8 @@ def decode_model(task):
         ir_version=8,  # what tf2onnx writes for opset 17; ONNX Runtime reads IR versions up to 13
         producer_name="keras_transformer",
     )
-    onnx.checker.check_model(model)
+    if weights is None:
+        onnx.checker.check_model(model)  # with a weights file, checked once saved (its tensors are in the file)
     return model
 
 
@@ -150,17 +152,20 @@ class OnnxKernels:
 
 
 class _Builder:
-    """Nodes and initializers, named from their order (the same model gives the same bytes)."""
+    """Nodes and initializers, named from their order (the same model gives the same bytes); large initializers
+    go to `weights` (a `WeightsFile`) when one is given."""
 
-    def __init__(self):
-        self.nodes, self.initializers = [], []
+    def __init__(self, weights=None):
+        self.nodes, self.initializers, self.weights = [], [], weights
 
     def const(self, name, value):
         """An initializer; its name starts with its index (layer names repeat across blocks)."""
         from onnx import numpy_helper
 
         name = f"const_{len(self.initializers)}_{name}"
-        self.initializers.append(numpy_helper.from_array(np.asarray(value), name))
+        value = np.asarray(value)
+        tensor = numpy_helper.from_array(value, name) if self.weights is None else self.weights.tensor(name, value)
+        self.initializers.append(tensor)
         return name
 
     def scalar(self, value):

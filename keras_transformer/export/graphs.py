@@ -64,6 +64,9 @@ class Graph(NamedTuple):
     inputs: list
     axes: dict
     model: object = None
+    # The Keras variables a traced function reads: the converter traces them as further inputs (no weight in the
+    # TensorFlow graph, so tf2onnx converts the structure only) and gives them back as initializers.
+    variables: tuple = ()
 
 
 def model_kind(task):
@@ -105,15 +108,19 @@ def cache_dims(task):
     return layers, heads, head_dim
 
 
-def build_graphs(task):
-    """The graphs of `task`, in the order a runtime uses them."""
+def build_graphs(task, weights=None):
+    """The graphs of `task`, in the order a runtime uses them. `weights` (a `weights_file.WeightsFile`): where the
+    graphs built in ONNX directly put their large initializers (traced graphs get theirs when converted)."""
     kind = model_kind(task)
     if kind == "decoder":
-        return [_prefill_graph(task), _in_place_decode_graph(task) or _decode_graph(task)]
-    if kind == "encoder":
-        return [_encoder_task_graph(task)]
-    decoder = _in_place_decode_graph(task, "decoder")
-    return [_seq2seq_encoder_graph(task, heads_first=decoder is not None), decoder or _seq2seq_decoder_graph(task)]
+        graphs = [_prefill_graph(task), _in_place_decode_graph(task, weights=weights) or _decode_graph(task)]
+    elif kind == "encoder":
+        graphs = [_encoder_task_graph(task)]
+    else:
+        decoder = _in_place_decode_graph(task, "decoder", weights)
+        encoder = _seq2seq_encoder_graph(task, heads_first=decoder is not None)
+        graphs = [encoder, decoder or _seq2seq_decoder_graph(task)]
+    return [graph if graph.model is not None else graph._replace(variables=tuple(task.variables)) for graph in graphs]
 
 
 # --- decoders ---------------------------------------------------------------
@@ -173,11 +180,11 @@ def _layer_presents(caches, task):
     return presents
 
 
-def _in_place_decode_graph(task, name="decode"):
+def _in_place_decode_graph(task, name="decode", weights=None):
     """The decode step built by running the task's own step with ONNX kernels (decode_graph.py), caches
     written in place; None when the step needs something those kernels do not build."""
     try:
-        return Graph(name, None, [], {}, model=decode_model(task))
+        return Graph(name, None, [], {}, model=decode_model(task, weights))
     except Unsupported:
         return None
 

@@ -4,6 +4,9 @@ A bundle directory holds:
     prefill.onnx, decode.onnx        (causal LMs)
     encoder.onnx                     (encoder tasks)
     encoder.onnx, decoder.onnx       (seq2seq LMs)
+    weights.data                     the weights, once: every graph's large initializers point into it (ONNX
+                                     external data; the prefill and decode graphs share it). Not in a quantized
+                                     bundle, whose graphs hold their 8- or 4-bit weights
     bundle.json                      kind, family, graphs with their inputs and outputs, cache layout
     generation_config.json           (LMs) special token ids, max length, how prompts are built
     tokenizer.json, tokenizer_config.json   (tasks with a preprocessor; the chat template, if any)
@@ -24,6 +27,7 @@ from pathlib import Path
 from keras_transformer.export import graphs as graph_lib
 from keras_transformer.presets import write_json
 from keras_transformer.export.onnx_converter import OPSET, convert
+from keras_transformer.export.weights_file import FILE_NAME as WEIGHTS_FILE, WeightsFile
 from keras_transformer.decoding import LENGTH_BUCKET
 from keras_transformer.tokenizers import chat_template
 
@@ -60,6 +64,7 @@ __all__ = [
     "RUNTIME_FILE",
     "RUNTIME_FILES",
     "SHARED_FILES",
+    "WEIGHTS_FILE",
     "convert",
     "generation_config",
     "runtime_dir",
@@ -79,15 +84,18 @@ def write_onnx_bundle(task, directory):
     directory = Path(directory)
     kind = graph_lib.model_kind(task)
     graph_entries = {}
-    for graph in graph_lib.build_graphs(task):
-        model = convert(graph)
-        filename = f"{graph.name}.onnx"
-        _save(model, directory / filename)
-        graph_entries[graph.name] = {
-            "file": filename,
-            "inputs": [_describe(value) for value in model.graph.input],
-            "outputs": [_describe(value) for value in model.graph.output],
-        }
+    with WeightsFile(directory / WEIGHTS_FILE) as weights:
+        for graph in graph_lib.build_graphs(task, weights):
+            model = convert(graph, weights)
+            filename = f"{graph.name}.onnx"
+            graph_entries[graph.name] = {
+                "file": filename,
+                "inputs": [_describe(value) for value in model.graph.input],
+                "outputs": [_describe(value) for value in model.graph.output],
+            }
+            _save(model, directory / filename)
+            del model
+    _check_saved(directory, [entry["file"] for entry in graph_entries.values()])
     bundle = {
         "format": "keras_transformer.onnx_bundle",
         "format_version": FORMAT_VERSION,
@@ -182,7 +190,16 @@ def _describe(value):
 def _save(model, path):
     import onnx
 
-    if model.ByteSize() > 1_800_000_000:  # protobuf's 2 GB limit: weights go next to the graph
-        onnx.save(model, str(path), save_as_external_data=True, location=path.name + ".data")
-    else:
-        onnx.save(model, str(path))
+    onnx.save(model, str(path))  # small: its weights are in the weights file
+
+
+def _check_saved(directory, files):
+    """The ONNX checker on each saved graph (by path: its external tensors are looked up in the weights file,
+    which is removed when no graph reads it)."""
+    import onnx
+
+    for name in files:
+        onnx.checker.check_model(str(directory / name))
+    weights = directory / WEIGHTS_FILE
+    if weights.stat().st_size == 0:
+        weights.unlink()

@@ -9,15 +9,23 @@ graphs is `onnx.py`'s job.
 Runs under the TensorFlow backend (see `keras_transformer.export`).
 """
 
+import contextlib
 import hashlib
 import heapq
 import logging
+import os
 
 OPSET = 17  # tf2onnx 1.17 supports opsets up to 18; 17 is what ONNX Runtime >= 1.14 runs everywhere.
 
 
-def convert(graph):
-    """One `graphs.Graph` -> a checked ONNX ModelProto with named dynamic axes (a graph built in ONNX as it is)."""
+def convert(graph, weights=None):
+    """One `graphs.Graph` -> a checked ONNX ModelProto with named dynamic axes (a graph built in ONNX as it is).
+
+    With `weights` (a `weights_file.WeightsFile`), the variables the graph reads are traced as inputs, so
+    TensorFlow and tf2onnx handle the graph's structure only (a model's worth of constants made them copy every
+    weight at each pass: minutes and gigabytes for a 100M-parameter model), and come back as initializers whose
+    bytes are in the weights file, as do the other large constants; the model is checked before they are.
+    """
     if graph.model is not None:
         return graph.model
     import tensorflow as tf
@@ -27,34 +35,84 @@ def convert(graph):
     level = tf_logger.level
     tf_logger.setLevel(logging.ERROR)  # the TF1 freezing functions tf2onnx calls warn they are deprecated
     try:
-        return _convert(graph)
+        model = _convert(graph, weights is not None)
     finally:
         tf_logger.setLevel(level)
+    if weights is not None:
+        _attach_weights(model, graph.variables, weights)
+    return model
 
 
-def _convert(graph):
+def _weight_name(index):
+    return f"weight.{index}"
+
+
+def _traced(graph, weights_as_inputs):
+    """(tf.function, its input specs): the graph's own, or with the graph's variables as further inputs."""
+    if not weights_as_inputs or not graph.variables:
+        return graph.function, list(graph.inputs)
+    import keras
+    import tensorflow as tf
+
+    count, variables = len(graph.inputs), list(graph.variables)
+    specs = [tf.TensorSpec(v.shape, v.dtype, name=_weight_name(i)) for i, v in enumerate(variables)]
+
+    def with_weights(*args):
+        # Inside a StatelessScope every read of a variable gives the tensor mapped to it: the weight input.
+        with keras.StatelessScope(state_mapping=list(zip(variables, args[count:]))):
+            return graph.function.python_function(*args[:count])
+
+    return tf.function(with_weights, autograph=False), list(graph.inputs) + specs
+
+
+def _attach_weights(model, variables, weights):
+    """The weight inputs the graph reads -> initializers in `weights`; unread ones dropped; every other large
+    initializer (a captured table) moved into `weights` as well."""
+    import keras
+    from onnx import TensorProto, numpy_helper
+
+    graph = model.graph
+    names = {_weight_name(i): variable for i, variable in enumerate(variables)}
+    read = {name for node in graph.node for name in node.input}
+    kept = [value for value in graph.input if value.name not in names]
+    del graph.input[:]
+    graph.input.extend(kept)
+    initializers = [
+        init if init.data_location == TensorProto.EXTERNAL else weights.tensor(init.name, numpy_helper.to_array(init))
+        for init in graph.initializer
+    ]
+    initializers += [
+        weights.tensor(name, keras.ops.convert_to_numpy(variable)) for name, variable in names.items() if name in read
+    ]
+    del graph.initializer[:]
+    graph.initializer.extend(initializers)
+
+
+def _convert(graph, weights_as_inputs=False):
     import onnx
     import tensorflow as tf
     import tf2onnx
 
-    function = graph.function.get_concrete_function(*graph.inputs)
-    # The graph inputs are the signature's; constants the layers captured (e.g. a sinusoid
+    traced, specs = _traced(graph, weights_as_inputs)
+    function = traced.get_concrete_function(*specs)
+    # The graph inputs are the signature's (and the weights); constants the layers captured (e.g. a sinusoid
     # table) are further function inputs that freezing turns into initializers.
-    input_names = [tensor.name for tensor in function.inputs[: len(graph.inputs)]]
+    input_names = [tensor.name for tensor in function.inputs[: len(specs)]]
     output_names = [tensor.name for tensor in function.outputs]
     renames = tf2onnx.convert.tensor_names_from_structed(function, input_names, output_names)
     with tf.device("/cpu:0"):
         graph_def = tf2onnx.tf_loader.from_function(function, input_names, output_names)
-    model, _ = tf2onnx.convert.from_graph_def(
-        graph_def,
-        name=graph.name,
-        input_names=input_names,
-        output_names=output_names,
-        opset=OPSET,
-        custom_op_handlers=_CUSTOM_OP_HANDLERS,
-        tensors_to_rename=renames,
-    )
-    expected = [spec.name for spec in graph.inputs]
+    with _linear_tf2onnx_passes():
+        model, _ = tf2onnx.convert.from_graph_def(
+            graph_def,
+            name=graph.name,
+            input_names=input_names,
+            output_names=output_names,
+            opset=OPSET,
+            custom_op_handlers=_CUSTOM_OP_HANDLERS,
+            tensors_to_rename=renames,
+        )
+    expected = [spec.name for spec in specs]
     got = [value.name for value in model.graph.input]
     if got != expected:
         raise RuntimeError(f"The {graph.name} graph's inputs are {got}, expected {expected}.")
@@ -72,6 +130,48 @@ def _convert(graph):
     _canonicalize(model)
     onnx.checker.check_model(model)
     return model
+
+
+@contextlib.contextmanager
+def _linear_tf2onnx_passes():
+    """tf2onnx 1.17's optimizer passes, without two costs that grow with the square of the graph (a 30-layer prefill:
+    minutes of the export; benchmarks/RESULTS.md, "Export of real checkpoints"):
+
+    - after every pass it finds the nodes the outputs need by walking the graph once per output (one per cache: 61
+      walks of a 30-layer prefill) and once per input; here one walk from all of them (the same set of nodes);
+    - before every pass it deep-copies the whole graph, to go on without a pass that raises
+      (`TF2ONNX_CATCH_ERRORS=FALSE`): a pass that fails here fails the export, which the export tests would see.
+    """
+    from tf2onnx.graph import Graph
+
+    def extract_sub_graph_nodes(self, outputs_name, input_checker=None, remove_unused_inputs=True):
+        outputs = list(outputs_name) + ([] if remove_unused_inputs else [node.output[0] for node in self.inputs])
+        found, pending = set(), []
+        for name in outputs:
+            node = self.get_node_by_output(name, search_in_parent_graphs=False)
+            if node and node not in found and not (input_checker and input_checker(node) is False):
+                found.add(node)
+                pending.append(node)
+        while pending:
+            node = pending.pop()
+            for name in list(node.input) + list(node.get_implicit_inputs()):
+                source = self.get_node_by_output(name, search_in_parent_graphs=False)
+                if source and source not in found and not (input_checker and input_checker(source) is False):
+                    found.add(source)
+                    pending.append(source)
+        return list(found)
+
+    original, previous = Graph.extract_sub_graph_nodes, os.environ.get("TF2ONNX_CATCH_ERRORS")
+    Graph.extract_sub_graph_nodes = extract_sub_graph_nodes
+    os.environ["TF2ONNX_CATCH_ERRORS"] = "FALSE"
+    try:
+        yield
+    finally:
+        Graph.extract_sub_graph_nodes = original
+        if previous is None:
+            os.environ.pop("TF2ONNX_CATCH_ERRORS", None)
+        else:
+            os.environ["TF2ONNX_CATCH_ERRORS"] = previous
 
 
 def _canonicalize(model):

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from keras_transformer.export.weights_file import FILE_NAME as WEIGHTS_FILE
+
 MODES = ("int8", "int4")
 BLOCK_SIZE = 32  # MatMulNBits block along K
 
@@ -32,6 +34,8 @@ def quantize_bundle(directory, mode):
     check_mode(mode)
     for path in sorted(Path(directory).glob("*.onnx")):
         quantize_graph(path, mode)
+    # Each quantized graph holds its own 8- or 4-bit weights: the float weights file is read by none of them.
+    (Path(directory) / WEIGHTS_FILE).unlink(missing_ok=True)
 
 
 def quantize_graph(path, mode):
@@ -40,11 +44,15 @@ def quantize_graph(path, mode):
 
     path = Path(path)
     float_path = path.with_name(path.stem + ".float.onnx")
+    inline_path = path.with_name(path.stem + ".inline.onnx")
     try:
+        # The graph with its weights read in from the bundle's weights file: the pre-quantization pass copies the
+        # graph into a directory of its own, where the weights file is not.
+        onnx.save(onnx.load(str(path)), str(inline_path))
         # ONNX Runtime's pre-quantization pass (its basic graph optimizations: constant folding): a weight the
         # traced graph reshapes at run time (tf2onnx's einsums: Reshape(W, Concat(.., ReduceProd(Shape(W))))) becomes
         # the constant operand the quantizers need, and copies read only for their shape are dropped.
-        quant_pre_process(str(path), str(float_path), skip_symbolic_shape=True)
+        quant_pre_process(str(inline_path), str(float_path), skip_symbolic_shape=True)
         model = onnx.load(str(float_path))
         _gemm_to_matmul(model.graph)
         onnx.save(model, str(float_path))
@@ -59,6 +67,7 @@ def quantize_graph(path, mode):
         )
     finally:
         float_path.unlink(missing_ok=True)
+        inline_path.unlink(missing_ok=True)
     if mode == "int4":
         model = onnx.load(str(path))
         _matmul_to_nbits(model.graph)

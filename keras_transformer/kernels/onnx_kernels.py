@@ -14,13 +14,20 @@ from keras_transformer.kernels import kernel_table
 
 
 def _reversible_embedding(kernels, layer, inputs, reverse=False):
+    """The table's rows for the ids, or (reverse) the logits: x @ the table's transpose (tied) or the reverse kernel.
+
+    A tied table is one initializer read by both (Gather, and MatMul through a Transpose that ONNX Runtime folds
+    when the session loads): the bundle's weights file holds it once.
+    """
     b = kernels.builder
+    table = kernels.memo(("table", layer.name), lambda: b.const(f"{layer.name}.embeddings", weight(layer.embeddings)))
     if not reverse:
-        return Value(
-            b, b.node("Gather", [b.const(f"{layer.name}.embeddings", weight(layer.embeddings)), inputs.materialize()])
-        )  # (B, 1) -> (B, 1, D)
-    kernel = weight(layer.embeddings).T if layer.tie_weights else weight(layer.reverse_embeddings)  # (D, V)
-    logits = b.node("MatMul", [inputs.materialize(), b.const(f"{layer.name}.reverse", np.ascontiguousarray(kernel))])
+        return Value(b, b.node("Gather", [table, inputs.materialize()]))  # (B, 1) -> (B, 1, D)
+    if layer.tie_weights:
+        kernel = b.node("Transpose", [table], perm=[1, 0])  # (V, D) -> (D, V)
+    else:
+        kernel = b.const(f"{layer.name}.reverse", weight(layer.reverse_embeddings))  # (D, V)
+    logits = b.node("MatMul", [inputs.materialize(), kernel])
     cap = layer.logit_soft_cap
     if cap:  # cap * tanh(logits / cap)
         cap = b.const(f"{layer.name}.logit_soft_cap", np.float32(cap))
@@ -166,11 +173,13 @@ def _self_attention(kernels, attention, h, cache, bias=None):
     dense = (attention.query_dense, attention.key_dense, attention.value_dense)
     width = attention.query_dense.kernel.shape[0]
     # (D, H, Dh), (D, Hkv, Dh), (D, Hkv, Dh) -> (D, (H + 2 Hkv) Dh): one MatMul gives the packed QKV GQA reads.
-    kernel = np.concatenate([weight(d.kernel).reshape(width, -1) for d in dense], axis=1)
-    qkv = b.node("MatMul", [h.materialize(), b.const(f"{attention.name}.qkv.kernel", kernel)])  # (B, 1, (H + 2 Hkv) Dh)
+    # The Concat of the three kernels (each its own initializer, as the prefill graph reads it) is folded by ONNX
+    # Runtime when the session loads.
+    kernel = b.node("Concat", [b.const(f"{d.name}.kernel", weight(d.kernel).reshape(width, -1)) for d in dense], axis=1)
+    qkv = b.node("MatMul", [h.materialize(), kernel])  # (B, 1, (H + 2 Hkv) Dh)
     if attention.query_dense.bias is not None:
-        bias_qkv = np.concatenate([weight(d.bias).reshape(-1) for d in dense])
-        qkv = b.node("Add", [qkv, b.const(f"{attention.name}.qkv.bias", bias_qkv)])
+        bias_qkv = b.node("Concat", [b.const(f"{d.name}.bias", weight(d.bias).reshape(-1)) for d in dense], axis=0)
+        qkv = b.node("Add", [qkv, bias_qkv])
     inputs = [qkv, "", "", past[0], past[1], kernels.past_lengths, kernels.total_length]
     options = {}
     if attention.rotary_embedding is not None:

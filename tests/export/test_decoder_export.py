@@ -63,6 +63,7 @@ def test_bundle_layout(bundle, lm):
             "prefill.onnx",
             "tokenizer.json",
             "tokenizer_config.json",
+            "weights.data",
             *BUNDLE_RUNTIME_FILES,
         ]
     )
@@ -88,6 +89,24 @@ def test_bundle_layout(bundle, lm):
         tokenizer.eos_token_id,
         48,
     )
+
+
+def test_graphs_share_one_weights_file(bundle, lm):
+    """Every large initializer of both graphs points into weights.data; the decode graph's are all among the
+    prefill's (the same bytes: the embedding table, the kernels reshaped), and the file holds about the weights."""
+    from onnx import TensorProto
+
+    pointers = {}
+    for name in ("prefill", "decode"):
+        model = onnx.load(bundle / f"{name}.onnx", load_external_data=False)
+        external = [init for init in model.graph.initializer if init.data_location == TensorProto.EXTERNAL]
+        assert {entry.value for init in external for entry in init.external_data if entry.key == "location"} == {
+            "weights.data"
+        }
+        pointers[name] = {tuple(entry.value for entry in init.external_data)[1:] for init in external}
+    assert pointers["decode"] and pointers["decode"] <= pointers["prefill"]
+    weights = sum(np.prod(v.shape) * 4 for v in lm.weights)
+    assert (bundle / "weights.data").stat().st_size <= 1.1 * weights
 
 
 def test_prefill_and_decode_match_keras(bundle, lm):

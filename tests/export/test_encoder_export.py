@@ -48,6 +48,7 @@ def test_graph_matches_keras(bundle, classifier):
             "preprocessor_config.json",
             "tokenizer.json",
             "tokenizer_config.json",
+            "weights.data",
             *BUNDLE_RUNTIME_FILES,
         ]
     )

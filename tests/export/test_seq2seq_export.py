@@ -43,6 +43,7 @@ def test_graphs_match_keras(exported, name):
             "generation_config.json",
             "tokenizer.json",
             "tokenizer_config.json",
+            "weights.data",
             *BUNDLE_RUNTIME_FILES,
         ]
     )

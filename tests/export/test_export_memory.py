@@ -1,0 +1,88 @@
+"""The ONNX export's memory is bounded by the weights (issue 37): a 50M-parameter model, exported from the backend
+under test in a child process, peaks at most 3x its float32 weights above what the exporting process holds before
+it starts, and its bundle on disk is about the size of the weights.
+
+Before the weights were traced as graph inputs and written once to `weights.data`, TensorFlow and tf2onnx copied
+every weight at each pass: a 42M-parameter model (4 layers of SmolLM2-135M's shape) peaked at 12.6 GB, 74x its
+weights (benchmarks/RESULTS.md, "Export of real checkpoints"). This is a bound on memory, not a timed test.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import pytest
+
+from tests.export.helpers import REPO
+
+pytestmark = pytest.mark.slow
+
+# About 50M parameters, most of them in the tied embedding table, as in the small checkpoints people deploy.
+CONFIG = dict(
+    vocabulary_size=49152,
+    num_layers=2,
+    num_heads=12,
+    num_key_value_heads=4,
+    hidden_dim=768,
+    intermediate_dim=2048,
+    max_sequence_length=1024,
+)
+
+# Run as `python -c CHILD backend out_dir mode`: mode "export" builds the model on `backend` and exports it (under
+# JAX or PyTorch, through the exporter's own TensorFlow child process); mode "baseline" builds it under TensorFlow
+# with the exporter's libraries imported and stops there. Prints the peak RSS of the process and of its children.
+CHILD = """
+import json, os, resource, sys
+backend, out, mode = sys.argv[1:4]
+os.environ["KERAS_BACKEND"] = backend
+import keras, numpy as np
+from keras_transformer.models import LlamaBackbone, LlamaCausalLM
+keras.utils.set_random_seed(0)
+lm = LlamaCausalLM(LlamaBackbone(**json.loads(os.environ["KT_TEST_CONFIG"])))
+weights = [keras.ops.convert_to_numpy(v) for v in lm.weights]
+distinct = {(w.dtype.str, w.tobytes()): w.nbytes for w in weights}
+info = {"bytes": sum(w.nbytes for w in weights), "distinct_bytes": sum(distinct.values())}
+del weights, distinct
+if mode == "export":
+    lm.export(os.path.join(out, "bundle"), format="onnx")
+else:
+    import onnx, onnxruntime, tensorflow, tf2onnx
+peak = lambda who: resource.getrusage(who).ru_maxrss * 1024
+info.update(peak=peak(resource.RUSAGE_SELF), children_peak=peak(resource.RUSAGE_CHILDREN))
+print("RESULT " + json.dumps(info))
+"""
+
+
+def _run(backend, out, mode):
+    env = dict(os.environ, KT_TEST_CONFIG=json.dumps(CONFIG), TF_CPP_MIN_LOG_LEVEL="3")
+    result = subprocess.run(
+        [sys.executable, "-c", CHILD, backend, str(out), mode],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :])
+
+
+def test_onnx_export_memory_and_bundle_size_are_bounded_by_the_weights(tmp_path):
+    backend = keras.config.backend()
+    exported = _run(backend, tmp_path, "export")
+    baseline = _run("tensorflow", tmp_path, "baseline")  # TensorFlow, the exporter's libraries and the model
+    weights = exported["bytes"]
+    assert 45e6 * 4 < weights < 55e6 * 4  # about 50M float32 parameters
+    peak = max(exported["peak"], exported["children_peak"])  # the exporting process, whichever it is
+    growth = peak - baseline["peak"]
+    assert growth <= 3 * weights, (
+        f"exporting {weights / 1e6:.0f} MB of weights peaked {growth / 1e6:.0f} MB above the exporter's "
+        f"{baseline['peak'] / 1e6:.0f} MB at rest ({growth / weights:.1f}x the weights; bound 3x)"
+    )
+    bundle = tmp_path / "bundle"
+    on_disk = sum(path.stat().st_size for path in bundle.iterdir() if path.suffix in (".onnx", ".data"))
+    # Each distinct weight once (a randomly initialised model has some equal tensors, stored once), and little else.
+    assert exported["distinct_bytes"] <= on_disk <= 1.1 * weights, (on_disk, exported)
