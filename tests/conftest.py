@@ -35,14 +35,27 @@ def pytest_sessionstart(session):
     print(f"\n[keras_transformer tests] backend: {keras.config.backend()}")
 
 
-# Packages whose tests share an expensive session-scoped fixture (tests/export exports each
-# family once) run in one pytest-xdist worker; every other test file is a unit of its own.
-SHARED_FIXTURE_PACKAGES = ("tests/export/",)
+# The test files that share an expensive session-scoped fixture (tests/export/conftest.py's `exported`: each
+# family exported once) run in one pytest-xdist worker; every other test file, the export tests that build their
+# own models included, is a unit of its own, so the other worker takes them (a new file that asks for `exported`
+# and is not listed here still passes: its worker exports the families again).
+SHARED_FIXTURE_FILES = tuple(
+    f"tests/export/{name}.py"
+    for name in (
+        "test_decode_kernels",
+        "test_decoder_export",
+        "test_encoder_export",
+        "test_runtime_parity",
+        "test_saved_model",
+        "test_seq2seq_export",
+        "test_serve",
+    )
+)
 
 
 def pytest_xdist_make_scheduler(config, log):
     """`make test` runs `pytest -n 2 --dist loadfile`: whole files go to a worker, so module-scoped
-    fixtures are built once; here tests/export also stays together, for its session fixture."""
+    fixtures are built once; here the files sharing tests/export's session fixture also stay together."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -50,7 +63,7 @@ def pytest_xdist_make_scheduler(config, log):
     class FileScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid):
             path = nodeid.split("::", 1)[0]
-            return next((package for package in SHARED_FIXTURE_PACKAGES if path.startswith(package)), path)
+            return "tests/export (shared exports)" if path in SHARED_FIXTURE_FILES else path
 
     return FileScheduling(config, log)
 
