@@ -41,8 +41,13 @@ ALLOW_PATTERNS = [
     "model.weights.h5",  # keras_transformer presets (see presets/zoo.py)
     "task.weights.h5",
     "metadata.json",
+    "modules.json",  # sentence-transformers folders (convert/sentence_transformers.py)
+    "sentence_bert_config.json",
+    "*_Pooling/config.json",
 ]
-IGNORE_PATTERNS = ["*/*"]  # top-level files only
+# Top-level files only, but a sentence-transformers Pooling config: the one wildcard above that could reach into
+# a subfolder is model*.safetensors'.
+IGNORE_PATTERNS = ["*/*.safetensors"]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")

@@ -121,6 +121,8 @@ def multi_head_attention(
     return_attention_scores=False,
     rotary_kwargs=None,
     sliding_window=None,
+    query_key_norm=None,
+    norm_epsilon=1e-6,
 ):
     """Multi-head (and grouped-query) attention with per-head projections and W_O.
 
@@ -129,6 +131,8 @@ def multi_head_attention(
     attention_bias: additive, broadcastable to (B, H, T, S).
     use_causal_mask: bottom-right aligned causal mask (within `sliding_window` positions when given).
     rotary_kwargs: `rotary`'s keyword arguments: queries and keys turned at positions 0.. (self-attention).
+    query_key_norm: "head" (Qwen3) or "full" (OLMoE): projected queries and keys RMS-normed (weights
+    "query_norm_scale" / "key_norm_scale", epsilon `norm_epsilon`) over each head or all heads, before rotation.
     Grouped-query attention: H query heads share Hkv key/value heads, query head h reads
     key/value head h // (H // Hkv) (each key/value head is repeated for consecutive heads).
     """
@@ -141,6 +145,9 @@ def multi_head_attention(
 
     q = _project(query, weights["query_kernel"], weights.get("query_bias"))  # (B, T, H, Dh)
     k, v = project_key_value(weights, value, key)  # (B, S, Hkv, Dh)
+    if query_key_norm is not None:
+        q = _normed_heads(q, weights["query_norm_scale"], query_key_norm, norm_epsilon)
+        k = _normed_heads(k, weights["key_norm_scale"], query_key_norm, norm_epsilon)
     if rotary_kwargs is not None:
         q, k = rotary(q, np.arange(T), **rotary_kwargs), rotary(k, np.arange(S), **rotary_kwargs)
     group = num_heads // num_kv_heads
@@ -166,6 +173,14 @@ def multi_head_attention(
     if weights.get("output_bias") is not None:
         out = out + _f64(weights["output_bias"])
     return (out, probs) if return_attention_scores else out
+
+
+def _normed_heads(x, scale, over, epsilon):
+    """x (B, L, N, Dh) RMS-normed over each head's Dh values ("head") or over all N * Dh ("full")."""
+    if over == "head":
+        return rms_norm(x, scale, epsilon)
+    B, L, N, Dh = x.shape
+    return rms_norm(x.reshape(B, L, N * Dh), scale, epsilon).reshape(B, L, N, Dh)
 
 
 # ----------------------------------------------------------------------------- positions

@@ -358,3 +358,19 @@ def test_cli_convert_takes_a_handle(hub, checkpoints, tmp_path, capsys):
     assert cli.main(["convert", "kaggle://x/y", str(tmp_path / "out")]) == 2
     assert "Unsupported preset scheme 'kaggle://'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_sentence_transformers_folder_brings_its_pooling(hub, tmp_path):
+    """A sentence-transformers repository: modules.json, sentence_bert_config.json and 1_Pooling/config.json come
+    down with the checkpoint (the one subfolder file a preset reads), and it loads as a TextEmbedder."""
+    folder = tmp_path / "st"
+    hf_models.sentence_transformers_folder(folder, pooling="cls", normalize=True)
+    pooling = {"1_Pooling/config.json": (folder / "1_Pooling" / "config.json").read_bytes()}
+    hub.publish("org/tiny-st", folder, extra={**pooling, "onnx/model.onnx": b"not read"})
+    embedder = kt.models.TextEmbedder.from_preset("hf://org/tiny-st")
+    assert (type(embedder).__name__, embedder.pooling, embedder.normalize) == ("BertTextEmbedder", "cls", True)
+    assert {"modules.json", "sentence_bert_config.json", "1_Pooling/config.json"} <= set(hub.downloads())
+    assert "onnx/model.onnx" not in hub.downloads()
+    local = kt.models.TextEmbedder.from_preset(folder)
+    texts = ["the quick brown fox", "a dog"]
+    np.testing.assert_array_equal(embedder.predict(texts, verbose=0), local.predict(texts, verbose=0))

@@ -71,6 +71,33 @@ QWEN2_0_5B = dict(
     attention_output_bias=False,
     norm_epsilon=1e-6,
 )
+QWEN3_0_6B = dict(
+    vocabulary_size=151936,
+    num_layers=28,
+    num_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    hidden_dim=1024,
+    intermediate_dim=3072,
+    max_sequence_length=40960,
+    rope_max_wavelength=1000000.0,
+    query_key_norm="head",
+    tie_word_embeddings=True,
+    norm_epsilon=1e-6,
+)
+SMOLLM3_3B = dict(
+    vocabulary_size=128256,
+    num_layers=36,
+    num_heads=16,
+    num_key_value_heads=4,
+    hidden_dim=2048,
+    intermediate_dim=11008,
+    max_sequence_length=65536,
+    rope_max_wavelength=5000000.0,
+    rope_layers=[(i + 1) % 4 != 0 for i in range(36)],  # every fourth layer without rotary positions (NoPE)
+    tie_word_embeddings=True,
+    norm_epsilon=1e-6,
+)
 TRANSFORMER_BASE = dict(
     vocabulary_size=37000, num_layers=6, num_heads=8, hidden_dim=512, intermediate_dim=2048, max_sequence_length=512
 )
@@ -139,6 +166,30 @@ PRESETS = {
         {"sequence_length": 2048},
         "Qwen2.5-0.5B shape: 24 layers, d 896, 14 heads (2 key/value), SwiGLU 4864, q/k/v biases, "
         "rope_theta 1e6, tied head, 151936 embedding rows (the tokenizer here has 49152).",
+    ),
+    "qwen3_0_6b": (
+        "llama",
+        "BytePairTokenizer",
+        "LlamaBackbone",
+        QWEN3_0_6B,
+        "LlamaCausalLM",
+        "LlamaCausalLMPreprocessor",
+        {"sequence_length": 2048},
+        "Qwen3-0.6B shape (the real checkpoint: hf://Qwen/Qwen3-0.6B): 28 layers, d 1024, 16 heads (8 key/value) "
+        "of 128, RMS-normed queries and keys per head, SwiGLU 3072, rope_theta 1e6, tied head, 151936 embedding "
+        "rows (the tokenizer here has 49152).",
+    ),
+    "smollm3_3b": (
+        "llama",
+        "BytePairTokenizer",
+        "LlamaBackbone",
+        SMOLLM3_3B,
+        "LlamaCausalLM",
+        "LlamaCausalLMPreprocessor",
+        {"sequence_length": 2048},
+        "SmolLM3-3B shape (the real checkpoint: hf://HuggingFaceTB/SmolLM3-3B): 36 layers, d 2048, 16 heads "
+        "(4 key/value), every fourth layer without rotary positions (NoPE), SwiGLU 11008, rope_theta 5e6, tied "
+        "head, 128256 embedding rows (the tokenizer here has 49152).",
     ),
     "bert_tiny": (
         "bert",
@@ -215,7 +266,7 @@ PRESETS = {
 
 
 # Presets whose embedding has more rows than their tokenizer has tokens (as Qwen2's: 151936 rows, 151665 tokens).
-TOKENIZER_SIZES = {"qwen2_0_5b": 49152}
+TOKENIZER_SIZES = {"qwen2_0_5b": 49152, "qwen3_0_6b": 49152, "smollm3_3b": 49152}
 
 
 def train_tokenizer(class_name, vocabulary_size, cache={}):
@@ -229,13 +280,23 @@ def train_tokenizer(class_name, vocabulary_size, cache={}):
 
 
 def parameter_count(backbone_class, config):
+    """The backbone's parameters, from two small builds of it (one layer and two) where the config has
+    `num_layers` (a 3B model is never built: every layer has the same parameters)."""
     import keras_transformer as kt
 
     try:
         cls = getattr(kt.models, backbone_class)
     except AttributeError:
         return None
-    return int(cls(**config).count_params())
+    if "num_layers" not in config or backbone_class.startswith(("T5", "Transformer")):
+        return int(cls(**config).count_params())
+
+    def count(layers):
+        per_layer = {key: value[:layers] for key, value in config.items() if key in ("layer_types", "rope_layers")}
+        return int(cls(**{**config, "num_layers": layers, **per_layer}).count_params())
+
+    one, two = count(1), count(2)
+    return one + (config["num_layers"] - 1) * (two - one)
 
 
 def model_card(name, family, description, config, count):

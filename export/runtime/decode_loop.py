@@ -182,18 +182,27 @@ def _follow_beams(tokens, i, next_beam, next_token, active, in_prompt, pad):
     return tokens, order
 
 
-def stop_tokens(stop_token_ids, eos, vocabulary_size):
-    """`stop_token_ids` as `lm.generate` takes it ("auto", None, an id or ids) -> a tuple of ids."""
+def stop_tokens(stop_token_ids, config, vocabulary_size):
+    """`stop_token_ids` as `lm.generate` takes it ("auto", None, an id or ids) -> a tuple of ids; "auto" reads the
+    bundle's generation config (`config`): its `stop_token_ids` (the model's end tokens), else its end token."""
     if isinstance(stop_token_ids, str):
         if stop_token_ids != "auto":
             raise ValueError(f"`stop_token_ids` must be 'auto', None or a list of ids. Received: {stop_token_ids!r}")
-        return () if eos is None else (int(eos),)
+        return auto_stop_tokens(config)
     if stop_token_ids is None:
         return ()
     ids = [stop_token_ids] if isinstance(stop_token_ids, (int, np.integer)) else list(stop_token_ids)
     if not all(isinstance(t, (int, np.integer)) and 0 <= t < vocabulary_size for t in ids):
         raise ValueError(f"`stop_token_ids` must hold ids in [0, {vocabulary_size}). Received: {stop_token_ids!r}")
     return tuple(int(t) for t in ids)
+
+
+def auto_stop_tokens(config):
+    """The ids "auto" stops at: the generation config's `stop_token_ids`, else its `eos_token_id`, else none."""
+    if config.get("stop_token_ids") is not None:
+        return tuple(int(t) for t in config["stop_token_ids"])
+    eos = config.get("eos_token_id")
+    return () if eos is None else (int(eos),)
 
 
 def _cut(row, stop):

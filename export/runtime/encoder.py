@@ -69,7 +69,8 @@ class Encoder:
         return feeds
 
     def __call__(self, texts, pairs=None):
-        """Texts -> {output name: array}: sequence_output (B, T, D), pooled_output (B, D), logits."""
+        """Texts -> {output name: array}: sequence_output (B, T, D), pooled_output (B, D), and the task's output:
+        logits, or a TextEmbedder's embeddings (B, D)."""
         feeds = self.pack(texts, pairs)
         names = [i.name for i in self.session.get_inputs()]
         if "mask_positions" in names:

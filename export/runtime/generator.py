@@ -186,8 +186,8 @@ class Generator:
             num_beams, length_penalty, early_stopping: beam search (see generate.py's docstring;
                 early_stopping is True, False or "never" as in Hugging Face).
             temperature, top_k, top_p, seed: random sampling.
-            stop_token_ids: "auto" (the end token), None (never stop early) or a list of ids,
-                as in `lm.generate`.
+            stop_token_ids: "auto" (the model's end tokens: its generation config's, else the
+                tokenizer's end token), None (never stop early) or a list of ids, as in `lm.generate`.
             interrupt: None, or a callable asked before every decoding step; when it returns True the
                 call stops there and raises `Interrupted` (a server's timeout or a client gone).
         """
@@ -224,7 +224,7 @@ class Generator:
             logits, state = self._step(
                 tokens[:, 0], {**encoder_state, "past": self._empty_past(len(rows)), "position": 0}
             )
-        stop = stop_tokens(stop_token_ids, self.config.get("eos_token_id"), vocabulary_size)
+        stop = stop_tokens(stop_token_ids, self.config, vocabulary_size)
         loop = DecodeLoop(
             self, np.repeat(tokens, beams, axis=0), np.repeat(lengths, beams), max_new_tokens, pad, stop, interrupt
         )

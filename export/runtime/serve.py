@@ -55,6 +55,7 @@ from starlette.applications import Starlette  # noqa: E402
 
 import batching  # noqa: E402
 from bundle_files import read_json  # noqa: E402
+from decode_loop import auto_stop_tokens  # noqa: E402
 from encoder import Encoder  # noqa: E402
 from generator import Generator  # noqa: E402
 from serve_endpoints import EXCEPTION_HANDLERS, ROUTES  # noqa: E402
@@ -103,7 +104,7 @@ class Service:
         index = prompt * n + choice, go to `inbox`."""
         sequences = []
         deadline = time.monotonic() + timeout
-        stop_ids = () if self.generator.config.get("eos_token_id") is None else (self.generator.config["eos_token_id"],)
+        stop_ids = auto_stop_tokens(self.generator.config)
         try:
             for p, ids in enumerate(prompt_ids):
                 for c in range(n):

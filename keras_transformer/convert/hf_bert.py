@@ -1,5 +1,13 @@
-"""Hugging Face BERT (`model_type` "bert": BertModel, BertForMaskedLM, BertForPreTraining) -> BertBackbone /
-BertMaskedLM.
+"""Hugging Face BERT (`model_type` "bert": BertModel, BertForMaskedLM, BertForPreTraining), RoBERTa ("roberta":
+RobertaModel, RobertaForMaskedLM) and XLM-R ("xlm-roberta": XLMRobertaModel, XLMRobertaForMaskedLM) ->
+BertBackbone / BertMaskedLM (and a sentence-transformers folder of any of them -> BertTextEmbedder).
+
+RoBERTa and XLM-R are BERT's computation under other names: their position ids start past the padding
+id (`position_offset` = pad_token_id + 1; the table keeps all its rows), one token type, and a masked-LM head
+(`lm_head`: dense, gelu, layer norm, the tied decoder and a bias) that maps onto BertMaskedLM's as BERT's
+`cls.predictions` does. Their tokenizers bring `<s>`, `</s>`, `<pad>` and `<mask>` as the [CLS], [SEP],
+padding and mask tokens. Their sequence-classification head (dense and tanh on `<s>`, then a projection) is
+not BERT's pooler: RobertaForSequenceClassification is refused.
 
 Axes: D model width, H heads, Dh head size, F feed-forward width, V vocabulary.
 
@@ -13,7 +21,17 @@ from keras_transformer.convert.checkpoint import load_tokenizer
 from keras_transformer.models.bert import BertClassifier, BertMaskedLM
 from keras_transformer.convert.options import activation, check_options, single_dropout
 
-MODEL_TYPE = "bert"
+MODEL_TYPES = ("bert", "roberta", "xlm-roberta")
+ROBERTA_TYPES = ("roberta", "xlm-roberta")
+ROBERTA_SPECIAL_TOKENS = {
+    "bos_token": "<s>",
+    "eos_token": "</s>",
+    "cls_token": "<s>",
+    "sep_token": "</s>",
+    "pad_token": "<pad>",
+    "unk_token": "<unk>",
+    "mask_token": "<mask>",
+}
 SPECIAL_TOKENS = {
     "pad_token": "[PAD]",
     "unk_token": "[UNK]",
@@ -24,9 +42,10 @@ SPECIAL_TOKENS = {
 # Tensors this converter knows but never assigns: the position-id buffer of old checkpoints.
 KNOWN_UNUSED = (r"(^|\.)embeddings\.position_ids$",)
 # Task class -> the tensors of its head.
-HEAD_TENSORS = {"BertMaskedLM": r"^cls\.predictions\.", "BertClassifier": r"^classifier\."}
+HEAD_TENSORS = {"BertMaskedLM": r"^(cls\.predictions|lm_head)\.", "BertClassifier": r"^classifier\."}
+TEXT_EMBEDDER = "BertTextEmbedder"  # the task of a sentence-transformers folder (convert/sentence_transformers.py)
 MAX_PRESET_SEQUENCE_LENGTH = 512
-_MASKED_LM_ARCHITECTURES = ("BertForMaskedLM", "BertForPreTraining")
+_MASKED_LM_ARCHITECTURES = ("BertForMaskedLM", "BertForPreTraining", "RobertaForMaskedLM", "XLMRobertaForMaskedLM")
 
 _REQUIRED = {"position_embedding_type": "absolute", "is_decoder": False, "add_cross_attention": False}
 
@@ -34,7 +53,16 @@ _REQUIRED = {"position_embedding_type": "absolute", "is_decoder": False, "add_cr
 def convert_config(hf_config, path=None):
     """config.json of a BERT checkpoint -> the preset entries (backbone, task, preprocessor)."""
     check_options(hf_config, _REQUIRED)
-    max_length = hf_config.get("max_position_embeddings", 512)
+    roberta = hf_config["model_type"] in ROBERTA_TYPES
+    offset = int(hf_config.get("pad_token_id", 1)) + 1 if roberta else 0  # RoBERTa's first position id
+    max_length = hf_config.get("max_position_embeddings", 514 if roberta else 512) - offset
+    architectures = hf_config.get("architectures") or ()
+    refused = [name for name in architectures if name.endswith("ForSequenceClassification") and roberta]
+    if refused:
+        raise ValueError(
+            f"Unsupported {hf_config['model_type']} architecture {refused[0]}: its classification head (dense "
+            "and tanh on <s>, then a projection) is not BertClassifier's pooler head; load the bare model instead."
+        )
     backbone = {
         "vocabulary_size": hf_config.get("vocab_size", 30522),
         "num_layers": hf_config.get("num_hidden_layers", 12),
@@ -45,11 +73,11 @@ def convert_config(hf_config, path=None):
         "num_segments": hf_config.get("type_vocab_size", 2),
         "dropout": single_dropout(hf_config, {"hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}),
         "activation": activation(hf_config, "hidden_act", "gelu"),
-        "norm_epsilon": hf_config.get("layer_norm_eps", 1e-12),
+        "norm_epsilon": hf_config.get("layer_norm_eps", 1e-5 if roberta else 1e-12),
+        "position_offset": offset,
     }
     config = {"family": "bert", "backbone": {"class_name": "BertBackbone", "config": backbone}}
     length = min(max_length, MAX_PRESET_SEQUENCE_LENGTH)
-    architectures = hf_config.get("architectures") or ()
     if "BertForSequenceClassification" in architectures:
         num_classes = hf_config.get("num_labels") or len(hf_config.get("id2label") or {}) or 2
         dropout = hf_config.get("classifier_dropout")
@@ -65,14 +93,17 @@ def convert_config(hf_config, path=None):
 
 
 def tokenizer(path, hf_config):
-    return load_tokenizer(path, hf_config, SPECIAL_TOKENS)
+    roberta = hf_config.get("model_type") in ROBERTA_TYPES
+    return load_tokenizer(path, hf_config, ROBERTA_SPECIAL_TOKENS if roberta else SPECIAL_TOKENS)
 
 
 def load_weights(model, weights, hf_config):
     """Assign the checkpoint's weights to a BertBackbone, or to a BERT task (its backbone and, for
     BertMaskedLM, the masked-LM head)."""
     backbone = getattr(model, "backbone", model)
-    prefix = "bert." if weights.has("bert.embeddings.word_embeddings.weight") else ""
+    roberta = hf_config.get("model_type") in ROBERTA_TYPES
+    base = "roberta." if roberta else "bert."
+    prefix = base if weights.has(base + "embeddings.word_embeddings.weight") else ""
     D, H = backbone.hidden_dim, backbone.num_heads
     Dh = D // H
 
@@ -119,14 +150,14 @@ def load_weights(model, weights, hf_config):
 
     if isinstance(model, BertMaskedLM):
         act = hf_config.get("hidden_act", "gelu")
-        if act != "gelu":
+        if act != "gelu" and not roberta:  # RoBERTa's lm_head applies gelu whatever hidden_act says
             raise ValueError(
                 f"Unsupported bert config option hidden_act={act!r} for BertMaskedLM: its head "
                 "(cls.predictions.transform) uses hidden_act, and our BertMaskedLM head uses exact gelu."
             )
-        head = "cls.predictions."
-        linear(model.mlm_dense, head + "transform.dense")
-        norm(model.mlm_layer_norm, head + "transform.LayerNorm")
+        head, transform = ("lm_head.", "lm_head.") if roberta else ("cls.predictions.", "cls.predictions.transform.")
+        linear(model.mlm_dense, transform + "dense")
+        norm(model.mlm_layer_norm, transform + ("layer_norm" if roberta else "LayerNorm"))
         put(model.mlm_output_bias.bias, head + "bias")
         weights.check_same(head + "decoder.weight", e + "word_embeddings.weight")
         weights.check_same(head + "decoder.bias", head + "bias")

@@ -1,13 +1,16 @@
-"""Hugging Face Llama-architecture checkpoints (`model_type` "llama", "mistral", "qwen2": LlamaForCausalLM,
-MistralForCausalLM, Qwen2ForCausalLM and their bare models) -> LlamaBackbone / LlamaCausalLM.
+"""Hugging Face Llama-architecture checkpoints (`model_type` "llama", "mistral", "qwen2", "qwen3", "smollm3":
+LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, SmolLM3ForCausalLM and their bare
+models) -> LlamaBackbone / LlamaCausalLM.
 
 Axes: D model width, H query heads, Hkv key/value heads, Dh head size, F feed-forward width, V vocabulary.
 
-The three types share one computation: rotary positions, grouped-query attention, RMS norms and
-a gated-SiLU feed-forward. They differ only in options, each mapped here: Llama's
-`attention_bias` (query, key, value and output) and `mlp_bias`; Qwen2's query/key/value biases
-(no output bias) and its optional sliding window; Mistral's sliding window. Types that change
-the computation (e.g. "qwen3", with its query/key norms) are not listed and are refused.
+The five types share one computation: rotary positions, grouped-query attention, RMS norms and
+a gated-SiLU feed-forward. They differ only in options, each mapped here: Llama's, Qwen3's and
+SmolLM3's `attention_bias` (query, key, value and output) and Llama's and SmolLM3's `mlp_bias`;
+Qwen2's query/key/value biases (no output bias); Qwen3's RMS norms of each head's queries and keys
+(q_norm / k_norm) and its head size (128 when config.json names none); SmolLM3's layers without
+rotary positions (`no_rope_layers`); Mistral's sliding window, and Qwen2's, Qwen3's and SmolLM3's
+on the layers `layer_types` names. Options outside these are refused with the option's name.
 
 `torch.nn.Linear` weights are stored (out, in); they are transposed to our (in, out) layouts.
 """
@@ -17,7 +20,7 @@ import json
 from keras_transformer.convert.checkpoint import HF_TOKENIZER_CONFIG, load_tokenizer
 from keras_transformer.convert.options import check_options
 
-MODEL_TYPES = ("llama", "mistral", "qwen2")
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "smollm3")
 # Special tokens when neither tokenizer_config.json nor the model config names them (Llama 2 / Mistral).
 SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
 # Tensors this converter knows but never assigns: the rotary tables some old checkpoints saved.
@@ -29,10 +32,14 @@ ROPE_TYPES = ("default", "linear", "llama3")
 
 # Defaults of `transformers`' config classes, where they differ between the types.
 _DEFAULTS = {
-    "llama": {"max_position_embeddings": 2048},
-    "mistral": {"max_position_embeddings": 131072, "sliding_window": 4096},
-    "qwen2": {"max_position_embeddings": 32768, "sliding_window": 4096},
+    "llama": {"max_position_embeddings": 2048, "rope_theta": 10000.0},
+    "mistral": {"max_position_embeddings": 131072, "sliding_window": 4096, "rope_theta": 10000.0},
+    "qwen2": {"max_position_embeddings": 32768, "sliding_window": 4096, "rope_theta": 10000.0},
+    "qwen3": {"max_position_embeddings": 32768, "sliding_window": 4096, "rope_theta": 10000.0, "head_dim": 128},
+    "smollm3": {"max_position_embeddings": 32768, "sliding_window": None, "rope_theta": 2000000.0},
 }
+# The types whose windows apply only with `use_sliding_window`, to the layers `layer_types` names.
+_WINDOW_BY_LAYER_TYPE = ("qwen2", "qwen3", "smollm3")
 # Options whose other values change the computation in ways LlamaBackbone does not implement.
 _REQUIRED = {"add_cross_attention": False, "is_encoder_decoder": False}
 
@@ -52,6 +59,7 @@ def convert_config(hf_config, path=None):
     max_length = hf_config.get("max_position_embeddings", defaults["max_position_embeddings"])
     theta, scaling = _rope(hf_config)
     attention_bias, output_bias = _attention_biases(hf_config)
+    window, layer_types = _sliding_window(hf_config)
     backbone = {
         "vocabulary_size": hf_config.get("vocab_size", 32000),
         "num_layers": hf_config.get("num_hidden_layers", 32),
@@ -59,14 +67,17 @@ def convert_config(hf_config, path=None):
         "hidden_dim": hidden_dim,
         "intermediate_dim": hf_config.get("intermediate_size", 11008),
         "num_key_value_heads": hf_config.get("num_key_value_heads") or num_heads,
-        "head_dim": hf_config.get("head_dim") or hidden_dim // num_heads,
+        "head_dim": hf_config.get("head_dim") or defaults.get("head_dim") or hidden_dim // num_heads,
         "max_sequence_length": max_length,
         "rope_max_wavelength": theta,
         "rope_scaling": scaling,
         "attention_bias": attention_bias,
         "attention_output_bias": output_bias,
-        "mlp_bias": bool(hf_config.get("mlp_bias", False)) if model_type == "llama" else False,
-        "sliding_window": _sliding_window(hf_config),
+        "mlp_bias": bool(hf_config.get("mlp_bias", False)) if model_type in ("llama", "smollm3") else False,
+        "sliding_window": window,
+        "layer_types": layer_types,
+        "rope_layers": _rope_layers(hf_config),
+        "query_key_norm": "head" if model_type == "qwen3" else None,
         "tie_word_embeddings": bool(hf_config.get("tie_word_embeddings", False)),
         "norm_epsilon": hf_config.get("rms_norm_eps", 1e-6),
         "dropout": float(hf_config.get("attention_dropout", 0.0) or 0.0),
@@ -96,7 +107,7 @@ def _rope(hf_config):
             f"Unsupported {model_type} config option {key}={parameters!r}: rotary parameters per layer "
             "type are not implemented by keras_transformer's LlamaBackbone (one rotary embedding for all layers)."
         )
-    theta = parameters.get("rope_theta", hf_config.get("rope_theta", 10000.0))
+    theta = parameters.get("rope_theta", hf_config.get("rope_theta", _DEFAULTS[model_type]["rope_theta"]))
     partial = parameters.get("partial_rotary_factor", hf_config.get("partial_rotary_factor", 1.0))
     if partial != 1.0:
         # transformers' Llama, Mistral and Qwen2 rotate whole heads whatever this says (their default
@@ -131,10 +142,10 @@ def _rope(hf_config):
 
 
 def _attention_biases(hf_config):
-    """(query/key/value bias, output bias) of each type: Llama's `attention_bias` covers all four
-    projections, Qwen2 always has query/key/value biases and no output bias, Mistral none."""
+    """(query/key/value bias, output bias) of each type: Llama's, Qwen3's and SmolLM3's `attention_bias` covers
+    all four projections, Qwen2 always has query/key/value biases and no output bias, Mistral none."""
     model_type = hf_config["model_type"]
-    if model_type == "llama":
+    if model_type in ("llama", "qwen3", "smollm3"):
         bias = bool(hf_config.get("attention_bias", False))
         return bias, bias
     if model_type == "qwen2":
@@ -143,38 +154,58 @@ def _attention_biases(hf_config):
 
 
 def _sliding_window(hf_config):
-    """The one window of every layer, or None; a mix of windowed and full layers is refused.
+    """(the window, None or the per-layer `layer_types`): (None, None) without a window.
 
-    Mistral windows every layer by `sliding_window` (None: no window). Qwen2 windows only with
-    `use_sliding_window`, and then the layers `layer_types` names "sliding_attention" (by default
-    those from `max_window_layers` on, as transformers builds it).
+    Mistral windows every layer by `sliding_window` (None: no window). Qwen2, Qwen3 and SmolLM3 window
+    only with `use_sliding_window`, and then the layers `layer_types` names "sliding_attention" (by
+    default, as transformers builds it: Qwen's layers from `max_window_layers` on, SmolLM3's NoPE layers).
     """
     model_type = hf_config["model_type"]
     if model_type == "llama":
-        return None
+        return None, None
     window = hf_config.get("sliding_window", _DEFAULTS[model_type]["sliding_window"])
     if model_type == "mistral" or window is None:
-        return window
+        return window, None
     if not hf_config.get("use_sliding_window", False):
-        return None
-    option = "layer_types" if hf_config.get("layer_types") is not None else "max_window_layers"
-    if option == "layer_types":
-        layer_types = list(hf_config["layer_types"])
-    else:
+        return None, None
+    layer_types = hf_config.get("layer_types")
+    num_layers = hf_config.get("num_hidden_layers", 32)
+    if layer_types is None and model_type == "smollm3":
+        rope_layers = _rope_layers(hf_config) or [True] * num_layers
+        layer_types = ["full_attention" if rotates else "sliding_attention" for rotates in rope_layers]
+    elif layer_types is None:
         first = hf_config.get("max_window_layers", 28)
-        layer_types = [
-            "sliding_attention" if i >= first else "full_attention"
-            for i in range(hf_config.get("num_hidden_layers", 32))
-        ]
+        layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+    layer_types = list(layer_types)[:num_layers]
+    unknown = sorted(set(layer_types) - {"sliding_attention", "full_attention"})
+    if unknown:
+        raise ValueError(
+            f"Unsupported {model_type} config option layer_types with {unknown}: keras_transformer implements "
+            "'full_attention' and 'sliding_attention' layers."
+        )
     if set(layer_types) == {"sliding_attention"}:
-        return window
+        return window, None
     if set(layer_types) == {"full_attention"}:
+        return None, None
+    return window, layer_types
+
+
+def _rope_layers(hf_config):
+    """SmolLM3's `no_rope_layers` (1: the layer rotates, 0: a NoPE layer; by default every
+    `no_rope_layer_interval`-th layer) as a list of bools, or None where every layer rotates."""
+    if hf_config["model_type"] != "smollm3":
         return None
-    raise ValueError(
-        f"Unsupported {model_type} config option {option}={hf_config.get(option, 28)!r} with "
-        f"use_sliding_window=True: keras_transformer's LlamaBackbone gives every layer the same "
-        "attention, windowed or full, not a mix."
-    )
+    num_layers = hf_config.get("num_hidden_layers", 36)
+    flags = hf_config.get("no_rope_layers")
+    if flags is None:
+        interval = hf_config.get("no_rope_layer_interval", 4)
+        flags = [int((i + 1) % interval != 0) for i in range(num_layers)]
+    if len(flags) < num_layers:
+        raise ValueError(
+            f"The smollm3 config option no_rope_layers={flags!r} has fewer entries than num_hidden_layers={num_layers}."
+        )
+    rope_layers = [bool(flag) for flag in flags[:num_layers]]
+    return None if all(rope_layers) else rope_layers
 
 
 def tokenizer(path, hf_config):
@@ -219,6 +250,9 @@ def load_weights(model, weights, hf_config):
         linear(attention.key_dense, p + "self_attn.k_proj", (D, Hkv, Dh), (Hkv, Dh))  # (Hkv*Dh, D) -> (D, Hkv, Dh)
         linear(attention.value_dense, p + "self_attn.v_proj", (D, Hkv, Dh), (Hkv, Dh))
         linear(attention.output_dense, p + "self_attn.o_proj", (H, Dh, D), (D,))  # (D, H*Dh) -> (H, Dh, D)
+        if attention.query_key_norm is not None:  # Qwen3: (Dh,) each
+            put(attention.query_norm.scale, p + "self_attn.q_norm.weight")
+            put(attention.key_norm.scale, p + "self_attn.k_norm.weight")
         put(block.self_attention_norm.scale, p + "input_layernorm.weight")
         feed_forward = block.feed_forward
         F = backbone.intermediate_dim

@@ -5,11 +5,13 @@ config.json has a `model_type` and no `backbone` entry (the checkpoint reader th
 declares, see entry_points.py); `convert(hf_dir, preset_dir)` writes our
 own preset format (the `keras-transformer convert` command).
 
-Supported model types: "gpt2" (GPT2Model, GPT2LMHeadModel), "bert" (BertModel, BertForMaskedLM,
-BertForPreTraining), "t5" (T5ForConditionalGeneration, T5Model), and the Llama architecture
-"llama", "mistral", "qwen2" (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and their bare
-models; sharded safetensors included). Every config option that changes the computation is mapped
-or refused with a ValueError naming it.
+Supported model types: "gpt2" (GPT2Model, GPT2LMHeadModel), "bert", "roberta", "xlm-roberta" (BertModel,
+BertForMaskedLM, BertForPreTraining, RobertaModel, RobertaForMaskedLM, XLMRobertaModel, XLMRobertaForMaskedLM; a
+sentence-transformers folder of one of them as a BertTextEmbedder), "t5" (T5ForConditionalGeneration, T5Model),
+and the Llama architecture
+"llama", "mistral", "qwen2", "qwen3", "smollm3" (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
+Qwen3ForCausalLM, SmolLM3ForCausalLM and their bare models; sharded safetensors included). Every config
+option that changes the computation is mapped or refused with a ValueError naming it.
 
 Example, with a Hugging Face folder written here by `export(..., format="huggingface")`:
 >>> import tempfile
@@ -27,9 +29,10 @@ Example, with a Hugging Face folder written here by `export(..., format="hugging
 from pathlib import Path
 
 from keras_transformer import presets
-from keras_transformer.convert import hf_bert, hf_gpt2, hf_llama, hf_t5
+from keras_transformer.convert import hf_bert, hf_generation, hf_gpt2, hf_llama, hf_t5, sentence_transformers
 from keras_transformer.convert.checkpoint import CheckpointWeights
 from keras_transformer.models.backbone import Backbone
+from keras_transformer.models.language_model import LanguageModel
 from keras_transformer.models.task import Task
 
 # model_type -> its converter module; a module converting several types lists them in MODEL_TYPES.
@@ -66,6 +69,12 @@ def convert_config(path, hf_config, allow_pickle=False):
     """
     family = _family(hf_config)
     config = family.convert_config(hf_config, Path(path))
+    _add_embedder(config, family, path)
+    task = config.get("task")
+    if task is not None and issubclass(presets.get_class(task["class_name"], Task), LanguageModel):
+        defaults = hf_generation.read(path, hf_config)  # generation_config.json: stop tokens, sampling
+        if defaults is not None:
+            task["config"]["generation_config"] = defaults
     tokenizer = family.tokenizer(Path(path), hf_config)
     if tokenizer is not None:
         config["tokenizer"] = tokenizer
@@ -77,6 +86,28 @@ def convert_config(path, hf_config, allow_pickle=False):
 
     config["weights"] = load_weights
     return config
+
+
+def _add_embedder(config, family, path):
+    """A sentence-transformers folder is the family's `TEXT_EMBEDDER` task, with its pooling, normalisation and
+    maximum length (convert/sentence_transformers.py)."""
+    settings = sentence_transformers.read(path)
+    if settings is None:
+        return
+    if getattr(family, "TEXT_EMBEDDER", None) is None:
+        raise ValueError(
+            f"{path} is a sentence-transformers folder of a {family.__name__.rsplit('.', 1)[-1]} checkpoint: "
+            "keras_transformer has no TextEmbedder for that family yet."
+        )
+    config["task"] = {
+        "class_name": family.TEXT_EMBEDDER,
+        "config": {"pooling": settings["pooling"], "normalize": settings["normalize"]},
+    }
+    length = settings["max_seq_length"]
+    if length is not None and "preprocessor" in config:
+        config["preprocessor"]["config"]["sequence_length"] = min(
+            int(length), config["backbone"]["config"]["max_sequence_length"]
+        )
 
 
 def _head_tensors(family, model):

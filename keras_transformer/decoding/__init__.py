@@ -3,6 +3,7 @@
 One job per module:
 - `generate.py`: `generate`, from its checked `GenerateOptions` (`generate_options.py`) and inputs
   (`generate_inputs.py`) to the typed `DecodeInputs`, and back to the caller's form (`generate_outputs.py`);
+- `generation_config.py`: `GenerationConfig`, a model's own defaults (its checkpoint's generation_config.json);
 - `decode_options.py`: `DecodeOptions`, the frozen static settings (also the compile key);
 - `decode_inputs.py`: `PrefillInputs`, `LoopInputs`, `DecodeInputs`, a call's typed tensors;
 - `loop_state.py`: the loop's typed state; `step_context.py`: what a step reads besides it (`StepContext`);
@@ -22,11 +23,13 @@ from keras_transformer.decoding.decode_loop import trace_prepare, trace_run
 from keras_transformer.decoding.decode_options import DecodeOptions
 from keras_transformer.decoding.generate import LENGTH_BUCKET, PREFILL_BUCKET, generate, generate_with
 from keras_transformer.decoding.generate_options import GenerateOptions
+from keras_transformer.decoding.generation_config import GenerationConfig
 
 __all__ = [
     "DecodeInputs",
     "DecodeOptions",
     "GenerateOptions",
+    "GenerationConfig",
     "LENGTH_BUCKET",
     "LoopInputs",
     "PREFILL_BUCKET",

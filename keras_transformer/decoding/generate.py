@@ -4,6 +4,7 @@ Axes: B inputs, K beams, R = B * K rows, L token buffer length (a bucket), P pre
 Everything here is host-side numpy; the compiled loop lives in `decode_loop.py`, run by `decode.py`.
 """
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -22,6 +23,7 @@ from keras_transformer.decoding.generate_inputs import (
 )
 from keras_transformer.decoding.generate_options import GenerateOptions
 from keras_transformer.decoding.generate_outputs import cut_results, format_results
+from keras_transformer.decoding.generation_config import GenerationConfig
 from keras_transformer.decoding.loop_state import ABSENT
 from keras_transformer.samplers.registry import get
 
@@ -35,7 +37,7 @@ def generate(
     sampler=None,
     stop_token_ids="auto",
     min_new_tokens=0,
-    repetition_penalty=1.0,
+    repetition_penalty=None,
     no_repeat_ngram_size=0,
     streamer=None,
     return_dict=False,
@@ -70,9 +72,27 @@ class _Call(NamedTuple):
     encoder_padding_mask: Any = ABSENT  # (B, S_enc) bool
 
 
+def with_model_defaults(task, options):
+    """`options` with what the caller left to the model filled in: the sampler `compile` set, else the task's
+    `generation_config`'s, else greedy; "auto" stop tokens from the generation config when it names them; the
+    repetition penalty from it, else 1.0."""
+    defaults = getattr(task, "generation_config", None) or GenerationConfig()
+    sampler = options.sampler
+    if sampler is None:
+        sampler = getattr(task, "sampler", None) or defaults.sampler or "greedy"
+    stop = options.stop_token_ids
+    if isinstance(stop, str) and stop == "auto" and defaults.stop_token_ids is not None:
+        stop = list(defaults.stop_token_ids)
+    penalty = options.repetition_penalty
+    if penalty is None:
+        penalty = defaults.repetition_penalty if defaults.repetition_penalty is not None else 1.0
+    return dataclasses.replace(options, sampler=sampler, stop_token_ids=stop, repetition_penalty=penalty)
+
+
 def generate_with(task, inputs, options):
     """`generate` with its options as a `GenerateOptions`."""
-    sampler = get(options.sampler if options.sampler is not None else getattr(task, "sampler", None) or "greedy")
+    options = with_model_defaults(task, options)
+    sampler = get(options.sampler)
     if options.streamer is not None and sampler.reorders_rows:
         raise ValueError("`streamer` is not supported with beam search: the best beam is known only at the end.")
     if options.output_logits and (not options.return_dict or sampler.reorders_rows):

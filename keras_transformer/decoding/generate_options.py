@@ -17,7 +17,7 @@ class GenerateOptions:
     sampler: Any = None  # None (the task's own, else greedy), a name, a config or a `Sampler`
     stop_token_ids: Any = "auto"
     min_new_tokens: int = 0
-    repetition_penalty: float = 1.0
+    repetition_penalty: Any = None  # None: the task's generation config's, else 1.0
     no_repeat_ngram_size: int = 0
     streamer: Any = None
     return_dict: bool = False
@@ -28,7 +28,9 @@ class GenerateOptions:
         _check_int("min_new_tokens", self.min_new_tokens, 0)
         _check_int("no_repeat_ngram_size", self.no_repeat_ngram_size, 0)
         penalty = self.repetition_penalty
-        if isinstance(penalty, bool) or not isinstance(penalty, numbers.Real) or not penalty > 0:
+        if penalty is not None and (
+            isinstance(penalty, bool) or not isinstance(penalty, numbers.Real) or not penalty > 0
+        ):
             raise ValueError(f"`repetition_penalty` must be a number > 0. Received: repetition_penalty={penalty!r}")
         if self.streamer is not None and not callable(self.streamer):
             raise ValueError(f"`streamer` must be a callable or None. Received: streamer={self.streamer!r}")

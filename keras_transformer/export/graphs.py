@@ -259,11 +259,13 @@ def _decode_graph(task):
 
 
 def _encoder_task_graph(task):
-    """The task's inputs -> the backbone's outputs and the task's logits."""
+    """The task's inputs -> the backbone's outputs and the task's own output, named by its `output_name` ("logits",
+    or a TextEmbedder's "embeddings")."""
     import tensorflow as tf
 
     input_names = list(task.input)
     backbone_names = list(task.backbone.input)
+    output_name = getattr(task, "output_name", "logits")
 
     def forward(*args):
         inputs = {}
@@ -272,7 +274,7 @@ def _encoder_task_graph(task):
             inputs[name] = tf.cast(value, "bool" if "bool" in str(dtype) else dtype)
         # The backbone runs twice in the trace; TensorFlow's graph optimizer keeps one copy.
         outputs = dict(task.backbone({name: inputs[name] for name in backbone_names}))
-        outputs["logits"] = task(inputs)
+        outputs[output_name] = task(inputs)
         return outputs
 
     specs = [tf.TensorSpec((None,) * len(task.input[name].shape), tf.int64, name=name) for name in input_names]
@@ -282,7 +284,7 @@ def _encoder_task_graph(task):
         axes[name] = ("batch", "masked" if name == "mask_positions" else "sequence")
     axes["sequence_output"] = ("batch", "sequence", None)
     axes["pooled_output"] = ("batch", None)
-    axes["logits"] = ("batch", "masked", None) if "mask_positions" in input_names else ("batch", None)
+    axes[output_name] = ("batch", "masked", None) if "mask_positions" in input_names else ("batch", None)
     return Graph("encoder", tf.function(forward, autograph=False), specs, axes)
 
 

@@ -142,6 +142,9 @@ def generation_config(task):
         "eos_token_id": tokenizer.eos_token_id if tokenizer else None,
         "pad_token_id": tokenizer.pad_token_id if tokenizer else None,
     }
+    defaults = getattr(task, "generation_config", None)
+    if defaults is not None and defaults.stop_token_ids is not None:
+        config["stop_token_ids"] = list(defaults.stop_token_ids)  # what "auto" stops at, as `lm.generate`
     # The runner draws random-sampling noise as `RandomSampler` does, over a buffer of this bucket.
     config["noise_length_bucket"] = _keras_length_bucket()
     if config["kind"] == "decoder":

@@ -5,7 +5,7 @@ source length, V vocabulary.
 
 Signatures (all also callable as `loaded.<name>(...)`; the first is `serving_default`):
     forward        the task's own inputs and dtypes (token_ids int32, padding_mask bool, ...)
-                   -> {"logits": ...} (encoder tasks add the backbone's outputs).
+                   -> {"logits": ...} ("embeddings" for a TextEmbedder; encoder tasks add the backbone's outputs).
     generate       (LMs) greedy decoding or random sampling, ids in, ids out. Inputs:
                    causal LMs: token_ids (B, P) int32, padding_mask (B, P) bool (right-padded prompts,
                    the start token included); seq2seq LMs: encoder_token_ids (B, S_enc) int32,
@@ -85,7 +85,7 @@ def write_saved_model(task, directory):
 
     def forward(*args):
         inputs = dict(zip(input_names, args))
-        outputs = {"logits": task(inputs)}
+        outputs = {getattr(task, "output_name", "logits"): task(inputs)}  # a TextEmbedder's: "embeddings"
         if kind == "encoder":
             outputs.update(task.backbone({name: inputs[name] for name in task.backbone.input}))
         return outputs
@@ -174,6 +174,8 @@ class _ServedLoop:
         self.max_length = config["max_length"]
         self.pad = config["pad_token_id"] or 0
         self.stop_ids = () if config["eos_token_id"] is None else (int(config["eos_token_id"]),)
+        if config.get("stop_token_ids") is not None:  # the model's generation config's end tokens, as "auto"
+            self.stop_ids = tuple(int(token) for token in config["stop_token_ids"])
         self.start_id = config.get("decoder_start_token_id")
         self.num_beams = num_beams
         # Static shapes, one loop each: buffer lengths L (the loop's first cache width, for the

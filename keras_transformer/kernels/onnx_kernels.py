@@ -170,17 +170,7 @@ def _self_attention(kernels, attention, h, cache, bias=None):
         raise Unsupported("a self-attention cache that is not a graph input")
     present = [name.replace("past_key_values.", "present.", 1) for name in past]
     H, Hkv, Dh = attention.num_heads, attention._kv_heads, attention._head_dim
-    dense = (attention.query_dense, attention.key_dense, attention.value_dense)
-    width = attention.query_dense.kernel.shape[0]
-    # (D, H, Dh), (D, Hkv, Dh), (D, Hkv, Dh) -> (D, (H + 2 Hkv) Dh): one MatMul gives the packed QKV GQA reads.
-    # The Concat of the three kernels (each its own initializer, as the prefill graph reads it) is folded by ONNX
-    # Runtime when the session loads.
-    kernel = b.node("Concat", [b.const(f"{d.name}.kernel", weight(d.kernel).reshape(width, -1)) for d in dense], axis=1)
-    qkv = b.node("MatMul", [h.materialize(), kernel])  # (B, 1, (H + 2 Hkv) Dh)
-    if attention.query_dense.bias is not None:
-        bias_qkv = b.node("Concat", [b.const(f"{d.name}.bias", weight(d.bias).reshape(-1)) for d in dense], axis=0)
-        qkv = b.node("Add", [qkv, bias_qkv])
-    inputs = [qkv, "", "", past[0], past[1], kernels.past_lengths, kernels.total_length]
+    inputs = _query_key_value(kernels, attention, h) + [past[0], past[1], kernels.past_lengths, kernels.total_length]
     options = {}
     if attention.rotary_embedding is not None:
         inputs += _rotary_tables(kernels, attention.rotary_embedding, Dh)
@@ -204,6 +194,46 @@ def _self_attention(kernels, attention, h, cache, bias=None):
         Value(b, present[0]),
         Value(b, present[1]),
     )
+
+
+def _query_key_value(kernels, attention, h):
+    """GroupQueryAttention's first three inputs for h (B, 1, D): the packed QKV (B, 1, (H + 2 Hkv) Dh) and two
+    empty names, or with query/key norms the normed queries (B, 1, H Dh), keys (B, 1, Hkv Dh) and values."""
+    b = kernels.builder
+    dense = (attention.query_dense, attention.key_dense, attention.value_dense)
+    width = attention.query_dense.kernel.shape[0]
+    matrices = [b.const(f"{d.name}.kernel", weight(d.kernel).reshape(width, -1)) for d in dense]
+    biases = None
+    if attention.query_dense.bias is not None:
+        biases = [b.const(f"{d.name}.bias", weight(d.bias).reshape(-1)) for d in dense]
+    x = h.materialize()
+    if attention.query_key_norm is None:
+        # (D, H, Dh), (D, Hkv, Dh), (D, Hkv, Dh) -> (D, (H + 2 Hkv) Dh): one MatMul gives the packed QKV GQA
+        # reads. The Concat of the three kernels (each its own initializer, as the prefill graph reads it) is
+        # folded by ONNX Runtime when the session loads.
+        qkv = b.node("MatMul", [x, b.node("Concat", matrices, axis=1)])  # (B, 1, (H + 2 Hkv) Dh)
+        if biases is not None:
+            qkv = b.node("Add", [qkv, b.node("Concat", biases, axis=0)])
+        return [qkv, "", ""]
+    q, k, v = (b.node("MatMul", [x, kernel]) for kernel in matrices)  # (B, 1, H Dh), 2 x (B, 1, Hkv Dh)
+    if biases is not None:
+        q, k, v = (b.node("Add", [y, bias]) for y, bias in zip((q, k, v), biases))
+    Dh = attention._head_dim
+    return [
+        _normed(kernels, attention, attention.query_norm, q, attention.num_heads, Dh),
+        _normed(kernels, attention, attention.key_norm, k, attention._kv_heads, Dh),
+        v,
+    ]
+
+
+def _normed(kernels, attention, norm, y, heads, head_dim):
+    """`MultiHeadAttention.normalize` of queries or keys y (B, 1, heads Dh) through the RMS norm kernel."""
+    b = kernels.builder
+    if attention.query_key_norm == "full":
+        return _rms_norm(kernels, norm, Value(b, y)).materialize()
+    split = b.node("Reshape", [y, b.const("heads", np.array([0, 0, heads, head_dim]))])  # -> (B, 1, heads, Dh)
+    normed = _rms_norm(kernels, norm, Value(b, split)).materialize()
+    return b.node("Reshape", [normed, b.const("width", np.array([0, 0, heads * head_dim]))])  # -> (B, 1, heads Dh)
 
 
 def _rotary_tables(kernels, rotary, head_dim):

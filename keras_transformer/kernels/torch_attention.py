@@ -18,14 +18,32 @@ def attention_weights(attention, key_value):
         projections = projections[:1]
     width = attention.query_dense.kernel.shape[0]
     # The logits' scale goes into the query projection (one product per step fewer; rotary
-    # embeddings are linear, so rotating scaled queries is the same).
-    scales = [attention._scale] + [1.0] * (len(projections) - 1)
+    # embeddings are linear, so rotating scaled queries is the same), unless a norm of the queries
+    # follows it (which would undo it): then `query_scale` scales the normed queries.
+    normed = attention.query_key_norm is not None
+    scales = [1.0 if normed else attention._scale] + [1.0] * (len(projections) - 1)
     H, Dh = attention.num_heads, attention._head_dim
     return {
         "heads": (H, attention._kv_heads, Dh),
         "projection": fused([projection(p, width, scale) for p, scale in zip(projections, scales)]),
         "output": projection(attention.output_dense, H * Dh),
+        "query_scale": attention._scale if normed else None,
     }
+
+
+def normalize(kernels, attention, weights, q, k=None):
+    """`MultiHeadAttention.normalize` of q (R, T, H, Dh) (and k (R, T, Hkv, Dh)), then q's scale: the
+    layer's RMS norms per head or over all heads, through the RMS norm kernel."""
+    if attention.query_key_norm is None:
+        return q, k
+    shape = q.shape
+    if attention.query_key_norm == "head":
+        q = kernels(attention.query_norm, q)
+        k = None if k is None else kernels(attention.key_norm, k)
+    else:  # over all heads: (R, T, heads * Dh)
+        q = kernels(attention.query_norm, q.reshape(shape[0], shape[1], -1)).view(shape)
+        k = None if k is None else kernels(attention.key_norm, k.reshape(k.shape[0], k.shape[1], -1)).view(k.shape)
+    return q * weights["query_scale"], k
 
 
 def attend(heads, q, keys, values, blocked, bias):
@@ -66,7 +84,7 @@ def self_attention(kernels, attention, h, cache, start, padding_mask, bias):
     rows, length, _ = h.shape
     qkv = linear(h, *weights["projection"])  # (R, T, D) -> (R, T, (H + 2 Hkv) Dh)
     q, k, v = qkv.split([H * Dh, Hkv * Dh, Hkv * Dh], dim=-1)
-    q, k = q.view(rows, length, H, Dh), k.view(rows, length, Hkv, Dh)
+    q, k = normalize(kernels, attention, weights, q.view(rows, length, H, Dh), k.view(rows, length, Hkv, Dh))
     if attention.rotary_embedding is not None:
         q, k = (
             _rotate(kernels, attention.rotary_embedding, q, start),
@@ -157,5 +175,6 @@ def cross_attention(kernels, attention, h, cache, encoder_padding_mask, bias):
     H, _, Dh = weights["heads"]
     rows, length, _ = h.shape
     q = linear(h, *weights["projection"]).view(rows, length, H, Dh)  # (R, T, D) -> (R, T, H, Dh)
+    q, _ = normalize(kernels, attention, weights, q)
     out = attend(weights["heads"], q, cache[0], cache[1], kernels.padding_blocked(encoder_padding_mask), bias)
     return linear(out, *weights["output"])

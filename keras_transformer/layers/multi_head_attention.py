@@ -14,6 +14,9 @@ from keras_transformer.layers.masks import causal_mask, mask_to_bias, merge_mask
 from keras_transformer.layers.rotary_embedding import RotaryEmbedding
 
 
+QUERY_KEY_NORMS = (None, "head", "full")
+
+
 def _check_rate(name, value):
     if not 0.0 <= value < 1.0:
         raise ValueError(f"`{name}` must be in [0, 1). Received: {name}={value}")
@@ -42,6 +45,10 @@ class MultiHeadAttention(keras.layers.Layer):
             projected queries and keys at their absolute positions (Llama); None for none.
         sliding_window: int, with the causal mask a query attends only the last
             `sliding_window` positions up to its own (Mistral). None for no window.
+        query_key_norm: None, "head" or "full": an RMS norm of the projected queries and
+            keys before the rotary embedding, over each head's Dh values ("head": Qwen3,
+            Gemma 3) or over all heads' H * Dh (Hkv * Dh for keys) values ("full": OLMoE).
+        query_key_norm_epsilon: float, that norm's epsilon.
         dropout: float in [0, 1), dropout on the attention probabilities.
         scale: float, multiplier of the logits. Defaults to 1 / sqrt(Dh);
             T5 uses 1.0.
@@ -94,6 +101,8 @@ class MultiHeadAttention(keras.layers.Layer):
         output_bias=None,
         rotary_embedding=None,
         sliding_window=None,
+        query_key_norm=None,
+        query_key_norm_epsilon=1e-6,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -115,6 +124,14 @@ class MultiHeadAttention(keras.layers.Layer):
             raise ValueError(
                 f"`sliding_window` must be a positive int or None. Received: sliding_window={sliding_window}"
             )
+        if query_key_norm not in QUERY_KEY_NORMS:
+            raise ValueError(
+                f"`query_key_norm` must be one of {QUERY_KEY_NORMS}. Received: query_key_norm={query_key_norm!r}"
+            )
+        if query_key_norm_epsilon <= 0:
+            raise ValueError(
+                f"`query_key_norm_epsilon` must be positive. Received: query_key_norm_epsilon={query_key_norm_epsilon}"
+            )
         if isinstance(rotary_embedding, dict):
             rotary_embedding = RotaryEmbedding(**rotary_embedding, dtype=self.dtype_policy, name="rotary_embedding")
         if rotary_embedding is not None and not isinstance(rotary_embedding, RotaryEmbedding):
@@ -129,6 +146,8 @@ class MultiHeadAttention(keras.layers.Layer):
         self.output_bias = output_bias
         self.rotary_embedding = rotary_embedding
         self.sliding_window = sliding_window
+        self.query_key_norm = query_key_norm
+        self.query_key_norm_epsilon = query_key_norm_epsilon
         self.dropout = dropout
         self.scale = scale
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -171,13 +190,34 @@ class MultiHeadAttention(keras.layers.Layer):
         output_bias = self.use_bias if self.output_bias is None else self.output_bias
         self.output_dense = projection("attention_output", "bthk,hkd->btd", (None, hidden_dim), "d", output_bias)
         self.output_dense.build((query_shape[0], query_shape[1], H, Dh))
+        if self.query_key_norm is not None:
+            per_head = self.query_key_norm == "head"
+            self.query_norm = self._norm("query_norm", Dh if per_head else H * Dh)
+            self.key_norm = self._norm("key_norm", Dh if per_head else Hkv * Dh)
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
         self.built = True
+
+    def _norm(self, name, width):
+        norm = keras.layers.RMSNormalization(epsilon=self.query_key_norm_epsilon, dtype=self.dtype_policy, name=name)
+        norm.build((None, None, width))
+        return norm
+
+    def normalize(self, x, role):
+        """Queries (B, T, H, Dh) (`role` "query") or keys (B, T, Hkv, Dh) ("key") through their RMS norm,
+        per head or over all heads as `query_key_norm` says; unchanged without one."""
+        if self.query_key_norm is None:
+            return x
+        norm = self.query_norm if role == "query" else self.key_norm
+        if self.query_key_norm == "head":
+            return norm(x)
+        shape = ops.shape(x)
+        return ops.reshape(norm(ops.reshape(x, (shape[0], shape[1], -1))), shape)  # over (B, T, heads * Dh)
 
     def compute_cache(self, value, key=None):
         """Projected keys and values of `value` (B, S, D) -> (B, 2, Hkv, S, Dh), for cross-attention."""
         key = value if key is None else key
-        kv = ops.stack([self.key_dense(key), self.value_dense(value)], axis=1)  # (B, 2, S, Hkv, Dh)
+        keys = self.normalize(self.key_dense(key), "key")
+        kv = ops.stack([keys, self.value_dense(value)], axis=1)  # (B, 2, S, Hkv, Dh)
         return ops.transpose(kv, (0, 1, 3, 2, 4))
 
     def call(
@@ -195,10 +235,10 @@ class MultiHeadAttention(keras.layers.Layer):
     ):
         value = query if value is None else value
         key = value if key is None else key
-        q = self.query_dense(query)  # (B, T, H, Dh)
+        q = self.normalize(self.query_dense(query), "query")  # (B, T, H, Dh)
         if cache is not None and cache_index is not None:
             # A step: the cache writes the new keys/values and attends, whatever its kind.
-            q, k = self.rotate(q, self.key_dense(key), cache_index)
+            q, k = self.rotate(q, self._keys(key), cache_index)
             output, scores, updated = as_cache(cache).attend(
                 self,
                 q,
@@ -216,7 +256,7 @@ class MultiHeadAttention(keras.layers.Layer):
             if cache is not None:  # fixed (cross-attention) keys/values (B, Hkv, S, Dh)
                 (k, v), sequence_axis = as_cache(cache).fixed(), 2
             else:
-                k, v, sequence_axis = self.key_dense(key), self.value_dense(value), 1  # (B, S, Hkv, Dh)
+                k, v, sequence_axis = self._keys(key), self.value_dense(value), 1  # (B, S, Hkv, Dh)
                 q, k = self.rotate(q, k, 0)
             query_length, key_length = q.shape[1], k.shape[sequence_axis]
             if query_length is None or key_length is None:
@@ -233,6 +273,10 @@ class MultiHeadAttention(keras.layers.Layer):
         if cache is not None:
             outputs += (cache,)
         return outputs[0] if len(outputs) == 1 else outputs
+
+    def _keys(self, key):
+        """(B, S, D) -> projected (and normed) keys (B, S, Hkv, Dh), not rotated yet."""
+        return self.normalize(self.key_dense(key), "key")
 
     def rotate(self, q, k, start_index):
         """Queries (B, T, H, Dh) and keys (B, T, Hkv, Dh) at positions [start_index, start_index + T),
@@ -320,6 +364,8 @@ class MultiHeadAttention(keras.layers.Layer):
                 "output_bias": self.output_bias,
                 "rotary_embedding": None if self.rotary_embedding is None else self.rotary_embedding.arguments(),
                 "sliding_window": self.sliding_window,
+                "query_key_norm": self.query_key_norm,
+                "query_key_norm_epsilon": self.query_key_norm_epsilon,
                 "dropout": self.dropout,
                 "scale": self.scale,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),

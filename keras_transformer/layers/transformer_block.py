@@ -21,7 +21,8 @@ class TransformerBlock(keras.layers.Layer):
     `use_bias` covers every projection; `attention_bias` / `attention_output_bias`
     override it for the attention's query/key/value and output projections (Llama's
     `attention_bias`, Qwen2's biased q/k/v with an unbiased output). `rotary_embedding`
-    (a `RotaryEmbedding` config dict) and `sliding_window` apply to self-attention.
+    (a `RotaryEmbedding` config dict), `sliding_window` and `query_key_norm` (None, "head" or "full": an RMS
+    norm of the queries and keys, with the block's `norm_epsilon`) apply to self-attention.
     """
 
     def __init__(
@@ -42,6 +43,7 @@ class TransformerBlock(keras.layers.Layer):
         attention_output_bias=None,
         rotary_embedding=None,
         sliding_window=None,
+        query_key_norm=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -67,6 +69,7 @@ class TransformerBlock(keras.layers.Layer):
         self.attention_output_bias = attention_output_bias
         self.rotary_embedding = rotary_embedding
         self.sliding_window = sliding_window
+        self.query_key_norm = query_key_norm
         # Sub-layers are created here so that bad arguments fail eagerly.
         self._attention_kwargs = dict(
             num_heads=num_heads,
@@ -94,7 +97,12 @@ class TransformerBlock(keras.layers.Layer):
         """Self-attention gets the rotary embedding and the sliding window; cross-attention neither."""
         kwargs = dict(self._attention_kwargs)
         if name == "self_attention":
-            kwargs.update(rotary_embedding=self.rotary_embedding, sliding_window=self.sliding_window)
+            kwargs.update(
+                rotary_embedding=self.rotary_embedding,
+                sliding_window=self.sliding_window,
+                query_key_norm=self.query_key_norm,
+                query_key_norm_epsilon=self.norm_epsilon,
+            )
         return MultiHeadAttention(name=name, **kwargs)
 
     def _norm(self, name):
@@ -138,6 +146,7 @@ class TransformerBlock(keras.layers.Layer):
                 "attention_output_bias": self.attention_output_bias,
                 "rotary_embedding": self.rotary_embedding,
                 "sliding_window": self.sliding_window,
+                "query_key_norm": self.query_key_norm,
             }
         )
         return config

@@ -7,6 +7,7 @@ from keras_transformer.models.bert import (
     BertMaskedLM,
     BertMaskedLMPreprocessor,
     BertTextClassifierPreprocessor,
+    BertTextEmbedder,
 )
 from keras_transformer.models.causal_lm import CausalLM
 from keras_transformer.models.gpt import GPTBackbone, GPTCausalLM, GPTCausalLMPreprocessor
@@ -18,6 +19,7 @@ from keras_transformer.models.seq2seq_lm import Seq2SeqLM
 from keras_transformer.models.t5 import T5Backbone, T5Seq2SeqLM, T5Seq2SeqLMPreprocessor
 from keras_transformer.models.task import Task
 from keras_transformer.models.text_classifier import TextClassifier
+from keras_transformer.models.text_embedder import MultipleNegativesRankingLoss, TextEmbedder
 from keras_transformer.models.transformer import (
     TransformerBackbone,
     TransformerSeq2SeqLM,
@@ -31,6 +33,7 @@ __all__ = [
     "BertMaskedLM",
     "BertMaskedLMPreprocessor",
     "BertTextClassifierPreprocessor",
+    "BertTextEmbedder",
     "CausalLM",
     "GPTBackbone",
     "GPTCausalLM",
@@ -39,6 +42,7 @@ __all__ = [
     "LlamaCausalLM",
     "LlamaCausalLMPreprocessor",
     "MaskedLM",
+    "MultipleNegativesRankingLoss",
     "Preprocessor",
     "Seq2SeqLM",
     "T5Backbone",
@@ -46,6 +50,7 @@ __all__ = [
     "T5Seq2SeqLMPreprocessor",
     "Task",
     "TextClassifier",
+    "TextEmbedder",
     "TransformerBackbone",
     "TransformerSeq2SeqLM",
     "TransformerSeq2SeqLMPreprocessor",

@@ -114,6 +114,23 @@ def check_positive_ints(**values):
             raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
 
 
+def check_layer_list(name, values, num_layers, allowed):
+    """None, or a list of `num_layers` entries from `allowed` (a per-layer option) -> a list or None.
+
+    Raises:
+        ValueError: naming the option, its value and what it must be.
+    """
+    if values is None:
+        return None
+    values = list(values)
+    if len(values) != num_layers or any(value not in allowed for value in values):
+        raise ValueError(
+            f"`{name}` must be None or a list of num_layers={num_layers} entries, each one of {list(allowed)}. "
+            f"Received: {name}={values!r}"
+        )
+    return values
+
+
 def functional_setattr(model, name, value, default_setattr):
     """Let functional subclasses assign layers before `Model.__init__`, on every backend.
 

@@ -13,7 +13,21 @@ class LanguageModel(Task):
 
     Subclasses may override `_generate(inputs, options)` to prepare the inputs or shape the
     results (CausalLM renders chat messages there); `options` is a `decoding.GenerateOptions`.
+
+    `generation_config` (a `decoding.GenerationConfig`, its config dict, or None; a checkpoint's
+    generation_config.json when converted from Hugging Face) holds the model's own defaults for `generate`:
+    its stop tokens, sampler and repetition penalty. It is saved with the task.
     """
+
+    def __init__(self, *args, generation_config=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.generation_config = decoding.GenerationConfig.from_config(generation_config)
+
+    def get_config(self):
+        config = super().get_config()
+        if self.generation_config is not None:
+            config["generation_config"] = self.generation_config.get_config()
+        return config
 
     def compile(self, *args, sampler=None, **kwargs):
         """Compile as `Task.compile`; `sampler` (a name or a `Sampler`) sets the default of `generate`."""
@@ -28,7 +42,7 @@ class LanguageModel(Task):
         sampler=None,
         stop_token_ids="auto",
         min_new_tokens=0,
-        repetition_penalty=1.0,
+        repetition_penalty=None,
         no_repeat_ngram_size=0,
         streamer=None,
         return_dict=False,
@@ -58,16 +72,16 @@ class LanguageModel(Task):
                 encoder token ids (results are the decoder's ids: the start token, then the
                 generated tokens).
             max_new_tokens: int >= 1, new tokens per prompt at most.
-            sampler: None (the one set by `compile`, else greedy), a name ("greedy",
-                "random", "top_k", "top_p", "beam") or a `Sampler`.
-            stop_token_ids: "auto" (the tokenizer's end token), None (never stop
-                early) or a list of ids. Each row stops at its first stop token,
-                which is kept in the ids.
+            sampler: None (the one set by `compile`, else the model's `generation_config`'s,
+                else greedy), a name ("greedy", "random", "top_k", "top_p", "beam") or a `Sampler`.
+            stop_token_ids: "auto" (the model's `generation_config`'s end tokens, else the
+                tokenizer's end token), None (never stop early) or a list of ids. Each row
+                stops at its first stop token, which is kept in the ids.
             min_new_tokens: int, stop tokens are banned until a row has this many
                 new tokens.
             repetition_penalty: float > 0, Hugging Face's (CTRL) penalty on tokens
                 already in the row: positive logits are divided by it, negative ones
-                multiplied.
+                multiplied. None: the model's `generation_config`'s, else 1.0 (none).
             no_repeat_ngram_size: int, if > 0 no n-gram of this size occurs twice in
                 a row (prompt included).
             streamer: None or a callable, called after every step with the (B,)

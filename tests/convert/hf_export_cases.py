@@ -45,6 +45,18 @@ CASES = {
         "AutoModelForCausalLM",
     ),
     "mistral": (lambda d: hf_models.llama_style(d, "mistral", sliding_window=4), LlamaCausalLM, "AutoModelForCausalLM"),
+    "qwen3": (
+        lambda d: hf_models.llama_style(
+            d, "qwen3", head_dim=16, use_sliding_window=True, sliding_window=4, max_window_layers=1
+        ),
+        LlamaCausalLM,
+        "AutoModelForCausalLM",
+    ),
+    "smollm3": (
+        lambda d: hf_models.llama_style(d, "smollm3", no_rope_layers=[1, 0], attention_bias=True, mlp_bias=True),
+        LlamaCausalLM,
+        "AutoModelForCausalLM",
+    ),
     "bert": (lambda d: hf_models.bert(d, "BertForMaskedLM"), BertMaskedLM, "AutoModelForMaskedLM"),
     "t5_v1_1": (
         lambda d: hf_models.t5(d, untied_head=True, feed_forward_proj="gated-gelu"),
@@ -52,7 +64,7 @@ CASES = {
         "AutoModelForSeq2SeqLM",
     ),
 }
-CAUSAL = ("gpt2", "llama", "qwen2", "mistral")
+CAUSAL = ("gpt2", "llama", "qwen2", "mistral", "qwen3", "smollm3")
 TEXTS = ["the quick brown fox", "def add(a, b):\n    return a + b", "a cat sat on the mat and looked at the dog"]
 
 

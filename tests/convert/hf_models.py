@@ -129,18 +129,21 @@ LLAMA_STYLE = {
     "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
     "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+    "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
 }
 
 
 def llama_style(directory, model_type, seed=0, max_shard_size=None, **options):
-    """LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM with grouped-query attention (4 query
-    heads, 2 key/value heads). Llama and Mistral get `<s>` / `</s>` start and end tokens; Qwen2 has
-    no start token: its tokenizer_config.json says `bos_token: null` while config.json keeps a
-    bos_token_id (the end token), as Qwen2.5's do.
+    """LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM or SmolLM3ForCausalLM with
+    grouped-query attention (4 query heads, 2 key/value heads). Llama, Mistral and SmolLM3 get `<s>` / `</s>`
+    start and end tokens; Qwen2 and Qwen3 have no start token: their tokenizer_config.json says
+    `bos_token: null` while config.json keeps a bos_token_id (the end token), as Qwen2.5's and Qwen3's do.
     `options`: config arguments, e.g. rope_parameters, sliding_window, tie_word_embeddings."""
     tokenizer = BytePairTokenizer.train(TEXTS, vocabulary_size=300)
     backend = tokenizer.backend_tokenizer
-    if model_type == "qwen2":
+    qwen = model_type in ("qwen2", "qwen3")
+    if qwen:
         special, ids = {"eos_token": "<|endoftext|>"}, {"bos_token_id": backend.token_to_id("<|endoftext|>")}
     else:
         backend.add_special_tokens(["<s>", "</s>"])
@@ -167,7 +170,7 @@ def llama_style(directory, model_type, seed=0, max_shard_size=None, **options):
         directory, safe_serialization=True, **({"max_shard_size": max_shard_size} if max_shard_size else {})
     )
     save_hf_tokenizer(tokenizer, directory, **special)
-    if model_type == "qwen2":
+    if qwen:
         path = Path(directory) / "tokenizer_config.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), "bos_token": None}))  # as Qwen2.5's
     return model
@@ -175,3 +178,87 @@ def llama_style(directory, model_type, seed=0, max_shard_size=None, **options):
 
 def to_torch(array):
     return torch.tensor(np.asarray(array), dtype=torch.long)
+
+
+def sentence_transformers_folder(directory, pooling="mean", normalize=True, max_seq_length=32, seed=0):
+    """A random BertModel saved as sentence-transformers saves an embedder: the checkpoint, modules.json,
+    1_Pooling/config.json (one pooling mode on), 2_Normalize when `normalize`, sentence_bert_config.json."""
+    model = bert(directory, "BertModel", seed=seed)
+    directory = Path(directory)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        (directory / "2_Normalize").mkdir()
+    (directory / "modules.json").write_text(json.dumps(modules))
+    modes = {
+        "mean": "pooling_mode_mean_tokens",
+        "cls": "pooling_mode_cls_token",
+        "last_token": "pooling_mode_lasttoken",
+    }
+    pooling_config = {"word_embedding_dimension": model.config.hidden_size, "include_prompt": True}
+    pooling_config.update(
+        {key: key == modes.get(pooling, pooling) for key in [*modes.values(), "pooling_mode_max_tokens"]}
+    )
+    (directory / "1_Pooling").mkdir()
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config))
+    (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length}))
+    return model
+
+
+ROBERTA_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]  # ids 0-4, as RoBERTa's and XLM-R's vocabularies
+
+
+def roberta(directory, model_type="roberta", seed=0):
+    """RobertaForMaskedLM with a byte-level BPE tokenizer, or XLMRobertaForMaskedLM ("xlm-roberta") with a
+    SentencePiece-style Unigram one; `<s> <pad> </s> <unk> <mask>` are ids 0-4 (padding id 1: positions start at 2)."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+    if model_type == "roberta":
+        backend = Backend(models.BPE())
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        backend.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=300, special_tokens=ROBERTA_SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        )
+    else:
+        backend = Backend(models.Unigram())
+        backend.pre_tokenizer = pre_tokenizers.Metaspace()
+        backend.decoder = decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=120, special_tokens=ROBERTA_SPECIALS, unk_token="<unk>")
+    backend.train_from_iterator(TEXTS, trainer)
+    backend.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    config_cls, model_cls = {
+        "roberta": (transformers.RobertaConfig, transformers.RobertaForMaskedLM),
+        "xlm-roberta": (transformers.XLMRobertaConfig, transformers.XLMRobertaForMaskedLM),
+    }[model_type]
+    config = config_cls(
+        vocab_size=backend.get_vocab_size(),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=66,  # 64 positions past the padding id
+        type_vocab_size=1,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        attn_implementation="eager",
+    )
+    model = randomize(model_cls(config), seed, scale=0.2)
+    model.save_pretrained(directory, safe_serialization=True)
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<s>",
+        eos_token="</s>",
+        cls_token="<s>",
+        sep_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        mask_token="<mask>",
+    )
+    fast.save_pretrained(directory)
+    return model

@@ -1,9 +1,10 @@
-"""Llama-architecture checkpoints (Llama, Qwen2, Mistral) in the Hugging Face layout -> LlamaCausalLM,
-against `transformers`.
+"""Llama-architecture checkpoints (Llama, Qwen2, Qwen3, SmolLM3, Mistral) in the Hugging Face layout ->
+LlamaCausalLM, against `transformers`.
 
-The peers are random LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM (eager attention,
-grouped-query: 4 query heads, 2 key/value heads) saved with `save_pretrained`; ours are loaded
-from those directories by `CausalLM.from_preset`, which must pick LlamaCausalLM.
+The peers are random LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM / SmolLM3ForCausalLM /
+MistralForCausalLM (eager attention, grouped-query: 4 query heads, 2 key/value heads) saved with
+`save_pretrained`; ours are loaded from those directories by `CausalLM.from_preset`, which must pick
+LlamaCausalLM.
 
 transformers' Llama, Qwen2 and Mistral rotate whole heads (`partial_rotary_factor` is ignored by
 their default rotary embedding and breaks their scaled ones), so partial rotary has no peer to
@@ -53,6 +54,12 @@ CASES = {
     ),
     "qwen2-bias-tied": dict(model_type="qwen2", tie_word_embeddings=True),
     "mistral-window": dict(model_type="mistral", sliding_window=4),
+    "qwen3-norms-window-layer": dict(
+        model_type="qwen3", head_dim=16, use_sliding_window=True, sliding_window=4, max_window_layers=1
+    ),
+    "smollm3-nope-bias-tied": dict(
+        model_type="smollm3", no_rope_layers=[1, 0], attention_bias=True, mlp_bias=True, tie_word_embeddings=True
+    ),
 }
 
 
@@ -161,11 +168,16 @@ def test_converted_config(case):
     )  # Qwen2Config has none
     assert (backbone.num_key_value_heads, backbone.head_dim) == (2, head_dim)
     assert backbone.tie_word_embeddings == config.tie_word_embeddings
-    assert backbone.sliding_window == (4 if config.model_type == "mistral" else None)
+    windowed = config.model_type in ("mistral", "qwen3")
+    assert backbone.sliding_window == (4 if windowed else None)
+    assert backbone.layer_types == (["full_attention", "sliding_attention"] if config.model_type == "qwen3" else None)
+    assert backbone.rope_layers == ([True, False] if config.model_type == "smollm3" else None)
+    assert backbone.query_key_norm == ("head" if config.model_type == "qwen3" else None)
     assert tokenizer.eos_token_id == config.eos_token_id == tokenizer.pad_token_id  # no pad token: pads with eos
-    if config.model_type == "qwen2":  # Qwen2 has no start token; q/k/v biases, no output bias
+    if config.model_type in ("qwen2", "qwen3"):  # no start token; Qwen2: q/k/v biases, no output bias
         assert tokenizer.bos_token_id is None
-        assert (backbone.attention_bias, backbone.attention_output_bias) == (True, False)
+        biases = (True, False) if config.model_type == "qwen2" else (False, False)
+        assert (backbone.attention_bias, backbone.attention_output_bias) == biases
     else:
         assert tokenizer.bos_token_id == config.bos_token_id
     assert isinstance(Backbone.from_preset(case[0], load_weights=False), LlamaBackbone)
@@ -193,10 +205,12 @@ def test_cli_convert_round_trip(tmp_path, build, capsys):
 
 
 @pytest.mark.slow
-def test_onnx_bundle_greedy_matches_keras(tmp_path, build):
-    """The exported bundle's Keras-free runner (ONNX Runtime) generates our tokens, sliding window
-    included (one export: the other cases differ only in options of the same layers)."""
-    _, hf, lm = build("mistral-window")
+@pytest.mark.parametrize("name", ["mistral-window", "qwen3-norms-window-layer"])
+def test_onnx_bundle_greedy_matches_keras(tmp_path, build, name):
+    """The exported bundle's Keras-free runner (ONNX Runtime) generates our tokens: a sliding window; query/key
+    norms, a window on one layer. (SmolLM3's NoPE layer is a layer without rotation: tests/export/test_decode_kernels.py
+    holds it in the decode graph.)"""
+    _, hf, lm = build(name)
     bundle = lm.export(tmp_path / "bundle", format="onnx")
     prompts = _prompts(hf)
     ours = lm.generate(prompts, max_new_tokens=NEW_TOKENS, stop_token_ids=None)
@@ -261,11 +275,40 @@ def test_transformers_4_rope_layout(tmp_path, rope):
         ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "layer_types": ["sliding_attention"] * 2}, 4),
         ("mistral", {"sliding_window": None}, None),
         ("mistral", {"sliding_window": 16}, 16),
+        ("smollm3", {"use_sliding_window": True, "sliding_window": 4, "no_rope_layers": [1, 1]}, None),
     ],
-    ids=["qwen2-all-windowed", "qwen2-none-windowed", "qwen2-off", "qwen2-layer-types", "mistral-none", "mistral-16"],
+    ids=[
+        "qwen2-all-windowed",
+        "qwen2-none-windowed",
+        "qwen2-off",
+        "qwen2-layer-types",
+        "mistral-none",
+        "mistral-16",
+        "smollm3-no-nope-layer",
+    ],
 )
 def test_sliding_window_options(tmp_path, model_type, changes, window):
-    assert _backbone_config(tmp_path, _config(model_type, **changes))["sliding_window"] == window
+    config = _backbone_config(tmp_path, _config(model_type, **changes))
+    assert config["sliding_window"] == window and config["layer_types"] is None
+
+
+WINDOW_SECOND_LAYER = {"use_sliding_window": True, "sliding_window": 4, "layer_types": None}
+
+
+@pytest.mark.parametrize(
+    "model_type, changes",
+    [
+        ("qwen2", {**WINDOW_SECOND_LAYER, "max_window_layers": 1}),
+        ("qwen3", {**WINDOW_SECOND_LAYER, "layer_types": ["full_attention", "sliding_attention"]}),
+        ("smollm3", {**WINDOW_SECOND_LAYER, "no_rope_layers": [1, 0]}),
+    ],
+    ids=["qwen2-max-window-layers", "qwen3-layer-types", "smollm3-window-on-nope-layer"],
+)
+def test_window_on_some_layers(tmp_path, model_type, changes):
+    """A window on the second layer only: from Qwen's `max_window_layers` or `layer_types`, and on SmolLM3's
+    NoPE layers when `layer_types` is absent (as SmolLM3Config builds it)."""
+    backbone = _backbone_config(tmp_path, _config(model_type, **changes))
+    assert (backbone["sliding_window"], backbone["layer_types"]) == (4, ["full_attention", "sliding_attention"])
 
 
 REFUSED = [  # (model_type, config changes, what the message must name)
@@ -294,15 +337,11 @@ REFUSED = [  # (model_type, config changes, what the message must name)
     ("mistral", {"hidden_act": "relu"}, r"hidden_act='relu'"),
     (
         "qwen2",
-        {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1, "layer_types": None},
-        r"max_window_layers=1",
+        {"use_sliding_window": True, "sliding_window": 4, "layer_types": ["full_attention", "chunked_attention"]},
+        r"layer_types with \['chunked_attention'\]",
     ),
-    (
-        "qwen2",
-        {"use_sliding_window": True, "sliding_window": 4, "layer_types": ["full_attention", "sliding_attention"]},
-        r"layer_types=\['full_attention'",
-    ),
-    ("qwen3", {}, r"model_type='qwen3'"),
+    ("smollm3", {"no_rope_layers": [1]}, r"no_rope_layers=\[1\]"),
+    ("phi3", {}, r"model_type='phi3'"),
 ]
 
 
@@ -317,13 +356,13 @@ REFUSED = [  # (model_type, config changes, what the message must name)
         "rope-per-layer-type",
         "gelu",
         "relu",
-        "qwen2-window-layer-mix",
-        "qwen2-layer-types-mix",
-        "qwen3",
+        "qwen2-unknown-layer-type",
+        "smollm3-short-no-rope-layers",
+        "phi3",
     ],
 )
 def test_refused_options(tmp_path, model_type, changes, match):
-    config = _config("qwen2" if model_type == "qwen3" else model_type, **changes)
+    config = _config("llama" if model_type == "phi3" else model_type, **changes)
     config["model_type"] = model_type
     with pytest.raises(ValueError, match=match):
         _backbone_config(tmp_path, config)
@@ -332,8 +371,8 @@ def test_refused_options(tmp_path, model_type, changes, match):
 def test_known_types_are_registered():
     from keras_transformer.convert.hugging_face import FAMILIES
 
-    assert all(FAMILIES[model_type] is hf_llama for model_type in ("llama", "mistral", "qwen2"))
-    assert "qwen3" not in FAMILIES  # query/key norms: not this architecture
+    assert all(FAMILIES[model_type] is hf_llama for model_type in ("llama", "mistral", "qwen2", "qwen3", "smollm3"))
+    assert "phi3" not in FAMILIES  # fused projections and longrope: not converted yet
 
 
 def test_untied_head_missing_from_checkpoint(tmp_path, build):

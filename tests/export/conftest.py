@@ -4,10 +4,24 @@ Exports are slow (a TensorFlow conversion, and under JAX or PyTorch a child proc
 every test module asks `exported(family)` for the same task, bundle and SavedModel. GPT is
 exported through `task.export` and the command line; the other families through
 `export_models` (both formats, one child process).
+
+The tasks' weights are drawn with numpy, so every backend builds the same task, and its exports are the same
+files whatever backend made them (tests/export/test_decoder_export.py's
+`test_artifacts_identical_to_a_tensorflow_export` holds this on every backend, with an export of its own). So
+the exports are kept in a cache shared by `make test`'s three pytest processes (`EXPORT_CACHE`), keyed by the
+task's config and weights and by every source file of the package and of the bundle runtime: the first
+backend's run exports, the next ones read the same files and test them against their own Keras model.
 """
 
+import hashlib
+import importlib.metadata
 import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
 
+import keras
 import pytest
 
 from keras_transformer import cli
@@ -23,9 +37,14 @@ _BUILDERS = {
 }
 
 
+EXPORT_CACHE = helpers.TEST_CACHE
+_ROOT = Path(__file__).resolve().parents[2]
+
+
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory):
-    """exported(family) -> {"task", "bundle", "saved_model"}, built and exported on first use."""
+    """exported(family) -> {"task", "bundle", "saved_model"}, built and exported (or read from `EXPORT_CACHE`)
+    on first use."""
     cache = {}
 
     def get(family):
@@ -33,18 +52,58 @@ def exported(tmp_path_factory):
             task = _BUILDERS[family]()
             directory = tmp_path_factory.mktemp(family)
             bundle, saved_model = directory / "bundle", directory / "saved_model"
-            if family == "gpt":  # `task.export`, and the command line's export of a preset of the same weights
-                assert task.export(bundle, format="onnx") == bundle
-                task.save_to_preset(directory / "preset")
-                assert (
-                    cli.main(["export", str(directory / "preset"), str(saved_model), "--format", "tf_saved_model"]) == 0
-                )
-            else:  # both formats in one call (one TensorFlow child process under JAX or PyTorch)
-                export_models(task, {bundle: "onnx", saved_model: "tf_saved_model"})
+            stored = EXPORT_CACHE / _export_key(family, task)
+            if stored.is_dir():
+                shutil.copytree(stored / "bundle", bundle)
+                shutil.copytree(stored / "saved_model", saved_model)
+            else:
+                _export(family, task, directory, bundle, saved_model)
+                _store(stored, bundle, saved_model)
             cache[family] = {"task": task, "bundle": bundle, "saved_model": saved_model}
         return cache[family]
 
     return get
+
+
+def _export(family, task, directory, bundle, saved_model):
+    if family == "gpt":  # `task.export`, and the command line's export of a preset of the same weights
+        assert task.export(bundle, format="onnx") == bundle
+        task.save_to_preset(directory / "preset")
+        assert cli.main(["export", str(directory / "preset"), str(saved_model), "--format", "tf_saved_model"]) == 0
+    else:  # both formats in one call (one TensorFlow child process under JAX or PyTorch)
+        export_models(task, {bundle: "onnx", saved_model: "tf_saved_model"})
+
+
+def _export_key(family, task):
+    """sha256 of what the exports depend on: the task's config, tokenizer and weights, the package's, the bundle
+    runtime's and these tests' sources, and the converters' versions (any change exports again)."""
+    digest = hashlib.sha256(family.encode())
+    digest.update(json.dumps(task.get_config(), sort_keys=True, default=str).encode())
+    tokenizer = getattr(task.preprocessor, "tokenizer", None)
+    if tokenizer is not None:
+        digest.update(tokenizer.backend_tokenizer.to_str().encode())
+    for package in ("keras", "tensorflow", "tf2onnx", "onnx", "onnxruntime"):
+        digest.update(f"{package}=={importlib.metadata.version(package)}".encode())
+    for variable in task.weights:
+        digest.update(variable.path.encode())
+        digest.update(keras.ops.convert_to_numpy(variable).tobytes())
+    for folder in ("keras_transformer", "export", "tests/export"):
+        for file in sorted((_ROOT / folder).rglob("*.py")):
+            digest.update(str(file.relative_to(_ROOT)).encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()[:32]
+
+
+def _store(stored, bundle, saved_model):
+    """Copy the exports into the cache under a temporary name, then rename: a reader never sees half an entry."""
+    EXPORT_CACHE.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=EXPORT_CACHE))
+    shutil.copytree(bundle, staging / "bundle")
+    shutil.copytree(saved_model, staging / "saved_model")
+    try:
+        os.replace(staging, stored)
+    except OSError:  # another process stored the same entry first
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 # One TensorFlow-only child process runs the SavedModel checks of test_saved_model.py and

@@ -4,10 +4,12 @@ The references here use only the tasks' full forward pass (no cache, no exporter
 greedy and beam search are written out in plain Python over those logits.
 """
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import keras
@@ -118,8 +120,28 @@ def tiny_llama(seed=0):
     return lm
 
 
+# Shared by `make test`'s three pytest processes (one per backend): tokenizers and exports (tests/export/conftest.py).
+TEST_CACHE = Path(tempfile.gettempdir()) / "keras_transformer_test_exports"
+
+
+def shared_tokenizer(cls, vocabulary_size):
+    """`cls.train(CORPUS, vocabulary_size)`, trained once per machine: WordPiece and Unigram training is not
+    deterministic across processes (ties broken in hash order), and the same task on every backend lets the
+    backends share one export of it."""
+    key = hashlib.sha256(json.dumps([cls.__name__, vocabulary_size, CORPUS]).encode()).hexdigest()[:32]
+    file = TEST_CACHE / f"tokenizer-{key}.json"
+    if file.is_file():
+        return cls.from_config(json.loads(file.read_text()))
+    tokenizer = cls.train(CORPUS, vocabulary_size=vocabulary_size)
+    TEST_CACHE.mkdir(parents=True, exist_ok=True)
+    staging = file.with_suffix(f".{os.getpid()}.tmp")
+    staging.write_text(json.dumps(tokenizer.to_config()))
+    os.replace(staging, file)
+    return tokenizer
+
+
 def tiny_bert_classifier(seed=0):
-    tokenizer = WordPieceTokenizer.train(CORPUS, vocabulary_size=120)
+    tokenizer = shared_tokenizer(WordPieceTokenizer, 120)
     backbone = BertBackbone(
         tokenizer.vocabulary_size,
         num_layers=2,
@@ -134,7 +156,7 @@ def tiny_bert_classifier(seed=0):
 
 
 def tiny_t5(seed=0):
-    tokenizer = UnigramTokenizer.train(CORPUS, vocabulary_size=80)
+    tokenizer = shared_tokenizer(UnigramTokenizer, 80)
     backbone = T5Backbone(
         tokenizer.vocabulary_size, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32, dropout=0.0
     )

@@ -43,6 +43,16 @@ VARIANTS = {
         "attention_output_bias": True,
         "sliding_window": 5,
     },
+    # Qwen3's per-head query/key norms (a head size other than D / H), a window on one layer, a NoPE layer (SmolLM3)
+    "qk_norm_layer_types_nope": {
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "query_key_norm": "head",
+        "sliding_window": 3,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "rope_layers": [True, False],
+    },
+    "qk_norm_full": {"num_key_value_heads": 1, "query_key_norm": "full"},
 }
 
 

@@ -83,15 +83,15 @@ def _transformer():
 
 MODELS = {
     "gpt": _gpt,
-    "gpt_gqa_relu": lambda: _gpt(num_key_value_heads=2, activation="relu"),
-    "gpt_exact_gelu": lambda: _gpt(activation="gelu"),
-    "gpt_gated_silu": lambda: _gpt(activation="gated-silu"),
+    "gpt_gqa_relu": lambda **kw: _gpt(num_key_value_heads=2, activation="relu", **kw),
+    "gpt_exact_gelu": lambda **kw: _gpt(activation="gelu", **kw),
+    "gpt_gated_silu": lambda **kw: _gpt(activation="gated-silu", **kw),
     "t5_tied_relu": _t5,
-    "t5_untied_gated": lambda: _t5(activation="gated-gelu", tie_embedding_weights=False),
+    "t5_untied_gated": lambda **kw: _t5(activation="gated-gelu", tie_embedding_weights=False, **kw),
     "transformer_post_norm": _transformer,
     "llama_gqa_tied": _llama,
     # Qwen2's biases, a separate head, llama3 rope scaling, partial rotary, a window shorter than the steps
-    "llama_untied_window_partial": lambda: _llama(
+    "llama_untied_window_partial": lambda **kw: _llama(
         tie_word_embeddings=False,
         attention_bias=True,
         attention_output_bias=False,
@@ -104,7 +104,18 @@ MODELS = {
             "high_freq_factor": 4.0,
             "original_max_position_embeddings": 8,
         },
+        **kw,
     ),
+    # Qwen3's per-head query/key norms and head size, a window on one layer only, SmolLM3's NoPE layer
+    "llama_qk_norm_layer_types": lambda **kw: _llama(
+        query_key_norm="head",
+        head_dim=8,
+        sliding_window=3,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_layers=[False, True],
+        **kw,
+    ),
+    "llama_qk_norm_full": lambda **kw: _llama(query_key_norm="full", tie_word_embeddings=False, **kw),
 }
 
 
@@ -149,7 +160,7 @@ def _cases():
     # 16-bit models: the kernels compute in the layers' dtype, norms and softmax in float32, as Keras does
     cases += [
         (name, dtype, static)
-        for name in ("gpt", "t5_untied_gated", "llama_untied_window_partial")
+        for name in ("gpt", "t5_untied_gated", "llama_untied_window_partial", "llama_qk_norm_layer_types")
         for dtype in ("bfloat16", "mixed_bfloat16")
         for static in (False, True)
     ]
@@ -275,26 +286,7 @@ def test_logits_and_caches_match_keras(name, dtype, static):
 def _with_dtype(name, dtype):
     """The MODELS entry `name` built in `dtype`, with the float32 model's weights (seed 3)."""
     reference = MODELS[name]()
-    builders = {
-        "gpt": _gpt,
-        "t5_untied_gated": lambda **kw: _t5(activation="gated-gelu", tie_embedding_weights=False, **kw),
-        "llama_untied_window_partial": lambda **kw: _llama(
-            tie_word_embeddings=False,
-            attention_bias=True,
-            attention_output_bias=False,
-            sliding_window=3,
-            rotary_dim=2,
-            rope_scaling={
-                "rope_type": "llama3",
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8,
-            },
-            **kw,
-        ),
-    }
-    task = builders[name](dtype=dtype)
+    task = MODELS[name](dtype=dtype)
     task.backbone.set_weights(reference.backbone.get_weights())
     return task
 

@@ -43,6 +43,8 @@ def attention_weights(layer):
     weights = {}
     for prefix in ("query", "key", "value", "output"):
         weights.update(_dense_weights(getattr(layer, f"{prefix}_dense"), prefix))
+    if layer.query_key_norm is not None:
+        weights.update(query_norm_scale=to_numpy(layer.query_norm.scale), key_norm_scale=to_numpy(layer.key_norm.scale))
     _check_complete(layer, weights)
     return weights
 

@@ -58,10 +58,26 @@ def _case(name, rng):
     if name == "self_causal_padding":
         mask = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]], "bool")
         return dict(num_heads=2), dict(query=x, attention_mask=mask, use_causal_mask=True)
+    if name in ("query_key_norm_head_gqa_rotary", "query_key_norm_full_causal"):
+        # Qwen3's per-head norms (with a head size other than D / H, rotary positions after the norm) and
+        # OLMoE's norms over all heads; the norms' epsilon large enough to count.
+        mask = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]], "bool")
+        kwargs = dict(num_heads=4, num_key_value_heads=2, key_dim=4, query_key_norm_epsilon=0.1)
+        if name == "query_key_norm_head_gqa_rotary":
+            kwargs.update(query_key_norm="head", rotary_embedding={"max_wavelength": 100.0})
+            return kwargs, dict(query=x, attention_mask=mask, use_causal_mask=True)
+        return {**kwargs, "query_key_norm": "full"}, dict(query=x, attention_mask=mask, use_causal_mask=True)
     raise KeyError(name)
 
 
-PARITY_CASES = ["self_padding_mask", "cross_full_mask_bias_causal_key_dim", "gqa_no_bias_scale", "self_causal_padding"]
+PARITY_CASES = [
+    "self_padding_mask",
+    "cross_full_mask_bias_causal_key_dim",
+    "gqa_no_bias_scale",
+    "self_causal_padding",
+    "query_key_norm_head_gqa_rotary",
+    "query_key_norm_full_causal",
+]
 
 
 @pytest.mark.parametrize("case", PARITY_CASES)
@@ -71,8 +87,18 @@ def test_matches_reference(case, rng):
     weights = attention_weights(layer)
     if not layer_kwargs.get("use_bias", True):
         assert not any(name.endswith("_bias") for name in weights)
+    norm = {
+        "query_key_norm": layer_kwargs.get("query_key_norm"),
+        "norm_epsilon": layer_kwargs.get("query_key_norm_epsilon"),
+    }
+    rotary = layer_kwargs.get("rotary_embedding")
     expected, expected_probs = reference.multi_head_attention(
-        weights, **call_kwargs, scale=layer_kwargs.get("scale"), return_attention_scores=True
+        weights,
+        **call_kwargs,
+        scale=layer_kwargs.get("scale"),
+        return_attention_scores=True,
+        rotary_kwargs=rotary and {"max_wavelength": rotary["max_wavelength"]},
+        **(norm if norm["query_key_norm"] else {}),
     )
     # Two code paths: fused attention (no scores) and explicit softmax (scores).
     assert_close(layer(**call_kwargs), expected)
@@ -402,6 +428,8 @@ def test_mixed_bfloat16(rng):
         (dict(num_heads=4, key_dim=0), r"key_dim=0"),
         (dict(num_heads=4, num_key_value_heads=3), r"num_key_value_heads=3"),
         (dict(num_heads=2, dropout=1.0), r"dropout=1\.0"),
+        (dict(num_heads=2, query_key_norm="layer"), r"query_key_norm='layer'"),
+        (dict(num_heads=2, query_key_norm="head", query_key_norm_epsilon=0.0), r"query_key_norm_epsilon=0\.0"),
     ],
 )
 def test_bad_constructor_arguments(kwargs, pattern):

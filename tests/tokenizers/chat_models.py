@@ -1,9 +1,12 @@
 """Small random GPT-2 checkpoints whose tokenizers have chat templates, built locally with `transformers`.
 
-Two templates in the style of real ones: ChatML as Qwen2.5 writes it (system default, tools
-through `tojson`, tool calls and responses) and Llama 3.1's (a `bos_token` first, the date from
-`strftime_now`, `namespace`, roles checked with `raise_exception`). The special tokens they write
-are added to a small trained byte-level BPE vocabulary.
+Three templates in the style of real ones: ChatML as Qwen2.5 writes it (system default, tools
+through `tojson`, tool calls and responses), Llama 3.1's (a `bos_token` first, the date from
+`strftime_now`, `namespace`, roles checked with `raise_exception`) and a thinking model's as Qwen3's
+works (earlier turns' reasoning dropped, the last turn's kept in a <think> block, split out of the content
+with string methods, the last user turn found by a reverse loop over `namespace`, and `enable_thinking`
+false opening an empty <think> block). The special tokens they write are added to a small trained
+byte-level BPE vocabulary.
 """
 
 import transformers
@@ -98,6 +101,46 @@ LLAMA3_TEMPLATE = r"""{{- bos_token }}
 {%- endif %}
 """
 
+# Written here in the manner of Qwen3's template (not a copy of it), for the jinja features such templates use.
+THINKING_TEMPLATE = r"""{%- if messages[0].role == 'system' %}
+    {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- set ns = namespace(last_user=messages|length - 1, found=false) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if message.role == 'user' and not ns.found and message.content is string %}
+        {%- set ns.last_user = index %}
+        {%- set ns.found = true %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- set content = message.content if message.content is string else '' %}
+    {%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>\n' }}
+    {%- elif message.role == 'assistant' %}
+        {%- set reasoning = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning = message.reasoning_content %}
+        {%- elif '</think>' in content %}
+            {%- set reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+            {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_user and (loop.last or reasoning) %}
+            {{- '<|im_start|>assistant\n<think>\n' + reasoning.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+        {%- else %}
+            {{- '<|im_start|>assistant\n' + content }}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}
+"""
+
 # name -> (template, declared special tokens, the other added tokens the template writes)
 STYLES = {
     "chatml": (CHATML_TEMPLATE, {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, ["<|im_start|>"]),
@@ -105,6 +148,11 @@ STYLES = {
         LLAMA3_TEMPLATE,
         {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
         ["<|start_header_id|>", "<|end_header_id|>"],
+    ),
+    "thinking": (
+        THINKING_TEMPLATE,
+        {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+        ["<|im_start|>", "<think>", "</think>"],
     ),
 }
 
@@ -115,6 +163,12 @@ CONVERSATIONS = [
         {"role": "user", "content": "the quick brown fox"},
         {"role": "assistant", "content": "jumps over the lazy dog"},
         {"role": "user", "content": "a cat sat on the mat, café ☕"},
+    ],
+    [  # an earlier turn's reasoning (dropped by a thinking template), a final assistant turn with its own
+        {"role": "user", "content": "def add(a, b):"},
+        {"role": "assistant", "content": "<think>\nadd two numbers\n</think>\n\nreturn a + b"},
+        {"role": "user", "content": "and subtract?"},
+        {"role": "assistant", "content": "<think>\nthe other way\n</think>\n\nreturn a - b"},
     ],
 ]
 

@@ -86,6 +86,17 @@ def test_tools_and_template_options_match_transformers(checkpoint):
     """Tools (through `tojson`, non-ASCII kept), tool calls, and an extra template variable."""
     style, _, _, hf_tokenizer, lm = checkpoint
     tokenizer = lm.preprocessor.tokenizer
+    if style == "thinking":  # Qwen3's switch, a template variable: off opens an empty <think> block
+        for enable_thinking in (False, True):
+            ours = tokenizer.apply_chat_template(
+                CONVERSATIONS[2][:3], add_generation_prompt=True, enable_thinking=enable_thinking
+            )
+            theirs = hf_tokenizer.apply_chat_template(
+                CONVERSATIONS[2][:3], tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking
+            )
+            assert ours == theirs and ours.endswith("<think>\n\n</think>\n\n") is not enable_thinking
+        assert "add two numbers" not in ours  # an earlier turn's reasoning is dropped
+        return
     if style == "chatml":
         ours = tokenizer.apply_chat_template(TOOL_CONVERSATION, add_generation_prompt=True, tools=TOOLS)
         theirs = hf_tokenizer.apply_chat_template(

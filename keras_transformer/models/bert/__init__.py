@@ -3,6 +3,7 @@ from keras_transformer.models.bert.bert_classifier import BertClassifier
 from keras_transformer.models.bert.bert_masked_lm import BertMaskedLM
 from keras_transformer.models.bert.bert_masked_lm_preprocessor import BertMaskedLMPreprocessor
 from keras_transformer.models.bert.bert_text_classifier_preprocessor import BertTextClassifierPreprocessor
+from keras_transformer.models.bert.bert_text_embedder import BertTextEmbedder
 
 __all__ = [
     "BertBackbone",
@@ -10,4 +11,5 @@ __all__ = [
     "BertMaskedLM",
     "BertMaskedLMPreprocessor",
     "BertTextClassifierPreprocessor",
+    "BertTextEmbedder",
 ]

@@ -9,11 +9,29 @@ from keras_transformer.layers import PositionalEmbedding, TransformerEncoderBloc
 from keras_transformer.models.backbone import Backbone, check_positive_ints
 
 
+# The constructor's arguments that make the config, in its order (`get_config` writes them all).
+CONFIG = (
+    "vocabulary_size",
+    "num_layers",
+    "num_heads",
+    "hidden_dim",
+    "intermediate_dim",
+    "max_sequence_length",
+    "num_segments",
+    "dropout",
+    "activation",
+    "norm_epsilon",
+    "initializer_range",
+    "position_offset",
+)
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class BertBackbone(Backbone):
     """Token + segment + learned position embeddings, `num_layers` post-norm encoder blocks, a tanh pooler.
 
-    The layout follows Hugging Face `BertModel` one to one, so its weights map
+    The layout of BERT, RoBERTa and XLM-R (RoBERTa's positions start past its padding id: `position_offset`).
+    It follows Hugging Face `BertModel` one to one, so its weights map
     onto ours by name: `token_embedding` (word_embeddings), `segment_embedding`
     (token_type_embeddings), `position_embedding`, `embeddings_layer_norm`,
     `transformer_layer_{i}` (one `TransformerEncoderBlock` per layer, exact
@@ -36,6 +54,8 @@ class BertBackbone(Backbone):
             every embedding and kernel (Hugging Face's `initializer_range`). BERT's
             0.02 suits widths in the hundreds; tiny models learn much faster with
             about 1 / sqrt(hidden_dim).
+        position_offset: int, the row of the position table the first token reads (0; RoBERTa and XLM-R:
+            their padding id + 1 = 2). The table has max_sequence_length + position_offset rows.
         dtype: dtype policy of the layers.
 
     Inputs:
@@ -69,13 +89,15 @@ class BertBackbone(Backbone):
         activation="gelu",
         norm_epsilon=1e-12,
         initializer_range=0.02,
+        position_offset=0,
         dtype=None,
         **kwargs,
     ):
+        config = {name: value for name, value in locals().items() if name in CONFIG}  # before any other local
         check_positive_ints(vocabulary_size=vocabulary_size, num_layers=num_layers, num_heads=num_heads)
         check_positive_ints(hidden_dim=hidden_dim, intermediate_dim=intermediate_dim)
         check_positive_ints(max_sequence_length=max_sequence_length, num_segments=num_segments)
-        _check_options(hidden_dim, num_heads, dropout, initializer_range)
+        _check_options(hidden_dim, num_heads, dropout, initializer_range, position_offset)
         initializer = keras.initializers.TruncatedNormal(stddev=initializer_range)
 
         # === Layers ===
@@ -85,7 +107,11 @@ class BertBackbone(Backbone):
         )
         self.segment_embedding = keras.layers.Embedding(num_segments, hidden_dim, name="segment_embedding", **embedding)
         self.position_embedding = PositionalEmbedding(
-            max_sequence_length, "learned", initializer=initializer, dtype=dtype, name="position_embedding"
+            max_sequence_length + position_offset,
+            "learned",
+            initializer=initializer,
+            dtype=dtype,
+            name="position_embedding",
         )
         self.embeddings_layer_norm = keras.layers.LayerNormalization(
             epsilon=norm_epsilon, dtype=dtype, name="embeddings_layer_norm"
@@ -110,7 +136,7 @@ class BertBackbone(Backbone):
         segment_ids = keras.Input(shape=(None,), dtype="int32", name="segment_ids")
         padding_mask = keras.Input(shape=(None,), dtype="bool", name="padding_mask")
         x = self.token_embedding(token_ids)  # (B, T) -> (B, T, D)
-        x = x + self.segment_embedding(segment_ids) + self.position_embedding(x)
+        x = x + self.segment_embedding(segment_ids) + self.position_embedding(x, start_index=position_offset)
         x = self.embeddings_layer_norm(x)
         x = self.embeddings_dropout(x)
         for block in self.transformer_layers:
@@ -124,43 +150,22 @@ class BertBackbone(Backbone):
         )
 
         # === Config ===
-        self.vocabulary_size = vocabulary_size
-        self.num_layers = num_layers
-        self.num_heads = num_heads
-        self.hidden_dim = hidden_dim
-        self.intermediate_dim = intermediate_dim
-        self.max_sequence_length = max_sequence_length
-        self.num_segments = num_segments
-        self.dropout = dropout
-        self.activation = activation
-        self.norm_epsilon = norm_epsilon
-        self.initializer_range = initializer_range
+        for name, value in config.items():
+            setattr(self, name, value)
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "vocabulary_size": self.vocabulary_size,
-                "num_layers": self.num_layers,
-                "num_heads": self.num_heads,
-                "hidden_dim": self.hidden_dim,
-                "intermediate_dim": self.intermediate_dim,
-                "max_sequence_length": self.max_sequence_length,
-                "num_segments": self.num_segments,
-                "dropout": self.dropout,
-                "activation": self.activation,
-                "norm_epsilon": self.norm_epsilon,
-                "initializer_range": self.initializer_range,
-            }
-        )
+        config.update({name: getattr(self, name) for name in CONFIG})
         return config
 
 
 # --- constructor helpers --------------------------------------------------
 
 
-def _check_options(hidden_dim, num_heads, dropout, initializer_range):
+def _check_options(hidden_dim, num_heads, dropout, initializer_range, position_offset):
     """The checks beyond `check_positive_ints`: a ValueError naming the first bad argument."""
+    if isinstance(position_offset, bool) or not isinstance(position_offset, int) or position_offset < 0:
+        raise ValueError(f"`position_offset` must be an int >= 0. Received: position_offset={position_offset!r}")
     if hidden_dim % num_heads:
         raise ValueError(
             f"`hidden_dim` must be a multiple of `num_heads`. Received: hidden_dim={hidden_dim}, num_heads={num_heads}"

@@ -1,8 +1,10 @@
 """Llama-style decoder-only backbone: rotary positions, grouped-query attention, RMS norm, SwiGLU.
 
-The layout of Llama 2/3, Qwen2, Mistral and SmolLM2: token embedding (no learned positions),
-pre-norm decoder blocks whose self-attention rotates queries and keys (RoPE), a gated SiLU
-feed-forward, RMS norms, a final RMS norm.
+The layout of Llama 2/3, Qwen2, Qwen3, Mistral, SmolLM2 and SmolLM3: token embedding (no learned
+positions), pre-norm decoder blocks whose self-attention rotates queries and keys (RoPE), a gated
+SiLU feed-forward, RMS norms, a final RMS norm. Per-layer options: a window on some layers only
+(`layer_types`), layers without rotary positions (`rope_layers`, SmolLM3's NoPE layers); and RMS
+norms of the queries and keys (`query_key_norm`, Qwen3).
 
 Axes: B batch, T sequence length, L layers, S_max cache length, Hkv key/value heads,
 Dh head size, D model width, V vocabulary.
@@ -12,7 +14,33 @@ import keras
 
 from keras_transformer.layers import TransformerDecoderBlock
 from keras_transformer.layers.kv_cache import layer_cache_of, like_cache
-from keras_transformer.models.backbone import Backbone, call_layer, check_positive_ints
+from keras_transformer.models.backbone import Backbone, call_layer, check_layer_list, check_positive_ints
+
+LAYER_TYPES = ("full_attention", "sliding_attention")
+# The constructor's arguments that make the config, in its order (`get_config` writes them all).
+CONFIG = (
+    "vocabulary_size",
+    "num_layers",
+    "num_heads",
+    "hidden_dim",
+    "intermediate_dim",
+    "num_key_value_heads",
+    "head_dim",
+    "max_sequence_length",
+    "rope_max_wavelength",
+    "rope_scaling",
+    "rotary_dim",
+    "attention_bias",
+    "attention_output_bias",
+    "mlp_bias",
+    "sliding_window",
+    "layer_types",
+    "rope_layers",
+    "query_key_norm",
+    "tie_word_embeddings",
+    "norm_epsilon",
+    "dropout",
+)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -38,6 +66,13 @@ class LlamaBackbone(Backbone):
             (Llama's `attention_bias` covers all four; Qwen2 has none here).
         mlp_bias: bool, biases in the feed-forward.
         sliding_window: int or None, attention sees only this many positions up to its own (Mistral).
+        layer_types: None (every layer as `sliding_window` says) or a list of L entries, each
+            "full_attention" or "sliding_attention" (windowed by `sliding_window`), as Hugging Face's
+            `layer_types`.
+        rope_layers: None (every layer rotates) or a list of L bools, False for a layer whose attention
+            has no rotary positions (SmolLM3's `no_rope_layers`, where 0 marks such a layer).
+        query_key_norm: None, "head" or "full": RMS norms of the queries and keys before the rotation,
+            per head (Qwen3) or over all heads; see `MultiHeadAttention`.
         tie_word_embeddings: bool, the output head is the transposed token embedding.
         norm_epsilon: float, the RMS norms' epsilon.
         dropout: float, dropout on attention and sub-layer outputs.
@@ -72,20 +107,20 @@ class LlamaBackbone(Backbone):
         attention_output_bias=None,
         mlp_bias=False,
         sliding_window=None,
+        layer_types=None,
+        rope_layers=None,
+        query_key_norm=None,
         tie_word_embeddings=True,
         norm_epsilon=1e-6,
         dropout=0.0,
         dtype=None,
         **kwargs,
     ):
-        check_positive_ints(
-            vocabulary_size=vocabulary_size,
-            num_layers=num_layers,
-            num_heads=num_heads,
-            hidden_dim=hidden_dim,
-            intermediate_dim=intermediate_dim,
-            max_sequence_length=max_sequence_length,
-        )
+        config = {name: value for name, value in locals().items() if name in CONFIG}  # before any other local
+        check_positive_ints(**{name: config[name] for name in CONFIG[:5]}, max_sequence_length=max_sequence_length)
+        config["layer_types"] = check_layer_list("layer_types", layer_types, num_layers, LAYER_TYPES)
+        rope_layers = check_layer_list("rope_layers", rope_layers, num_layers, (True, False))
+        config["rope_layers"] = None if rope_layers is None else [bool(rotates) for rotates in rope_layers]
         # === Layers ===
         self.token_embedding = keras.layers.ReversibleEmbedding(
             vocabulary_size,
@@ -95,22 +130,7 @@ class LlamaBackbone(Backbone):
             dtype=dtype,
             name="token_embedding",
         )
-        rotary = {"max_wavelength": rope_max_wavelength, "rotary_dim": rotary_dim, "scaling": rope_scaling}
-        self.transformer_layers = _decoder_blocks(
-            num_layers,
-            num_heads,
-            intermediate_dim,
-            dropout=dropout,
-            norm_epsilon=norm_epsilon,
-            use_bias=mlp_bias,
-            key_dim=head_dim,
-            num_key_value_heads=num_key_value_heads,
-            attention_bias=attention_bias,
-            attention_output_bias=attention_output_bias,
-            rotary_embedding=rotary,
-            sliding_window=sliding_window,
-            dtype=dtype,
-        )
+        self.transformer_layers = _decoder_blocks(config, dtype)
         self.layer_norm = keras.layers.RMSNormalization(epsilon=norm_epsilon, dtype=dtype, name="layer_norm")
 
         # === Functional model ===
@@ -125,49 +145,12 @@ class LlamaBackbone(Backbone):
         )
 
         # === Config ===
-        self.vocabulary_size = vocabulary_size
-        self.num_layers = num_layers
-        self.num_heads = num_heads
-        self.hidden_dim = hidden_dim
-        self.intermediate_dim = intermediate_dim
-        self.num_key_value_heads = num_key_value_heads
-        self.head_dim = head_dim
-        self.max_sequence_length = max_sequence_length
-        self.rope_max_wavelength = rope_max_wavelength
-        self.rope_scaling = rope_scaling
-        self.rotary_dim = rotary_dim
-        self.attention_bias = attention_bias
-        self.attention_output_bias = attention_output_bias
-        self.mlp_bias = mlp_bias
-        self.sliding_window = sliding_window
-        self.tie_word_embeddings = tie_word_embeddings
-        self.norm_epsilon = norm_epsilon
-        self.dropout = dropout
+        for name, value in config.items():  # every argument in CONFIG, as checked above
+            setattr(self, name, value)
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "vocabulary_size": self.vocabulary_size,
-                "num_layers": self.num_layers,
-                "num_heads": self.num_heads,
-                "hidden_dim": self.hidden_dim,
-                "intermediate_dim": self.intermediate_dim,
-                "num_key_value_heads": self.num_key_value_heads,
-                "head_dim": self.head_dim,
-                "max_sequence_length": self.max_sequence_length,
-                "rope_max_wavelength": self.rope_max_wavelength,
-                "rope_scaling": self.rope_scaling,
-                "rotary_dim": self.rotary_dim,
-                "attention_bias": self.attention_bias,
-                "attention_output_bias": self.attention_output_bias,
-                "mlp_bias": self.mlp_bias,
-                "sliding_window": self.sliding_window,
-                "tie_word_embeddings": self.tie_word_embeddings,
-                "norm_epsilon": self.norm_epsilon,
-                "dropout": self.dropout,
-            }
-        )
+        config.update({name: getattr(self, name) for name in CONFIG})
         return config
 
     # --- cached decoding --------------------------------------------------
@@ -202,18 +185,39 @@ class LlamaBackbone(Backbone):
 # --- constructor helpers --------------------------------------------------
 
 
-def _decoder_blocks(num_layers, num_heads, intermediate_dim, **block_kwargs):
-    """Llama's blocks, `transformer_layer_{i}`: causal, pre-norm RMS norms, SwiGLU, N(0, 0.02) kernels."""
-    return [
-        TransformerDecoderBlock(
-            num_heads,
-            intermediate_dim,
-            activation="gated-silu",
-            norm_type="rms_norm",
-            norm_first=True,
-            kernel_initializer=keras.initializers.RandomNormal(stddev=0.02),
-            name=f"transformer_layer_{i}",
-            **block_kwargs,
+def _decoder_blocks(config, dtype):
+    """Llama's blocks, `transformer_layer_{i}`: causal, pre-norm RMS norms, SwiGLU, N(0, 0.02) kernels; layer i
+    windowed unless `layer_types[i]` is "full_attention", rotating unless `rope_layers[i]` is False."""
+    rotary = {
+        "max_wavelength": config["rope_max_wavelength"],
+        "rotary_dim": config["rotary_dim"],
+        "scaling": config["rope_scaling"],
+    }
+    layer_types, rope_layers = config["layer_types"], config["rope_layers"]
+    blocks = []
+    for i in range(config["num_layers"]):
+        full = layer_types is not None and layer_types[i] == "full_attention"
+        rotates = rope_layers is None or rope_layers[i]
+        blocks.append(
+            TransformerDecoderBlock(
+                config["num_heads"],
+                config["intermediate_dim"],
+                activation="gated-silu",
+                norm_type="rms_norm",
+                norm_first=True,
+                norm_epsilon=config["norm_epsilon"],
+                dropout=config["dropout"],
+                use_bias=config["mlp_bias"],
+                key_dim=config["head_dim"],
+                num_key_value_heads=config["num_key_value_heads"],
+                attention_bias=config["attention_bias"],
+                attention_output_bias=config["attention_output_bias"],
+                rotary_embedding=rotary if rotates else None,
+                sliding_window=None if full else config["sliding_window"],
+                query_key_norm=config["query_key_norm"],
+                kernel_initializer=keras.initializers.RandomNormal(stddev=0.02),
+                dtype=dtype,
+                name=f"transformer_layer_{i}",
+            )
         )
-        for i in range(num_layers)
-    ]
+    return blocks

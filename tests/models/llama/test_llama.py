@@ -135,7 +135,14 @@ def test_bad_arguments_name_the_argument():
 
 
 @pytest.mark.parametrize(
-    "name, count", [("llama_tiny", None), ("smollm2_135m", 134_515_008), ("qwen2_0_5b", 494_032_768)]
+    "name, count",
+    [
+        ("llama_tiny", None),
+        ("smollm2_135m", 134_515_008),
+        ("qwen2_0_5b", 494_032_768),
+        ("qwen3_0_6b", 596_049_920),
+        ("smollm3_3b", 3_075_098_624),
+    ],
 )
 def test_presets_are_registered_with_the_published_shapes(name, count):
     row = {row["name"]: row for row in kt.list_presets()}[name]

@@ -1,0 +1,103 @@
+"""RoBERTa and XLM-R checkpoints (`RobertaForMaskedLM`, `XLMRobertaForMaskedLM`) -> BertMaskedLM, against
+`transformers`, and back out with `export(format="huggingface")`.
+
+The peers are random models saved locally (hf_models.roberta: a byte-level BPE tokenizer for RoBERTa, a Unigram one
+for XLM-R; `<s> <pad> </s> <unk> <mask>` as ids 0-4, so positions start at 2). Ours load them with
+`MaskedLM.from_preset`, which must pick BertMaskedLM with `position_offset=2`.
+
+Axes: B batch, T length, P masked positions, V vocabulary.
+"""
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from keras_transformer.models import BertMaskedLM, MaskedLM
+from tests.conftest import to_numpy
+from tests.convert import hf_models
+
+TEXTS = ["the quick brown fox", "a cat sat on the mat and looked at the dog", "def add(a, b):"]
+
+
+@pytest.fixture(scope="module", params=["roberta", "xlm-roberta"])
+def case(request, tmp_path_factory):
+    directory = tmp_path_factory.mktemp(request.param)
+    peer = hf_models.roberta(directory, request.param).eval()
+    return request.param, directory, peer, MaskedLM.from_preset(directory)
+
+
+def _inputs(ours):
+    tokenizer = ours.preprocessor.tokenizer
+    ids = [[tokenizer.cls_token_id] + tokenizer.tokenize(text) + [tokenizer.sep_token_id] for text in TEXTS]
+    width = max(len(row) for row in ids)
+    token_ids = np.full((len(ids), width), tokenizer.pad_token_id, "int32")
+    for i, row in enumerate(ids):
+        token_ids[i, : len(row)] = row
+    mask = token_ids != tokenizer.pad_token_id
+    positions = np.array([[1, 2, 3], [2, 5, 9], [1, 3, 4]], "int32")  # (B, P), real tokens
+    inputs = {"token_ids": token_ids, "segment_ids": np.zeros_like(token_ids), "padding_mask": mask}
+    return inputs, positions
+
+
+def test_logits_match_transformers(case):
+    model_type, _, peer, ours = case
+    assert type(ours) is BertMaskedLM and ours.backbone.position_offset == 2
+    tokenizer = ours.preprocessor.tokenizer
+    assert [tokenizer.special_tokens[role] for role in ("cls_token", "sep_token", "mask_token")] == [
+        "<s>",
+        "</s>",
+        "<mask>",
+    ]
+    x, positions = _inputs(ours)
+    assert len(set(x["padding_mask"].sum(1).tolist())) > 1  # padded rows
+    with torch.no_grad():
+        logits = peer(
+            input_ids=torch.tensor(x["token_ids"], dtype=torch.long),
+            attention_mask=torch.tensor(x["padding_mask"], dtype=torch.long),
+        ).logits.numpy()  # (B, T, V)
+    expected = np.take_along_axis(logits, positions[:, :, None], axis=1)
+    mine = to_numpy(ours({**x, "mask_positions": positions}))
+    np.testing.assert_allclose(mine, expected, atol=1e-4)
+    assert np.std(expected) > 0.1
+
+
+def test_tokenizer_matches_transformers(case):
+    _, directory, _, ours = case
+    theirs = transformers.AutoTokenizer.from_pretrained(directory)
+    tokenizer = ours.preprocessor.tokenizer
+    for text in TEXTS:
+        assert [tokenizer.cls_token_id, *tokenizer.tokenize(text), tokenizer.sep_token_id] == theirs(text)["input_ids"]
+
+
+def test_hugging_face_export_round_trip(case, tmp_path):
+    """Exported as RobertaForMaskedLM: transformers reads it and gives the same logits; every tensor of the
+    original comes back bit for bit (the position table with its first two rows)."""
+    model_type, directory, peer, ours = case
+    out = ours.export(tmp_path / "hf", format="huggingface")
+    theirs = transformers.AutoModelForMaskedLM.from_pretrained(out, attn_implementation="eager").eval()
+    original = {name: tensor.numpy() for name, tensor in peer.state_dict().items()}
+    exported = {name: tensor.numpy() for name, tensor in theirs.state_dict().items()}
+    for name, value in original.items():
+        np.testing.assert_array_equal(exported[name], value, err_msg=name)
+    x, positions = _inputs(ours)
+    with torch.no_grad():
+        logits = theirs(
+            input_ids=torch.tensor(x["token_ids"], dtype=torch.long),
+            attention_mask=torch.tensor(x["padding_mask"], dtype=torch.long),
+        ).logits.numpy()
+    mine = to_numpy(ours({**x, "mask_positions": positions}))
+    np.testing.assert_allclose(mine, np.take_along_axis(logits, positions[:, :, None], axis=1), atol=1e-4)
+
+
+def test_sequence_classification_is_refused(case, tmp_path):
+    import json
+    import shutil
+
+    _, directory, _, _ = case
+    shutil.copytree(directory, tmp_path / "copy")
+    config = json.loads((tmp_path / "copy" / "config.json").read_text())
+    config["architectures"] = ["RobertaForSequenceClassification"]
+    (tmp_path / "copy" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="RobertaForSequenceClassification"):
+        MaskedLM.from_preset(tmp_path / "copy")
