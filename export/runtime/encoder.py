@@ -11,8 +11,9 @@ class Encoder:
     """Run the graph of an encoder bundle (BERT tasks) on texts or text pairs.
 
     Texts are packed as BERT reads them: [CLS] a [SEP] (b [SEP]), segment ids 0 then 1,
-    right-padded to the longest; a masked LM's `mask_positions` are where the [MASK]
-    tokens are.
+    right-padded to the longest, with the model's own tokens in those roles (the bundle's
+    preprocessor_config.json: RoBERTa's <s> and </s>); a masked LM's `mask_positions` are where its
+    mask token is ([MASK], <mask>).
 
     Args:
         bundle_dir: the bundle directory (defaults to the directory of this file).
@@ -74,7 +75,9 @@ class Encoder:
         feeds = self.pack(texts, pairs)
         names = [i.name for i in self.session.get_inputs()]
         if "mask_positions" in names:
-            mask_id = self.tokenizer.token_to_id("[MASK]")
+            mask_id = self.config.get("mask_token_id")
+            if mask_id is None:  # a bundle written before the config named it
+                mask_id = self.tokenizer.token_to_id("[MASK]")
             positions = [np.flatnonzero(row == mask_id) for row in feeds["token_ids"]]
             feeds["mask_positions"] = np.zeros((len(positions), max(1, max(len(p) for p in positions))), np.int64)
             for i, p in enumerate(positions):
@@ -83,4 +86,6 @@ class Encoder:
         return dict(zip(outputs, self.session.run(outputs, {n: feeds[n] for n in names})))
 
     def _ids(self, text):
-        return self.tokenizer.encode(text, add_special_tokens=True).ids
+        # No special tokens from the tokenizer's own post-processor (a Hugging Face BERT or RoBERTa tokenizer.json
+        # has one): `pack` writes them, as the Keras preprocessor does.
+        return self.tokenizer.encode(text, add_special_tokens=False).ids

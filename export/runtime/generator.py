@@ -154,7 +154,9 @@ class Generator:
     def encode(self, text):
         """A prompt -> the ids the model reads: the start token first (causal LMs), the end token last (seq2seq
         sources)."""
-        ids = self.tokenizer.encode(text, add_special_tokens=True).ids
+        # No special tokens from the tokenizer's own post-processor (a Llama 3 tokenizer.json adds its start token):
+        # the bundle's config says which ones the model reads, as the Keras preprocessor does.
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
         if self.kind == "decoder":
             return ([self.config["bos_token_id"]] if self.config.get("add_start_token") else []) + ids
         return ids + ([self.config["eos_token_id"]] if self.config.get("add_end_token") else [])

@@ -179,6 +179,7 @@ def _encoder_preprocessing(task):
         "cls_token_id": tokenizer.cls_token_id if tokenizer else None,
         "sep_token_id": tokenizer.sep_token_id if tokenizer else None,
         "pad_token_id": tokenizer.pad_token_id if tokenizer else None,
+        "mask_token_id": tokenizer.mask_token_id if tokenizer else None,  # "[MASK]", RoBERTa's "<mask>", ...
     }
 
 

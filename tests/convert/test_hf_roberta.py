@@ -101,3 +101,26 @@ def test_sequence_classification_is_refused(case, tmp_path):
     (tmp_path / "copy" / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="RobertaForSequenceClassification"):
         MaskedLM.from_preset(tmp_path / "copy")
+
+
+@pytest.mark.slow
+def test_onnx_bundle_fills_masks_as_keras(tmp_path):
+    """The encoder bundle packs <s> text </s> once (the tokenizer's own post-processor adds nothing on top), finds
+    the model's own mask token (<mask>, not BERT's [MASK]) and gives Keras's logits there (RoBERTa: one export;
+    XLM-R differs only in its tokenizer, which the other tests cover)."""
+    from keras_transformer.bundle_runtime import load_bundle_runtime
+
+    hf_models.roberta(tmp_path / "roberta", "roberta")
+    ours = MaskedLM.from_preset(tmp_path / "roberta")
+    bundle = ours.export(tmp_path / "bundle", format="onnx")
+    encoder = load_bundle_runtime(bundle).Encoder(bundle)
+    texts = ["the quick <mask> fox", "a cat sat on the <mask>"]
+    feeds = encoder.pack(texts)
+    tokenizer = ours.preprocessor.tokenizer
+    for row, text in zip(feeds["token_ids"], texts):
+        expected = [tokenizer.cls_token_id, *tokenizer.tokenize(text), tokenizer.sep_token_id]
+        assert row[: len(expected)].tolist() == expected
+    positions = np.argwhere(feeds["token_ids"] == tokenizer.mask_token_id)[:, 1].reshape(2, 1).astype("int32")
+    inputs = {name: feeds[name].astype("bool" if name == "padding_mask" else "int32") for name in feeds}
+    keras_logits = to_numpy(ours({**inputs, "mask_positions": positions}))
+    np.testing.assert_allclose(encoder(texts)["logits"], keras_logits, atol=1e-4)
