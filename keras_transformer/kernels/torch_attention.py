@@ -33,9 +33,7 @@ def attention_weights(attention, key_value):
 
 def normalize(kernels, attention, weights, q, k=None):
     """`MultiHeadAttention.normalize` of q (R, T, H, Dh) (and k (R, T, Hkv, Dh)), then q's scale: the
-    layer's RMS norms per head or over all heads, through the RMS norm kernel."""
-    if attention.query_key_norm is None:
-        return q, k
+    layer's RMS norms per head or over all heads, through the RMS norm kernel (layers with query/key norms only)."""
     shape = q.shape
     if attention.query_key_norm == "head":
         q = kernels(attention.query_norm, q)
@@ -84,7 +82,9 @@ def self_attention(kernels, attention, h, cache, start, padding_mask, bias):
     rows, length, _ = h.shape
     qkv = linear(h, *weights["projection"])  # (R, T, D) -> (R, T, (H + 2 Hkv) Dh)
     q, k, v = qkv.split([H * Dh, Hkv * Dh, Hkv * Dh], dim=-1)
-    q, k = normalize(kernels, attention, weights, q.view(rows, length, H, Dh), k.view(rows, length, Hkv, Dh))
+    q, k = q.view(rows, length, H, Dh), k.view(rows, length, Hkv, Dh)
+    if weights["query_scale"] is not None:  # query/key norms (checked here: no call on the usual step)
+        q, k = normalize(kernels, attention, weights, q, k)
     if attention.rotary_embedding is not None:
         q, k = (
             _rotate(kernels, attention.rotary_embedding, q, start),
@@ -175,6 +175,7 @@ def cross_attention(kernels, attention, h, cache, encoder_padding_mask, bias):
     H, _, Dh = weights["heads"]
     rows, length, _ = h.shape
     q = linear(h, *weights["projection"]).view(rows, length, H, Dh)  # (R, T, D) -> (R, T, H, Dh)
-    q, _ = normalize(kernels, attention, weights, q)
+    if weights["query_scale"] is not None:
+        q, _ = normalize(kernels, attention, weights, q)
     out = attend(weights["heads"], q, cache[0], cache[1], kernels.padding_blocked(encoder_padding_mask), bias)
     return linear(out, *weights["output"])
