@@ -1,10 +1,12 @@
 """Export for deployment: ONNX bundles and TensorFlow SavedModels, from any backend.
 
-One path makes every artifact: the TensorFlow backend. Under TensorFlow the task is
-exported in this process; under JAX or PyTorch it is saved to a temporary preset and
-exported by a child process running `python -m keras_transformer.export` with
-`KERAS_BACKEND=tensorflow`, so the files do not depend on the backend a model was
-trained with.
+Under TensorFlow the task is exported in this process. Under JAX or PyTorch, an ONNX bundle whose
+graphs the ONNX kernels build (a causal LM's prefill and decode step, `export/decode_graph.py`) is
+written in this process too: it needs no tracing, only the weights. Anything else (SavedModels,
+encoder and seq2seq graphs, steps the kernels do not cover) is written by a child process: the task
+is saved to a temporary preset and `python -m keras_transformer.export` exports it with
+`KERAS_BACKEND=tensorflow`. Either way the files do not depend on the backend a model was trained
+with (the same weights give the same bytes).
 
 Formats:
     "onnx": a deployment bundle (a directory): the ONNX graphs, `tokenizer.json`,
@@ -31,6 +33,7 @@ imports without them.
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,6 +44,7 @@ import keras
 from keras_transformer import presets
 from keras_transformer.convert import hf_export
 from keras_transformer.export import graphs
+from keras_transformer.export.decode_graph import Unsupported
 from keras_transformer.export.onnx import write_onnx_bundle
 from keras_transformer.export.quantize import check_mode, quantize_bundle
 from keras_transformer.export.saved_model import write_saved_model
@@ -139,7 +143,7 @@ def export_models(task, targets, overwrite=False, quantize=None):
             if keras.config.backend() == "tensorflow":
                 for directory, format in written:
                     write(task, directory, format)
-            else:
+            elif not _write_without_tracing(task, written):
                 _write_in_tensorflow_child(task, written)
             for directory, format in written:
                 if quantize is not None:
@@ -184,6 +188,22 @@ def write(task, directory, format):
         write_onnx_bundle(task, directory)
     else:
         write_saved_model(task, directory)
+
+
+def _write_without_tracing(task, targets):
+    """Write every target in this process when all are ONNX bundles whose graphs the ONNX kernels build; else
+    False, with the directories emptied again (a child process under TensorFlow writes them)."""
+    if any(format != "onnx" for _, format in targets):
+        return False
+    try:
+        for directory, _ in targets:
+            write_onnx_bundle(task, directory, traced=False)
+    except Unsupported:
+        for directory, _ in targets:
+            for entry in Path(directory).iterdir():
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        return False
+    return True
 
 
 def _write_in_tensorflow_child(task, targets):

@@ -42,7 +42,6 @@ def decode_model(task, weights=None):
     """`task` (a causal or seq2seq LM whose step the kernels cover) -> the checked ONNX ModelProto of its
     in-place decode step; `Unsupported` otherwise. With a `weights_file.WeightsFile`, its large initializers
     point into that file (written there once, shared with the bundle's other graphs); else they are inline."""
-    import onnx
     from onnx import TensorProto, helper
 
     backbone = task.backbone
@@ -90,9 +89,51 @@ def decode_model(task, weights=None):
     logits = task.compute_logits(hidden, call_layer=kernels)
     builder.rename(logits.materialize(), "logits")
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 1, int(backbone.vocabulary_size)])]
-    outputs += _present_outputs(present, kv_heads, head_dim)
+    outputs += _present_outputs(present, ["batch", kv_heads, "present_sequence", head_dim])
+    return _model(builder, "decoder" if seq2seq else "decode", inputs, outputs, weights)
+
+
+def prefill_model(task, weights=None):
+    """`task` (a causal LM whose step the kernels cover) -> the checked ONNX ModelProto of its prefill:
+
+        input_ids (B, T), attention_mask (B, T) (ones, then zeros: right padding)
+          -> logits (B, T, V), present.{i}.key/value (B, T, Hkv, Dh)
+
+    The same step as `decode_model`, run on T tokens from position 0 with no past: GroupQueryAttention's
+    prompt form, each row attending its first `sum(attention_mask)` positions causally. A padded position's
+    logits are not the model's (as in the traced prefill: nothing real follows it); a left-padded mask is
+    not what this graph reads. `Unsupported` for a seq2seq LM or a step the kernels do not build."""
+    from onnx import TensorProto, helper
+
+    if isinstance(task, Seq2SeqLM) or not hasattr(task, "compute_logits"):
+        raise Unsupported(f"{type(task).__name__} has no prefill graph built by the kernels.")
+    backbone = task.backbone
+    _, layers, _, kv_heads, _, head_dim = backbone.cache_shape(1, 1)
+    builder = _Builder(weights)
+    kernels = OnnxKernels(builder, max_positions=getattr(backbone, "max_sequence_length", None), prefill=True)
+    inputs = [
+        helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"])
+        for name in ("input_ids", "attention_mask")
+    ]
+    # No past: the kernels read these names as "nothing cached" and name their presents after them.
+    past = [tuple(Value(builder, f"past_key_values.{i}.{part}") for part in ("key", "value")) for i in range(layers)]
+    hidden, present = backbone.call_with_cache(
+        Value(builder, "input_ids"), past, Value(builder, "position_ids"), call_layer=kernels
+    )
+    logits = task.compute_logits(hidden, call_layer=kernels)
+    builder.rename(logits.materialize(), "logits")
+    vocabulary = int(backbone.vocabulary_size)
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "sequence", vocabulary])]
+    outputs += _present_outputs(present, ["batch", "sequence", kv_heads, head_dim])
+    return _model(builder, "prefill", inputs, outputs, weights)
+
+
+def _model(builder, name, inputs, outputs, weights):
+    import onnx
+    from onnx import helper
+
     model = helper.make_model(
-        helper.make_graph(builder.nodes, "decoder" if seq2seq else "decode", inputs, outputs, builder.initializers),
+        helper.make_graph(builder.nodes, name, inputs, outputs, builder.initializers),
         opset_imports=[helper.make_opsetid(domain, version) for domain, version in OPSET_IMPORTS],
         ir_version=8,  # what tf2onnx writes for opset 17; ONNX Runtime reads IR versions up to 13
         producer_name="keras_transformer",
@@ -102,9 +143,9 @@ def decode_model(task, weights=None):
     return model
 
 
-def _present_outputs(present, kv_heads, head_dim):
-    """The decode graph's updated caches as its outputs, each (B, Hkv, S + 1, Dh); each must be the output of a
-    GroupQueryAttention node (written in place), or the step is `Unsupported`."""
+def _present_outputs(present, shape):
+    """The step's caches as graph outputs of `shape` (the decode graph's (B, Hkv, S + 1, Dh), the prefill's
+    (B, T, Hkv, Dh)); each must come from the self-attention kernel, or the step is `Unsupported`."""
     from onnx import TensorProto, helper
 
     outputs = []
@@ -112,31 +153,44 @@ def _present_outputs(present, kv_heads, head_dim):
         for part, value in zip(("key", "value"), pair):
             if value.name != f"present.{i}.{part}":
                 raise Unsupported(f"layer {i}'s cache did not come from a GroupQueryAttention node")
-            shape = ["batch", kv_heads, "present_sequence", head_dim]
             outputs.append(helper.make_tensor_value_info(value.name, TensorProto.FLOAT, shape))
     return outputs
 
 
 class OnnxKernels:
-    """`call_layer` for the decode graph: each known layer type adds its ONNX nodes; anything else is `Unsupported`.
+    """`call_layer` for the decode and prefill graphs: each known layer type adds its ONNX nodes; anything else is
+    `Unsupported`.
 
-    It reads each row's position from `position_ids` (GroupQueryAttention takes each row's past
-    length and the longest total length, computed once for all layers); tables indexed by
-    position (rotary cos/sin) have `max_positions` rows.
+    A decode step reads each row's position from `position_ids` (B, 1); a prefill (`prefill=True`) runs
+    positions [0, T) of every row, its lengths from `attention_mask`. GroupQueryAttention takes each
+    row's last position and the longest total length, computed once for all layers; tables indexed
+    by position (rotary cos/sin) have `max_positions` rows.
     """
 
-    def __init__(self, builder, max_positions):
+    def __init__(self, builder, max_positions, prefill=False):
         from onnx import TensorProto
 
-        self.builder, self.max_positions = builder, max_positions
+        self.builder, self.max_positions, self.prefill = builder, max_positions, prefill
         self._memo = {}
-        squeezed = builder.node("Squeeze", ["position_ids", builder.const("axis_1", np.array([1]))])  # (B,)
-        self.past_lengths = builder.node("Cast", [squeezed], to=TensorProto.INT32)
-        total = builder.node(
-            "Add", [builder.node("ReduceMax", ["position_ids"], keepdims=0), builder.const("one", np.array(1))]
-        )
-        self.total_length = builder.node("Cast", [total], to=TensorProto.INT32)  # ()
-        self.total_length_int64 = total
+        if prefill:  # rows of T tokens from position 0; `attention_mask` (B, T) gives each row's length
+            self.total_length_int64 = builder.node(
+                "Gather", [builder.node("Shape", ["input_ids"]), builder.const("index", np.array(1))]
+            )  # T
+            positions = builder.node(
+                "Range",
+                [builder.const("zero", np.array(0)), self.total_length_int64, builder.const("one", np.array(1))],
+            )  # (T,)
+            builder.node("Expand", [positions, builder.node("Shape", ["input_ids"])], names=["position_ids"])  # (B, T)
+            lengths = builder.node("ReduceSum", ["attention_mask", builder.const("axis_1", np.array([1]))], keepdims=0)
+            last = builder.node("Sub", [lengths, builder.const("one", np.array(1))])  # (B,): each row's last position
+        else:  # one token per row at its `position_ids` (B, 1)
+            last = builder.node("Squeeze", ["position_ids", builder.const("axis_1", np.array([1]))])  # (B,)
+            self.total_length_int64 = builder.node(
+                "Add", [builder.node("ReduceMax", ["position_ids"], keepdims=0), builder.const("one", np.array(1))]
+            )
+        # GroupQueryAttention's seqlens_k (each row's total length - 1) and total_sequence_length, int32.
+        self.past_lengths = builder.node("Cast", [last], to=TensorProto.INT32)  # (B,)
+        self.total_length = builder.node("Cast", [self.total_length_int64], to=TensorProto.INT32)  # ()
 
     def memo(self, key, make):
         """`make()` once per graph for `key` (a table or mask shared by every layer)."""
@@ -190,4 +244,4 @@ class _Builder:
         last.output[list(last.output).index(name)] = new_name
 
 
-__all__ = ["OPSET_IMPORTS", "OnnxKernels", "Unsupported", "Value", "decode_model"]
+__all__ = ["OPSET_IMPORTS", "OnnxKernels", "Unsupported", "Value", "decode_model", "prefill_model"]

@@ -6,6 +6,8 @@ Hkv key/value heads, Dh head size, V vocabulary.
 Three kinds of task, three sets of graphs:
     decoder (causal LM, GPT):  prefill  input_ids (B, T), attention_mask (B, T)
                                  -> logits (B, T, V), present.{i}.key/value (B, T, Hkv, Dh)
+                                        built by the ONNX kernels when they cover the task's step
+                                        (decode_graph.py; the mask right padding), else traced
                                decode   when the ONNX kernels cover the task's step (decode_graph.py):
                                         input_ids (B, 1), position_ids (B, 1),
                                         past_key_values.{i}.key/value (B, Hkv, S_buf, Dh)
@@ -41,7 +43,7 @@ Built under the TensorFlow backend only; `tensorflow` is imported when a graph i
 
 from typing import NamedTuple
 
-from keras_transformer.export.decode_graph import Unsupported, decode_model
+from keras_transformer.export.decode_graph import Unsupported, decode_model, prefill_model
 from keras_transformer.layers.kv_cache import KVCache
 from keras_transformer.models.causal_lm import CausalLM
 from keras_transformer.models.seq2seq_lm import Seq2SeqLM
@@ -108,16 +110,32 @@ def cache_dims(task):
     return layers, heads, head_dim
 
 
-def build_graphs(task, weights=None):
+def build_graphs(task, weights=None, traced=True):
     """The graphs of `task`, in the order a runtime uses them. `weights` (a `weights_file.WeightsFile`): where the
-    graphs built in ONNX directly put their large initializers (traced graphs get theirs when converted)."""
+    graphs built in ONNX directly put their large initializers (traced graphs get theirs when converted).
+    `traced=False`: only graphs the ONNX kernels build, with no TensorFlow; `Unsupported` if the task needs another.
+    """
     kind = model_kind(task)
+
+    def built_or_traced(make, name, trace):
+        graph = _kernel_graph(make, task, name, weights)
+        if graph is None:
+            if not traced:
+                raise Unsupported(f"the {name} graph of a {type(task).__name__} needs tracing")
+            graph = trace(task)
+        return graph
+
     if kind == "decoder":
-        graphs = [_prefill_graph(task), _in_place_decode_graph(task, weights=weights) or _decode_graph(task)]
+        graphs = [
+            built_or_traced(prefill_model, "prefill", _prefill_graph),
+            built_or_traced(decode_model, "decode", _decode_graph),
+        ]
+    elif not traced:
+        raise Unsupported(f"the encoder graph of an {kind} task is traced")
     elif kind == "encoder":
         graphs = [_encoder_task_graph(task)]
     else:
-        decoder = _in_place_decode_graph(task, "decoder", weights)
+        decoder = _kernel_graph(decode_model, task, "decoder", weights)
         encoder = _seq2seq_encoder_graph(task, heads_first=decoder is not None)
         graphs = [encoder, decoder or _seq2seq_decoder_graph(task)]
     return [graph if graph.model is not None else graph._replace(variables=tuple(task.variables)) for graph in graphs]
@@ -180,11 +198,12 @@ def _layer_presents(caches, task):
     return presents
 
 
-def _in_place_decode_graph(task, name="decode", weights=None):
-    """The decode step built by running the task's own step with ONNX kernels (decode_graph.py), caches
-    written in place; None when the step needs something those kernels do not build."""
+def _kernel_graph(make, task, name, weights=None):
+    """The graph `make` (decode_graph.py's `decode_model` or `prefill_model`) builds by running the task's own step
+    with ONNX kernels (a decode step's caches written in place); None when the step needs something those kernels
+    do not build."""
     try:
-        return Graph(name, None, [], {}, model=decode_model(task, weights))
+        return Graph(name, None, [], {}, model=make(task, weights))
     except Unsupported:
         return None
 

@@ -18,7 +18,8 @@ A bundle directory holds:
 Nothing in it records when or from which backend it was exported, so exports of the same
 weights are the same files.
 
-Runs under the TensorFlow backend (see `keras_transformer.export`).
+Runs under the TensorFlow backend (see `keras_transformer.export`), or under any backend when every graph of the
+task is built by the ONNX kernels (`write_onnx_bundle(..., traced=False)`).
 """
 
 import shutil
@@ -79,13 +80,17 @@ def runtime_dir():
     return installed if installed.is_dir() else Path(__file__).resolve().parents[2] / "export" / "runtime"
 
 
-def write_onnx_bundle(task, directory):
-    """Convert `task`'s graphs and write the bundle into the existing empty `directory`."""
+def write_onnx_bundle(task, directory, traced=True):
+    """Convert `task`'s graphs and write the bundle into the existing empty `directory`.
+
+    `traced=False`: with the graphs the ONNX kernels build only, in any backend's process (no TensorFlow);
+    `decode_graph.Unsupported` when the task needs a traced graph (the directory is then left to the caller).
+    """
     directory = Path(directory)
     kind = graph_lib.model_kind(task)
     graph_entries = {}
     with WeightsFile(directory / WEIGHTS_FILE) as weights:
-        for graph in graph_lib.build_graphs(task, weights):
+        for graph in graph_lib.build_graphs(task, weights, traced=traced):
             model = convert(graph, weights)
             filename = f"{graph.name}.onnx"
             graph_entries[graph.name] = {

@@ -140,8 +140,8 @@ def _relative_position_bias(kernels, layer, query, key, query_start=0):
     the positions attended. Distances past `max_distance` share the last bucket, so a table of
     max_distance + 1 distances, looked up at min(distance, max_distance), covers every position.
     """
-    if layer.bidirectional:
-        raise Unsupported(f"a bidirectional relative position bias in a decode step ({layer.name})")
+    if layer.bidirectional or kernels.prefill:
+        raise Unsupported(f"a relative position bias other than a decode step's causal one ({layer.name})")
     b = kernels.builder
     distances = np.arange(layer.max_distance + 1, dtype=np.int32)
     buckets = keras.ops.convert_to_numpy(layer._bucket(keras.ops.convert_to_tensor(-distances)))  # key - query = -d
@@ -156,7 +156,8 @@ def _relative_position_bias(kernels, layer, query, key, query_start=0):
 
 
 def _self_attention(kernels, attention, h, cache, bias=None):
-    """Causal self-attention of one token per row, its keys/values written into the cache buffers in place.
+    """Causal self-attention of one token per row, its keys/values written into the cache buffers in place; in a
+    prefill, of T tokens per row from position 0 with no past, its keys/values the presents (B, T, Hkv, Dh).
 
     Rotary positions and a sliding window are GroupQueryAttention's own: it rotates the packed
     queries and keys at each row's position with cos/sin tables (P, R/2) (rotate-half layout; its
@@ -170,7 +171,8 @@ def _self_attention(kernels, attention, h, cache, bias=None):
         raise Unsupported("a self-attention cache that is not a graph input")
     present = [name.replace("past_key_values.", "present.", 1) for name in past]
     H, Hkv, Dh = attention.num_heads, attention._kv_heads, attention._head_dim
-    inputs = _query_key_value(kernels, attention, h) + [past[0], past[1], kernels.past_lengths, kernels.total_length]
+    lengths = [kernels.past_lengths, kernels.total_length]
+    inputs = _query_key_value(kernels, attention, h) + (["", ""] if kernels.prefill else past) + lengths
     options = {}
     if attention.rotary_embedding is not None:
         inputs += _rotary_tables(kernels, attention.rotary_embedding, Dh)
@@ -179,7 +181,7 @@ def _self_attention(kernels, attention, h, cache, bias=None):
         options["local_window_size"] = int(attention.sliding_window)
     if bias is not None:
         inputs += [""] * (10 - len(inputs)) + [bias.materialize()]  # attention_bias is GQA's 11th input
-    out = b.node(
+    out, keys, values = b.node(
         "GroupQueryAttention",
         inputs,
         outputs=3,
@@ -187,12 +189,14 @@ def _self_attention(kernels, attention, h, cache, bias=None):
         num_heads=H,
         kv_num_heads=Hkv,
         scale=float(attention._scale),
-        names=[None, present[0], present[1]],
+        names=[None, None, None] if kernels.prefill else [None, present[0], present[1]],
         **options,
-    )[0]  # (B, 1, H Dh)
+    )  # (B, T, H Dh), 2 x (B, Hkv, S_total, Dh)
+    if kernels.prefill:  # (B, Hkv, T, Dh) -> (B, T, Hkv, Dh), the prefill's layout
+        keys, values = (b.node("Transpose", [t], perm=[0, 2, 1, 3], names=[n]) for t, n in zip((keys, values), present))
     return _matmul(kernels, attention.output_dense, Value(b, out), shape=(H * Dh, -1)), (
-        Value(b, present[0]),
-        Value(b, present[1]),
+        Value(b, keys),
+        Value(b, values),
     )
 
 

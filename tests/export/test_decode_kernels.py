@@ -11,7 +11,7 @@ import onnxruntime
 import pytest
 
 from keras_transformer.export import graphs
-from keras_transformer.export.decode_graph import Unsupported, decode_model
+from keras_transformer.export.decode_graph import Unsupported, decode_model, prefill_model
 from keras_transformer.models import LlamaBackbone, LlamaCausalLM, LlamaCausalLMPreprocessor
 from keras_transformer.samplers import BeamSampler
 from keras_transformer.tokenizers import BytePairTokenizer
@@ -116,6 +116,33 @@ def test_llama_decode_graph_matches_keras(variant):
         past = {f"past_key_values.{i}.{p}": out[f"present.{i}.{p}"] for i in range(layers) for p in ("key", "value")}
 
 
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_llama_prefill_graph_matches_keras(variant):
+    """The prefill the kernels build, on right-padded rows (12, 6 and 1 real tokens, past the window): the real
+    positions' logits and keys/values are Keras's (a padded position's are nobody's: nothing real follows it)."""
+    assert_prefill_matches_keras(_llama(**VARIANTS[variant]))
+
+
+def assert_prefill_matches_keras(lm):
+    model = prefill_model(lm)
+    assert "GroupQueryAttention" in _ops(model)
+    session = onnxruntime.InferenceSession(model.SerializeToString())
+    rng = np.random.default_rng(7)
+    batch, length = 3, 12
+    ids = rng.integers(0, lm.backbone.vocabulary_size, (batch, length))
+    mask = np.arange(length)[None, :] < np.array([[12], [6], [1]])  # (B, T)
+    out = _run(session, {"input_ids": ids, "attention_mask": mask.astype(np.int64)})
+    expected = to_numpy(lm({"token_ids": ids.astype("int32"), "padding_mask": mask}))
+    np.testing.assert_allclose(out["logits"][mask], expected[mask], atol=ATOL)
+    cache = np.zeros(lm.backbone.cache_shape(batch, length), "float32")
+    _, cache = lm.call_with_cache(ids.astype("int32"), cache, 0, padding_mask=mask)
+    cache = to_numpy(cache)  # (B, L, 2, Hkv, S, Dh); the graph's presents (B, S, Hkv, Dh)
+    for i in range(cache.shape[1]):
+        for j, part in enumerate(("key", "value")):
+            present = out[f"present.{i}.{part}"]
+            np.testing.assert_allclose(present[mask], cache[:, i, j].transpose(0, 2, 1, 3)[mask], atol=ATOL)
+
+
 def test_llama_decode_graph_writes_in_place_at_the_last_position():
     """Buffers of max_sequence_length bound as past and present: the step at the last position the rotary
     tables hold writes that position only and gives Keras's logits."""
@@ -154,9 +181,12 @@ def test_llama_decode_graph_writes_in_place_at_the_last_position():
 def test_rotary_dims_gqa_cannot_rotate_fall_back_to_the_traced_step():
     """GroupQueryAttention's CPU kernel rotates a multiple of 16 dims per head: 8 rotated dims take the traced step."""
     lm = _llama(num_key_value_heads=2, rotary_dim=8)
-    with pytest.raises(Unsupported, match="rotary"):
-        decode_model(lm)
-    assert graphs._in_place_decode_graph(lm) is None
+    for make in (decode_model, prefill_model):
+        with pytest.raises(Unsupported, match="rotary"):
+            make(lm)
+        assert graphs._kernel_graph(make, lm, "graph") is None
+    with pytest.raises(Unsupported, match="needs tracing"):
+        graphs.build_graphs(lm, traced=False)
 
 
 @pytest.fixture(scope="module")

@@ -126,8 +126,9 @@ def test_prefill_and_decode_match_keras(bundle, lm):
     _, keras_cache = lm.call_with_cache(ids.astype("int32"), cache, 0, padding_mask=mask.astype(bool))
     keras_cache = to_numpy(keras_cache)
     for i in range(2):  # ONNX (B, S, Hkv, Dh); Keras (B, L, 2, Hkv, S, Dh)
-        np.testing.assert_allclose(out[f"present.{i}.key"], keras_cache[:, i, 0].transpose(0, 2, 1, 3), atol=ATOL)
-        np.testing.assert_allclose(out[f"present.{i}.value"], keras_cache[:, i, 1].transpose(0, 2, 1, 3), atol=ATOL)
+        for j, part in enumerate(("key", "value")):
+            expected = keras_cache[:, i, j].transpose(0, 2, 1, 3)
+            np.testing.assert_allclose(out[f"present.{i}.{part}"][rows], expected[rows], atol=ATOL)
 
     # Three decode steps over full rows: logits of the last position of the growing sequence.
     mask = np.ones((batch, length), np.int64)
@@ -316,15 +317,17 @@ def test_artifacts_identical_to_a_tensorflow_export(bundle, lm, tmp_path):
 )
 def test_decode_graph_variants_match_keras(options):
     """The decode graph built by the ONNX kernels, for GPTs the bundle fixture does not cover, against the Keras model:
-    logits of the next position and the keys/values it appends (built in-process on any backend)."""
+    logits of the next position and the keys/values it appends (built in-process on any backend); and the prefill."""
     from keras_transformer.export.decode_graph import decode_model
     from keras_transformer.models import GPTBackbone, GPTCausalLM
     from tests.export.helpers import randomize
+    from tests.export.test_decode_kernels import assert_prefill_matches_keras
 
     backbone = GPTBackbone(
         97, num_layers=2, num_heads=4, hidden_dim=32, intermediate_dim=48, max_sequence_length=24, **options
     )
     lm = randomize(GPTCausalLM(backbone), seed=1)
+    assert_prefill_matches_keras(lm)
     session = onnxruntime.InferenceSession(decode_model(lm).SerializeToString())
     batch, length, heads = 2, 7, options.get("num_key_value_heads", 4)
     ids = np.random.default_rng(5).integers(0, 97, (batch, length + 1))

@@ -103,29 +103,56 @@ def test_importable_without_export_dependencies(tmp_path):
 
 
 def test_failure_mid_export_leaves_nothing(lm, tmp_path, monkeypatch):
-    """The first graph is written, the second fails: no bundle and no temporary directory remain."""
+    """The first graph is written, the second fails: no bundle and no temporary directory remain. (A GPT's bundle is
+    written in this process on every backend: its graphs are the ONNX kernels'.)"""
+    calls = []
+
+    def convert(graph, weights=None):
+        calls.append(graph.name)
+        if len(calls) == 2:
+            raise RuntimeError("injected failure")
+        return _tiny_onnx_model()
+
+    monkeypatch.setattr(onnx_export, "convert", convert)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        lm.export(tmp_path / "bundle")
+    assert calls, "the export did not reach the conversion"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_causal_lm_bundle_is_written_in_this_process(lm, tmp_path, monkeypatch):
+    """A GPT's prefill and decode graphs are the ONNX kernels': no TensorFlow child process on any backend."""
+
+    def child(*args, **kwargs):
+        raise AssertionError("a TensorFlow child process was started")
+
+    monkeypatch.setattr(export, "_write_in_tensorflow_child", child)
+    lm.export(tmp_path / "bundle")
+    assert {"prefill.onnx", "decode.onnx", "weights.data"} <= {path.name for path in (tmp_path / "bundle").iterdir()}
+
+
+def test_failure_in_the_tensorflow_writer_leaves_nothing(lm, tmp_path, monkeypatch):
+    """A SavedModel (written by a TensorFlow child process under JAX or PyTorch) fails half-written: nothing remains."""
+    calls = []
     if keras.config.backend() == "tensorflow":
-        calls = []
 
-        def convert(graph, weights=None):
-            calls.append(graph.name)
-            if len(calls) == 2:
-                raise RuntimeError("injected failure")
-            return _tiny_onnx_model()
+        def write_saved_model(task, directory):
+            calls.append(directory)
+            (Path(directory) / "saved_model.pb").write_bytes(b"partial")
+            raise RuntimeError("injected failure")
 
-        monkeypatch.setattr(onnx_export, "convert", convert)
+        monkeypatch.setattr(export, "write_saved_model", write_saved_model)
     else:
-        calls = []
 
-        def run(command, **kwargs):  # the TensorFlow child writes one graph, then fails
+        def run(command, **kwargs):  # the TensorFlow child writes one file, then fails
             calls.append(command)
-            (Path(command[command.index("--write-into") + 1]) / "prefill.onnx").write_bytes(b"partial")
+            (Path(command[command.index("--write-into") + 1]) / "saved_model.pb").write_bytes(b"partial")
             return subprocess.CompletedProcess(command, 1, "", "Traceback ...\nRuntimeError: injected failure")
 
         monkeypatch.setattr(export.subprocess, "run", run)
     with pytest.raises(RuntimeError, match="injected failure"):
-        lm.export(tmp_path / "bundle")
-    assert calls, "the export did not reach the conversion"
+        lm.export(tmp_path / "saved_model", format="tf_saved_model")
+    assert calls, "the export did not reach the writer"
     assert list(tmp_path.iterdir()) == []
 
 
