@@ -12,9 +12,9 @@ Encoder: `bert_tiny`'s shape, batch 8 x 128 tokens: ONNX Runtime against Keras
 
 `--model PRESET [--format F]`: instead, the export itself at a real size: `PRESET` (a registered preset, e.g.
 `smollm2_135m` or `qwen2_0_5b`; random weights where it has none) built on the current backend in a child process
-and exported with `lm.export(path, format=F)` (default "onnx"; "onnx-int8" for `quantize="int8"`); prints the
-wall time of the export, the peak RSS of the whole export (the child and, under JAX or PyTorch, the TensorFlow
-process it starts), the RSS before the export began, and the size of what was written.
+and exported with `lm.export(path, format=F)` (default "onnx"; "onnx-int8" / "onnx-int4" for `quantize="int8"` /
+`"int4"`); prints the wall time of the export, the peak RSS of the whole export (the child and, under JAX or
+PyTorch, the TensorFlow process it may start), the RSS before the export began, and the size of what was written.
 
 `--t5`: instead, T5 generation at `benchmarks/generate_seq2seq.py`'s shape (4 + 4 layers, d 256,
 4 heads of 64, d_ff 1024 gated gelu, untied head, vocabulary 8000), sources of 32 tokens, 64 new
@@ -190,7 +190,7 @@ rss = lambda who: resource.getrusage(who).ru_maxrss / 2**20
 before = rss(resource.RUSAGE_SELF)
 with tempfile.TemporaryDirectory() as directory:
     start = time.perf_counter()
-    quantize = "int8" if fmt == "onnx-int8" else None
+    quantize = fmt.removeprefix("onnx-") if fmt in ("onnx-int8", "onnx-int4") else None
     path = lm.export(Path(directory) / "out", format=fmt.split("-")[0], quantize=quantize)
     seconds = time.perf_counter() - start
     size = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
@@ -214,7 +214,7 @@ def main():
     parser.add_argument("--t5", action="store_true", help="T5 generation instead (64 new tokens)")
     parser.add_argument("--traced", action="store_true", help="with --t5: also the traced-decoder bundle (TensorFlow)")
     parser.add_argument("--model", help="export this preset at its real size instead (e.g. smollm2_135m)")
-    parser.add_argument("--format", default="onnx", help="with --model: onnx, onnx-int8 or tf_saved_model")
+    parser.add_argument("--format", default="onnx", help="with --model: onnx, onnx-int8, onnx-int4 or tf_saved_model")
     args = parser.parse_args()
     if args.model:
         return model_export(args.model, args.format)

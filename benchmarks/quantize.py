@@ -2,9 +2,8 @@
 
     python benchmarks/quantize.py [--repeats 5] [--threads N] [--only size,speed,fidelity] [--bundles DIR]
 
-Each model is exported once as a float bundle; the int8 and int4 bundles are copies of it passed
-through `quantize_bundle`, the step `export(..., quantize=...)` runs after writing (so the float
-graphs are the same bytes in all three).
+Each model is exported three times, `export(..., quantize=None | "int8" | "int4")` (a causal LM's
+graphs are built by the ONNX kernels, which store the weights quantized as they write them).
 
 - size: every file of each `gpt_small` bundle (124M parameters, random weights at GPT-2 small's
   shape), and its ratio to the float bundle (targets: int8 <= 30%, int4 <= 20%).
@@ -29,7 +28,6 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import sys
 import tempfile
 import time
@@ -50,7 +48,6 @@ from timing import paired  # noqa: E402
 
 from keras_transformer.bundle_runtime import load_bundle_runtime  # noqa: E402
 from keras_transformer.export import export_model  # noqa: E402
-from keras_transformer.export.quantize import quantize_bundle  # noqa: E402
 
 MODES = ("int8", "int4")
 SIZE_TARGETS = {"int8": 0.30, "int4": 0.20}
@@ -61,24 +58,17 @@ CONTINUATION_PROMPT, CONTINUATION_TOKENS = 32, 32
 
 
 def bundles(preset, directory):
-    """{"float": dir, "int8": dir, "int4": dir}: the preset's float bundle (exported unless already in `directory`)
-    and its quantized copies."""
+    """{"float": dir, "int8": dir, "int4": dir}: the preset's bundles, exported with each `quantize`."""
     import keras_transformer as kt
 
     directory = Path(directory)
-    float_dir = directory / preset / "float"
-    if not (float_dir / "bundle.json").is_file():
-        start = time.perf_counter()
-        export_model(kt.models.CausalLM.from_preset(preset), float_dir, overwrite=True)
-        print(f"{preset}: float bundle exported in {time.perf_counter() - start:.0f} s", flush=True)
-    out = {"float": float_dir}
-    for mode in MODES:
+    lm = kt.models.CausalLM.from_preset(preset)
+    out = {}
+    for mode in ("float", *MODES):
         out[mode] = directory / preset / mode
-        shutil.rmtree(out[mode], ignore_errors=True)
-        shutil.copytree(float_dir, out[mode])
         start = time.perf_counter()
-        quantize_bundle(out[mode], mode)
-        print(f"{preset}: {mode} bundle quantized in {time.perf_counter() - start:.0f} s", flush=True)
+        export_model(lm, out[mode], overwrite=True, quantize=None if mode == "float" else mode)
+        print(f"{preset}: {mode} bundle exported in {time.perf_counter() - start:.1f} s", flush=True)
     return out
 
 
@@ -91,7 +81,7 @@ def size_table(dirs):
     reference = total(dirs["float"])
     for name, directory in dirs.items():
         size = total(directory)
-        graphs = total(directory, "*.onnx") + total(directory, "*.onnx.data")
+        graphs = total(directory, "*.onnx") + total(directory, "*.data")
         target = f"<= {SIZE_TARGETS[name]:.0%}" if name in SIZE_TARGETS else ""
         print(f"{name:<8}{size / 1e6:>10.1f}{graphs / 1e6:>11.1f}{size / reference:>8.1%}{target:>8}")
 

@@ -19,9 +19,9 @@ Formats:
         safetensors weights, generation_config.json, tokenizer), for vLLM, SGLang and TGI;
         written in this process from any backend (see `keras_transformer/convert/hf_export.py`).
 
-`quantize="int8"` or `"int4"` (ONNX only) rewrites the bundle's graphs with 8- or 4-bit weights
-after they are written (see `export/quantize.py`). A model with LoRA enabled is exported with
-its LoRA factors merged into the kernels (on a copy: the model keeps its LoRA).
+`quantize="int8"` or `"int4"` (ONNX only): 8- or 4-bit weights, stored so by the ONNX kernels as a causal
+LM's graphs are built, else by rewriting the written graphs (see `export/quantize.py`). A model with LoRA
+enabled is exported with its LoRA factors merged into the kernels (on a copy: the model keeps its LoRA).
 
 Writes are atomic: the export goes to a temporary directory next to the target, which is
 renamed at the end; a failure leaves nothing behind, and an existing target is replaced
@@ -79,7 +79,7 @@ def export_model(task, path, format="onnx", overwrite=False, quantize=None, **op
         The `Path` of the written directory.
 
     Example:
-    >>> # Exports through TensorFlow and tf2onnx, tens of seconds: not run by the doctests (tests/export runs it).
+    >>> # Writes files: not run by the doctests (tests/export runs it).
     >>> lm.export("out/gpt_onnx", format="onnx")  # doctest: +SKIP
     >>> # python out/gpt_onnx/generate.py --prompt "def add(" --sampler greedy
     """
@@ -97,14 +97,14 @@ def export_model(task, path, format="onnx", overwrite=False, quantize=None, **op
 def export_models(task, targets, overwrite=False, quantize=None):
     """Export `task` to several directories at once: `{path: format}`.
 
-    The same as one `export_model` per target, but under JAX or PyTorch a single
-    TensorFlow child process writes them all. Each directory is written atomically.
+    The same as one `export_model` per target, but under JAX or PyTorch a single TensorFlow child
+    process writes them all when one is needed. Each directory is written atomically.
 
     Returns:
         The list of written `Path`s, in the order of `targets`.
 
     Example:
-    >>> # Exports through TensorFlow and tf2onnx, tens of seconds: not run by the doctests (tests/export runs it).
+    >>> # A SavedModel is traced by TensorFlow, tens of seconds: not run by the doctests (tests/export runs it).
     >>> export_models(lm, {"out/onnx": "onnx", "out/saved_model": "tf_saved_model"})  # doctest: +SKIP
     """
     targets = [(Path(os.fspath(path)).expanduser().resolve(), format) for path, format in dict(targets).items()]
@@ -142,12 +142,12 @@ def export_models(task, targets, overwrite=False, quantize=None):
         else:
             if keras.config.backend() == "tensorflow":
                 for directory, format in written:
-                    write(task, directory, format)
-            elif not _write_without_tracing(task, written):
+                    write(task, directory, format, quantize)
+            elif not _write_without_tracing(task, written, quantize):
                 _write_in_tensorflow_child(task, written)
-            for directory, format in written:
-                if quantize is not None:
-                    quantize_bundle(directory, quantize)
+                for directory, _ in written:
+                    if quantize is not None:
+                        quantize_bundle(directory, quantize)
 
     write_all(targets, [])
     return [path for path, _ in targets]
@@ -180,24 +180,24 @@ def _installed(package):
         return False
 
 
-def write(task, directory, format):
+def write(task, directory, format, quantize=None):
     """Write the export of `task` into the existing empty `directory` (TensorFlow backend only)."""
     if keras.config.backend() != "tensorflow":
         raise RuntimeError("keras_transformer.export.write runs under the TensorFlow backend only.")
     if format == "onnx":
-        write_onnx_bundle(task, directory)
+        write_onnx_bundle(task, directory, quantize=quantize)
     else:
         write_saved_model(task, directory)
 
 
-def _write_without_tracing(task, targets):
+def _write_without_tracing(task, targets, quantize=None):
     """Write every target in this process when all are ONNX bundles whose graphs the ONNX kernels build; else
     False, with the directories emptied again (a child process under TensorFlow writes them)."""
     if any(format != "onnx" for _, format in targets):
         return False
     try:
         for directory, _ in targets:
-            write_onnx_bundle(task, directory, traced=False)
+            write_onnx_bundle(task, directory, traced=False, quantize=quantize)
     except Unsupported:
         for directory, _ in targets:
             for entry in Path(directory).iterdir():

@@ -31,6 +31,7 @@ the next norm takes it), feed-forward biases inside FastGelu/BiasGelu.
 
 import numpy as np
 
+from keras_transformer.export import quantize
 from keras_transformer.kernels import onnx_kernels
 from keras_transformer.kernels.onnx_values import Unsupported, Value
 from keras_transformer.models.seq2seq_lm import Seq2SeqLM
@@ -38,10 +39,11 @@ from keras_transformer.models.seq2seq_lm import Seq2SeqLM
 OPSET_IMPORTS = (("", 17), ("com.microsoft", 1))
 
 
-def decode_model(task, weights=None):
+def decode_model(task, weights=None, quantize=None):
     """`task` (a causal or seq2seq LM whose step the kernels cover) -> the checked ONNX ModelProto of its
     in-place decode step; `Unsupported` otherwise. With a `weights_file.WeightsFile`, its large initializers
-    point into that file (written there once, shared with the bundle's other graphs); else they are inline."""
+    point into that file (written there once, shared with the bundle's other graphs); else they are inline.
+    `quantize` ("int8" or "int4"): the weights stored quantized (see `_Builder.matmul`)."""
     from onnx import TensorProto, helper
 
     backbone = task.backbone
@@ -49,7 +51,7 @@ def decode_model(task, weights=None):
         raise Unsupported(f"{type(task).__name__} has no `compute_logits`.")
     seq2seq = isinstance(task, Seq2SeqLM)
     _, layers, _, kv_heads, _, head_dim = backbone.cache_shape(1, 1)
-    builder = _Builder(weights)
+    builder = _Builder(weights, quantize)
     kernels = OnnxKernels(builder, max_positions=getattr(backbone, "max_sequence_length", None))
     inputs = [
         helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", 1]),
@@ -93,7 +95,7 @@ def decode_model(task, weights=None):
     return _model(builder, "decoder" if seq2seq else "decode", inputs, outputs, weights)
 
 
-def prefill_model(task, weights=None):
+def prefill_model(task, weights=None, quantize=None):
     """`task` (a causal LM whose step the kernels cover) -> the checked ONNX ModelProto of its prefill:
 
         input_ids (B, T), attention_mask (B, T) (ones, then zeros: right padding)
@@ -109,7 +111,7 @@ def prefill_model(task, weights=None):
         raise Unsupported(f"{type(task).__name__} has no prefill graph built by the kernels.")
     backbone = task.backbone
     _, layers, _, kv_heads, _, head_dim = backbone.cache_shape(1, 1)
-    builder = _Builder(weights)
+    builder = _Builder(weights, quantize)
     kernels = OnnxKernels(builder, max_positions=getattr(backbone, "max_sequence_length", None), prefill=True)
     inputs = [
         helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"])
@@ -207,10 +209,11 @@ class OnnxKernels:
 
 class _Builder:
     """Nodes and initializers, named from their order (the same model gives the same bytes); large initializers
-    go to `weights` (a `WeightsFile`) when one is given."""
+    go to `weights` (a `WeightsFile`) when one is given. `quantize` ("int8", "int4" or None): how `matmul` and
+    `gather` store their weights."""
 
-    def __init__(self, weights=None):
-        self.nodes, self.initializers, self.weights = [], [], weights
+    def __init__(self, weights=None, quantize=None):
+        self.nodes, self.initializers, self.weights, self.quantize = [], [], weights, quantize
 
     def const(self, name, value):
         """An initializer; its name starts with its index (layer names repeat across blocks)."""
@@ -235,6 +238,53 @@ class _Builder:
         ]
         self.nodes.append(helper.make_node(op, inputs, names, name=f"{op}_{position}", domain=domain, **attributes))
         return names[0] if outputs == 1 else names
+
+    def matmul(self, x, name, kernel, transposed=False):
+        """x (..., K) @ kernel (K, N), a float32 numpy weight (`transposed`: kernel is (N, K), e.g. a tied table read
+        as the output projection). Quantized as ONNX Runtime's own quantizers store weights: "int8" as
+        `quantize_dynamic` does (int8 weights, per tensor; activations quantized at run time, MatMulInteger),
+        "int4" as MatMulNBits (blocks of 32 along K)."""
+        from onnx import TensorProto
+
+        if self.quantize is None:
+            weight = self.const(name, kernel)
+            if transposed:  # folded by ONNX Runtime when the session loads; the file holds the table once
+                weight = self.node("Transpose", [weight], perm=[1, 0])
+            return self.node("MatMul", [x, weight])
+        kernel = np.ascontiguousarray(kernel.T) if transposed else kernel
+        if self.quantize == "int4":
+            packed, scales, zero_points = quantize.int4_blocks(kernel)
+            parameters = [
+                self.const(f"{name}.{part}", v)
+                for part, v in zip(("int4", "scales", "zeros"), (packed, scales, zero_points))
+            ]
+            return self.node(
+                "MatMulNBits",
+                [x, *parameters],
+                domain="com.microsoft",
+                K=kernel.shape[0],
+                N=kernel.shape[1],
+                **quantize.NBITS_ATTRIBUTES,
+            )
+        weights, scale, zero_point = quantize.int8_weight(kernel)
+        x, x_scale, x_zero_point = self.node("DynamicQuantizeLinear", [x], outputs=3)
+        product = self.node(
+            "MatMulInteger",
+            [x, self.const(f"{name}.int8", weights), x_zero_point, self.const(f"{name}.zero_point", zero_point)],
+        )
+        scale = self.node("Mul", [x_scale, self.const(f"{name}.scale", scale)])
+        return self.node("Mul", [self.node("Cast", [product], to=TensorProto.FLOAT), scale])
+
+    def gather(self, name, table, ids):
+        """The rows of `table` (float32 numpy) at `ids`; stored in int8 (per tensor, dequantized after the Gather, as
+        `quantize_dynamic` stores tables) when the builder quantizes, in either mode."""
+        if self.quantize is None:
+            return self.node("Gather", [self.const(name, table), ids])
+        weights, scale, zero_point = quantize.int8_weight(table)
+        rows = self.node("Gather", [self.const(f"{name}.int8", weights), ids])
+        return self.node(
+            "DequantizeLinear", [rows, self.const(f"{name}.scale", scale), self.const(f"{name}.zero_point", zero_point)]
+        )
 
     def rename(self, name, new_name):
         """Give the tensor `name` (made by the last node) the graph output's name."""

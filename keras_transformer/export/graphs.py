@@ -110,15 +110,18 @@ def cache_dims(task):
     return layers, heads, head_dim
 
 
-def build_graphs(task, weights=None, traced=True):
+def build_graphs(task, weights=None, traced=True, quantize=None):
     """The graphs of `task`, in the order a runtime uses them. `weights` (a `weights_file.WeightsFile`): where the
     graphs built in ONNX directly put their large initializers (traced graphs get theirs when converted).
     `traced=False`: only graphs the ONNX kernels build, with no TensorFlow; `Unsupported` if the task needs another.
+    `quantize` ("int8" or "int4", with `traced=False` only): their weights stored quantized as they are built.
     """
     kind = model_kind(task)
+    if quantize is not None and traced:
+        raise ValueError("Graphs are quantized as they are built only when none is traced: pass traced=False.")
 
     def built_or_traced(make, name, trace):
-        graph = _kernel_graph(make, task, name, weights)
+        graph = _kernel_graph(make, task, name, weights, quantize)
         if graph is None:
             if not traced:
                 raise Unsupported(f"the {name} graph of a {type(task).__name__} needs tracing")
@@ -198,12 +201,12 @@ def _layer_presents(caches, task):
     return presents
 
 
-def _kernel_graph(make, task, name, weights=None):
+def _kernel_graph(make, task, name, weights=None, quantize=None):
     """The graph `make` (decode_graph.py's `decode_model` or `prefill_model`) builds by running the task's own step
     with ONNX kernels (a decode step's caches written in place); None when the step needs something those kernels
     do not build."""
     try:
-        return Graph(name, None, [], {}, model=make(task, weights))
+        return Graph(name, None, [], {}, model=make(task, weights, quantize))
     except Unsupported:
         return None
 

@@ -27,7 +27,9 @@ from pathlib import Path
 
 from keras_transformer.export import graphs as graph_lib
 from keras_transformer.presets import write_json
+from keras_transformer.export.decode_graph import Unsupported
 from keras_transformer.export.onnx_converter import OPSET, convert
+from keras_transformer.export.quantize import quantize_bundle
 from keras_transformer.export.weights_file import FILE_NAME as WEIGHTS_FILE, WeightsFile
 from keras_transformer.decoding import LENGTH_BUCKET
 from keras_transformer.tokenizers import chat_template
@@ -80,27 +82,25 @@ def runtime_dir():
     return installed if installed.is_dir() else Path(__file__).resolve().parents[2] / "export" / "runtime"
 
 
-def write_onnx_bundle(task, directory, traced=True):
+def write_onnx_bundle(task, directory, traced=True, quantize=None):
     """Convert `task`'s graphs and write the bundle into the existing empty `directory`.
 
-    `traced=False`: with the graphs the ONNX kernels build only, in any backend's process (no TensorFlow);
-    `decode_graph.Unsupported` when the task needs a traced graph (the directory is then left to the caller).
+    A task whose graphs the ONNX kernels build (a causal LM's prefill and decode step) is written with no tracing,
+    in any backend's process, its weights streamed once into `weights.data`; `quantize` ("int8" or "int4") stores
+    them quantized there as they are built. Otherwise (`traced=True` only; else `decode_graph.Unsupported`, the
+    directory left to the caller) its other graphs are traced under TensorFlow and converted by tf2onnx, and
+    `quantize` rewrites the written graphs (`quantize.quantize_bundle`: each then holds its own weights).
     """
     directory = Path(directory)
     kind = graph_lib.model_kind(task)
-    graph_entries = {}
-    with WeightsFile(directory / WEIGHTS_FILE) as weights:
-        for graph in graph_lib.build_graphs(task, weights, traced=traced):
-            model = convert(graph, weights)
-            filename = f"{graph.name}.onnx"
-            graph_entries[graph.name] = {
-                "file": filename,
-                "inputs": [_describe(value) for value in model.graph.input],
-                "outputs": [_describe(value) for value in model.graph.output],
-            }
-            _save(model, directory / filename)
-            del model
-    _check_saved(directory, [entry["file"] for entry in graph_entries.values()])
+    try:
+        graph_entries = _write_graphs(task, directory, traced=False, quantize=quantize)
+        after = None
+    except Unsupported:
+        if not traced:
+            raise
+        graph_entries = _write_graphs(task, directory, traced=True)  # the weights file written again, from empty
+        after = quantize
     bundle = {
         "format": "keras_transformer.onnx_bundle",
         "format_version": FORMAT_VERSION,
@@ -133,6 +133,27 @@ def write_onnx_bundle(task, directory, traced=True):
         shutil.copyfile(runtime_dir() / name, directory / name)
     for name, source in SHARED_FILES.items():
         shutil.copyfile(source, directory / name)
+    if after is not None:
+        quantize_bundle(directory, after)
+
+
+def _write_graphs(task, directory, traced, quantize=None):
+    """Each graph of `task` as `{name}.onnx` in `directory`, their large weights in one weights file -> the bundle's
+    `graphs` entries (file, inputs, outputs)."""
+    graph_entries = {}
+    with WeightsFile(directory / WEIGHTS_FILE) as weights:
+        for graph in graph_lib.build_graphs(task, weights, traced=traced, quantize=quantize):
+            model = convert(graph, weights)
+            filename = f"{graph.name}.onnx"
+            graph_entries[graph.name] = {
+                "file": filename,
+                "inputs": [_describe(value) for value in model.graph.input],
+                "outputs": [_describe(value) for value in model.graph.output],
+            }
+            _save(model, directory / filename)
+            del model
+    _check_saved(directory, [entry["file"] for entry in graph_entries.values()])
+    return graph_entries
 
 
 def generation_config(task):

@@ -1,7 +1,10 @@
-"""Quantized ONNX bundles: the float graphs of a written bundle, rewritten with 8- or 4-bit weights.
+"""Quantized ONNX bundles: 8- or 4-bit weights.
 
-A step after the bundle is written, on its `.onnx` files only; the runner needs nothing new
-(the quantized operators are ONNX Runtime's own CPU kernels).
+A causal LM's graphs, built by the ONNX kernels, store their weights quantized as they are built
+(`decode_graph._Builder.matmul` / `gather`, with `int8_weight` and `int4_blocks` below: the same
+formats as the rewrite below). A bundle with a traced graph is quantized by this module after it is
+written, on its `.onnx` files only (`quantize_bundle`). The runner needs nothing new either way (the
+quantized operators are ONNX Runtime's own CPU kernels).
 - "int8": ONNX Runtime's `quantize_dynamic`: weights of MatMul and Gather (embedding tables)
   stored as int8 with a scale, activations quantized on the fly (DynamicQuantizeLinear + MatMulInteger).
 - "int4": embedding tables as above, then every MatMul with a constant (K, N) weight becomes
@@ -22,6 +25,9 @@ from keras_transformer.export.weights_file import FILE_NAME as WEIGHTS_FILE
 
 MODES = ("int8", "int4")
 BLOCK_SIZE = 32  # MatMulNBits block along K
+# MatMulNBits' attributes besides K and N: accuracy level 4 takes int8 products of the activations with the 4-bit
+# weights.
+NBITS_ATTRIBUTES = {"bits": 4, "block_size": BLOCK_SIZE, "accuracy_level": 4}
 
 
 def check_mode(quantize):
@@ -76,6 +82,31 @@ def quantize_graph(path, mode):
         onnx.save(model, str(path))
 
 
+def int8_weight(array):
+    """A weight (float32 numpy) as `quantize_dynamic` stores it: (int8 array, scale () float32, zero point () int8),
+    per tensor and symmetric (ONNX Runtime's own `quantize_data`)."""
+    from onnx import TensorProto
+    from onnxruntime.quantization.quant_utils import quantize_data
+
+    zero_point, scale, quantized = quantize_data(np.asarray(array, np.float32), TensorProto.INT8, symmetric=True)
+    return np.asarray(quantized, np.int8).reshape(np.shape(array)), np.float32(scale), np.int8(zero_point)
+
+
+def int4_blocks(array):
+    """A MatMul weight (K, N) float32 -> MatMulNBits' (packed (N, K / 32, 16) uint8, scales, zero points): blocks of
+    32 along K, packed by ONNX Runtime's own `quantize_matmul_4bits`."""
+    from onnxruntime.capi._pybind_state import quantize_matmul_4bits
+
+    rows, cols = array.shape  # (K, N)
+    blocks = (rows + BLOCK_SIZE - 1) // BLOCK_SIZE
+    padded = np.pad(np.asarray(array, np.float32), ((0, blocks * BLOCK_SIZE - rows), (0, 0)))
+    packed = np.zeros((cols, blocks, BLOCK_SIZE // 2), np.uint8)
+    scales = np.zeros(cols * blocks, np.float32)
+    zero_points = np.zeros(cols * ((blocks + 1) // 2), np.uint8)
+    quantize_matmul_4bits(packed, np.ascontiguousarray(padded), scales, zero_points, BLOCK_SIZE, cols, rows, False)
+    return packed, scales, zero_points
+
+
 def _initializers(graph):
     return {init.name: init for init in graph.initializer}
 
@@ -115,7 +146,6 @@ def _gemm_to_matmul(graph):
 def _matmul_to_nbits(graph):
     """MatMul(x, W const (K, N) float32) -> com.microsoft.MatMulNBits(x, packed, scales, zero_points)."""
     from onnx import helper, numpy_helper
-    from onnxruntime.capi._pybind_state import quantize_matmul_4bits
 
     inits = _initializers(graph)
     nodes = []
@@ -126,12 +156,7 @@ def _matmul_to_nbits(graph):
             nodes.append(node)
             continue
         rows, cols = array.shape  # (K, N)
-        blocks = (rows + BLOCK_SIZE - 1) // BLOCK_SIZE
-        padded = np.pad(array, ((0, blocks * BLOCK_SIZE - rows), (0, 0)))
-        packed = np.zeros((cols, blocks, BLOCK_SIZE // 2), np.uint8)
-        scales = np.zeros(cols * blocks, np.float32)
-        zero_points = np.zeros(cols * ((blocks + 1) // 2), np.uint8)
-        quantize_matmul_4bits(packed, np.ascontiguousarray(padded), scales, zero_points, BLOCK_SIZE, cols, rows, False)
+        packed, scales, zero_points = int4_blocks(array)
         name = node.input[1]
         graph.initializer.extend(
             [
@@ -149,9 +174,7 @@ def _matmul_to_nbits(graph):
                 domain="com.microsoft",
                 K=rows,
                 N=cols,
-                bits=4,
-                block_size=BLOCK_SIZE,
-                accuracy_level=4,  # int8 products of the activations with the 4-bit weights
+                **NBITS_ATTRIBUTES,
             )
         )
     del graph.node[:]

@@ -16,30 +16,30 @@ from keras_transformer.kernels import kernel_table
 def _reversible_embedding(kernels, layer, inputs, reverse=False):
     """The table's rows for the ids, or (reverse) the logits: x @ the table's transpose (tied) or the reverse kernel.
 
-    A tied table is one initializer read by both (Gather, and MatMul through a Transpose that ONNX Runtime folds
-    when the session loads): the bundle's weights file holds it once.
+    A tied table is read by both (Gather, and MatMul through a Transpose that ONNX Runtime folds when the session
+    loads): the bundle's weights file holds it once.
     """
     b = kernels.builder
-    table = kernels.memo(("table", layer.name), lambda: b.const(f"{layer.name}.embeddings", weight(layer.embeddings)))
     if not reverse:
-        return Value(b, b.node("Gather", [table, inputs.materialize()]))  # (B, 1) -> (B, 1, D)
+        return Value(
+            b, b.gather(f"{layer.name}.embeddings", weight(layer.embeddings), inputs.materialize())
+        )  # (B, T, D)
     if layer.tie_weights:
-        kernel = b.node("Transpose", [table], perm=[1, 0])  # (V, D) -> (D, V)
+        logits = b.matmul(inputs.materialize(), f"{layer.name}.embeddings", weight(layer.embeddings), transposed=True)
     else:
-        kernel = b.const(f"{layer.name}.reverse", weight(layer.reverse_embeddings))  # (D, V)
-    logits = b.node("MatMul", [inputs.materialize(), kernel])
+        logits = b.matmul(inputs.materialize(), f"{layer.name}.reverse", weight(layer.reverse_embeddings))  # (D, V)
     cap = layer.logit_soft_cap
     if cap:  # cap * tanh(logits / cap)
         cap = b.const(f"{layer.name}.logit_soft_cap", np.float32(cap))
         logits = b.node("Mul", [b.node("Tanh", [b.node("Div", [logits, cap])]), cap])
-    return Value(b, logits)  # (B, 1, V)
+    return Value(b, logits)  # (B, T, V)
 
 
 def _positional_embedding(kernels, layer, inputs, start_index=0):
     """The table's rows at each row's own position (`position_ids`), whatever `start_index` traced."""
     b = kernels.builder
     table = weight(layer.embeddings) if layer.position_type == "learned" else np.asarray(layer._table, np.float32)
-    return Value(b, b.node("Gather", [b.const(f"{layer.name}.table", table), "position_ids"]))  # (B, 1, D)
+    return Value(b, b.gather(f"{layer.name}.table", table, "position_ids"))  # (B, T, D)
 
 
 def _layer_norm(kernels, layer, x):
@@ -92,9 +92,7 @@ def _dense(kernels, layer, x):
 def _matmul(kernels, layer, x, shape=None):
     b = kernels.builder
     kernel = weight(layer.kernel)
-    y = b.node(
-        "MatMul", [x.materialize(), b.const(f"{layer.name}.kernel", kernel if shape is None else kernel.reshape(shape))]
-    )
+    y = b.matmul(x.materialize(), f"{layer.name}.kernel", kernel if shape is None else kernel.reshape(shape))
     bias = None if layer.bias is None else b.const(f"{layer.name}.bias", weight(layer.bias).reshape(-1))
     return Value(b, y, bias=bias)
 
@@ -206,22 +204,21 @@ def _query_key_value(kernels, attention, h):
     b = kernels.builder
     dense = (attention.query_dense, attention.key_dense, attention.value_dense)
     width = attention.query_dense.kernel.shape[0]
-    matrices = [b.const(f"{d.name}.kernel", weight(d.kernel).reshape(width, -1)) for d in dense]
+    matrices = [weight(d.kernel).reshape(width, -1) for d in dense]
     biases = None
     if attention.query_dense.bias is not None:
-        biases = [b.const(f"{d.name}.bias", weight(d.bias).reshape(-1)) for d in dense]
+        biases = [weight(d.bias).reshape(-1) for d in dense]
     x = h.materialize()
     if attention.query_key_norm is None:
-        # (D, H, Dh), (D, Hkv, Dh), (D, Hkv, Dh) -> (D, (H + 2 Hkv) Dh): one MatMul gives the packed QKV GQA
-        # reads. The Concat of the three kernels (each its own initializer, as the prefill graph reads it) is
-        # folded by ONNX Runtime when the session loads.
-        qkv = b.node("MatMul", [x, b.node("Concat", matrices, axis=1)])  # (B, 1, (H + 2 Hkv) Dh)
+        # (D, H, Dh), (D, Hkv, Dh), (D, Hkv, Dh) -> (D, (H + 2 Hkv) Dh): one MatMul gives the packed QKV GQA reads.
+        qkv = b.matmul(x, f"{attention.name}.qkv", np.concatenate(matrices, axis=1))  # (B, T, (H + 2 Hkv) Dh)
         if biases is not None:
-            qkv = b.node("Add", [qkv, b.node("Concat", biases, axis=0)])
+            qkv = b.node("Add", [qkv, b.const(f"{attention.name}.qkv_bias", np.concatenate(biases))])
         return [qkv, "", ""]
-    q, k, v = (b.node("MatMul", [x, kernel]) for kernel in matrices)  # (B, 1, H Dh), 2 x (B, 1, Hkv Dh)
+    names = [f"{d.name}.kernel" for d in dense]
+    q, k, v = (b.matmul(x, n, kernel) for n, kernel in zip(names, matrices))  # (B, T, H Dh), 2 x (B, T, Hkv Dh)
     if biases is not None:
-        q, k, v = (b.node("Add", [y, bias]) for y, bias in zip((q, k, v), biases))
+        q, k, v = (b.node("Add", [y, b.const(f"{d.name}.bias", bias)]) for y, d, bias in zip((q, k, v), dense, biases))
     Dh = attention._head_dim
     return [
         _normed(kernels, attention, attention.query_norm, q, attention.num_heads, Dh),
