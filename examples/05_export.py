@@ -5,8 +5,9 @@
 # prefill graph that fills the key/value cache from the prompt, and a one-token decode step), the
 # tokenizer, the generation settings and `generate.py`, a runner that needs only numpy,
 # onnxruntime and tokenizers. `format="tf_saved_model"` writes a TensorFlow SavedModel with the
-# forward pass and the whole decoding loop as signatures. Both are made under the TensorFlow
-# backend: from JAX or PyTorch, `export` runs the conversion in a TensorFlow child process.
+# forward pass and the whole decoding loop as signatures. A causal LM's bundle is built by ONNX
+# kernels per layer type, in this process on any backend; a SavedModel is made under the
+# TensorFlow backend (from JAX or PyTorch, `export` runs it in a TensorFlow child process).
 #
 # We export a tiny GPT both ways and check that the logits and the generated text match Keras.
 # Plots go to `$KT_EXAMPLES_OUT/05_export/` (default `examples/out/`).

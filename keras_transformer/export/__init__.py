@@ -43,7 +43,7 @@ import keras
 
 from keras_transformer import presets
 from keras_transformer.convert import hf_export
-from keras_transformer.export import graphs
+from keras_transformer.export import graphs, progress
 from keras_transformer.export.decode_graph import Unsupported
 from keras_transformer.export.onnx import write_onnx_bundle
 from keras_transformer.export.quantize import check_mode, quantize_bundle
@@ -62,7 +62,7 @@ INSTALL_HINT = "pip install 'keras-transformer[export]'"
 _REQUIREMENTS = {"onnx": ("tensorflow", "tf2onnx", "onnx", "onnxruntime"), "tf_saved_model": ("tensorflow",)}
 
 
-def export_model(task, path, format="onnx", overwrite=False, quantize=None, **options):
+def export_model(task, path, format="onnx", overwrite=False, quantize=None, verbose="auto", **options):
     """Export `task` to `path` as an ONNX bundle, a TensorFlow SavedModel or a Hugging Face folder.
 
     Args:
@@ -72,6 +72,8 @@ def export_model(task, path, format="onnx", overwrite=False, quantize=None, **op
         format: "onnx", "tf_saved_model" or "huggingface".
         overwrite: bool, replace an existing directory (atomically, at the end).
         quantize: None, "int8" or "int4" (format "onnx" only): the bundle's weights in 8 or 4 bits.
+        verbose: "auto" (the default: for a model of 100M parameters or more), True or False: a line per phase
+            of the export, and a progress bar over the layers where a phase goes layer by layer (ONNX only).
         **options: format "huggingface" only: `dtype` and `max_shard_size` (see
             `keras_transformer.convert.hf_export.export_hugging_face`).
 
@@ -91,10 +93,10 @@ def export_model(task, path, format="onnx", overwrite=False, quantize=None, **op
         return hf_export.export_hugging_face(task, path, overwrite=overwrite, **options)
     if options:
         raise ValueError(f"Unexpected arguments for format={format!r}: {sorted(options)}")
-    return export_models(task, {path: format}, overwrite=overwrite, quantize=quantize)[0]
+    return export_models(task, {path: format}, overwrite=overwrite, quantize=quantize, verbose=verbose)[0]
 
 
-def export_models(task, targets, overwrite=False, quantize=None):
+def export_models(task, targets, overwrite=False, quantize=None, verbose="auto"):
     """Export `task` to several directories at once: `{path: format}`.
 
     The same as one `export_model` per target, but under JAX or PyTorch a single TensorFlow child
@@ -129,6 +131,7 @@ def export_models(task, targets, overwrite=False, quantize=None):
             f"model and pass quantize='int8' or 'int4' to quantize the exported graphs."
         )
     graphs.model_kind(task)  # an unsupported task is an error before any work
+    verbose = progress.resolve(verbose, task)
     if lora_layers(task):
         task = _merged_copy(task)  # the graphs get plain kernels
     for format in dict.fromkeys(format for _, format in targets):
@@ -142,12 +145,14 @@ def export_models(task, targets, overwrite=False, quantize=None):
         else:
             if keras.config.backend() == "tensorflow":
                 for directory, format in written:
-                    write(task, directory, format, quantize)
-            elif not _write_without_tracing(task, written, quantize):
-                _write_in_tensorflow_child(task, written)
+                    write(task, directory, format, quantize, verbose)
+            elif not _write_without_tracing(task, written, quantize, verbose):
+                formats = " and ".join(dict.fromkeys(format for _, format in written))
+                with progress.Phase(f"{formats}: traced in a TensorFlow child process", verbose):
+                    _write_in_tensorflow_child(task, written)
                 for directory, _ in written:
                     if quantize is not None:
-                        quantize_bundle(directory, quantize)
+                        quantize_bundle(directory, quantize, verbose)
 
     write_all(targets, [])
     return [path for path, _ in targets]
@@ -180,24 +185,25 @@ def _installed(package):
         return False
 
 
-def write(task, directory, format, quantize=None):
+def write(task, directory, format, quantize=None, verbose=False):
     """Write the export of `task` into the existing empty `directory` (TensorFlow backend only)."""
     if keras.config.backend() != "tensorflow":
         raise RuntimeError("keras_transformer.export.write runs under the TensorFlow backend only.")
     if format == "onnx":
-        write_onnx_bundle(task, directory, quantize=quantize)
+        write_onnx_bundle(task, directory, quantize=quantize, verbose=verbose)
     else:
-        write_saved_model(task, directory)
+        with progress.Phase("SavedModel: the forward pass and the decoding loops traced and written", verbose):
+            write_saved_model(task, directory)
 
 
-def _write_without_tracing(task, targets, quantize=None):
+def _write_without_tracing(task, targets, quantize=None, verbose=False):
     """Write every target in this process when all are ONNX bundles whose graphs the ONNX kernels build; else
     False, with the directories emptied again (a child process under TensorFlow writes them)."""
     if any(format != "onnx" for _, format in targets):
         return False
     try:
         for directory, _ in targets:
-            write_onnx_bundle(task, directory, traced=False, quantize=quantize)
+            write_onnx_bundle(task, directory, traced=False, quantize=quantize, verbose=verbose)
     except Unsupported:
         for directory, _ in targets:
             for entry in Path(directory).iterdir():

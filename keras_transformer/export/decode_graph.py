@@ -1,6 +1,7 @@
-"""An LM's one-token decode step as an ONNX graph, built by running its own step with ONNX kernels per layer type.
+"""An LM's one-token decode step (and a causal LM's prefill) as ONNX graphs, built by running its own step with ONNX
+kernels per layer type.
 
-Axes: B rows, T = 1 new token, S_buf cache buffer length, S_enc encoder length, H heads,
+Axes: B rows, T new tokens (1 in a decode step), S_buf cache buffer length, S_enc encoder length, H heads,
 Hkv key/value heads, Dh head size, D model width, F feed-forward width, V vocabulary, P positions.
 
     causal LM  input_ids (B, 1), position_ids (B, 1) (the new token's position S),
@@ -8,6 +9,8 @@ Hkv key/value heads, Dh head size, D model width, F feed-forward width, V vocabu
       -> logits (B, 1, V), present.{i}.key/value (B, Hkv, S_buf, Dh)
     seq2seq    the same, and encoder_attention_mask (B, S_enc) (after position_ids),
                cross_key_values.{i}.key/value (B, Hkv, S_enc, Dh) (after the pasts)
+    prefill    (causal LM) input_ids (B, T), attention_mask (B, T) (right padding)
+      -> logits (B, T, V), present.{i}.key/value (B, T, Hkv, Dh)
 
 The family's own step (`backbone.call_with_cache` + `task.compute_logits`, written once in its
 files) runs with `OnnxKernels` as its `call_layer` and symbolic `Value`s for tensors: each
@@ -32,6 +35,7 @@ the next norm takes it), feed-forward biases inside FastGelu/BiasGelu.
 import numpy as np
 
 from keras_transformer.export import quantize
+from keras_transformer.export.progress import QUIET
 from keras_transformer.kernels import onnx_kernels
 from keras_transformer.kernels.onnx_values import Unsupported, Value
 from keras_transformer.models.seq2seq_lm import Seq2SeqLM
@@ -39,11 +43,12 @@ from keras_transformer.models.seq2seq_lm import Seq2SeqLM
 OPSET_IMPORTS = (("", 17), ("com.microsoft", 1))
 
 
-def decode_model(task, weights=None, quantize=None):
+def decode_model(task, weights=None, quantize=None, phase=QUIET):
     """`task` (a causal or seq2seq LM whose step the kernels cover) -> the checked ONNX ModelProto of its
     in-place decode step; `Unsupported` otherwise. With a `weights_file.WeightsFile`, its large initializers
     point into that file (written there once, shared with the bundle's other graphs); else they are inline.
-    `quantize` ("int8" or "int4"): the weights stored quantized (see `_Builder.matmul`)."""
+    `quantize` ("int8" or "int4"): the weights stored quantized (see `_Builder.matmul`). `phase`: a
+    `progress.Phase`, stepped after each of the backbone's blocks."""
     from onnx import TensorProto, helper
 
     backbone = task.backbone
@@ -52,7 +57,7 @@ def decode_model(task, weights=None, quantize=None):
     seq2seq = isinstance(task, Seq2SeqLM)
     _, layers, _, kv_heads, _, head_dim = backbone.cache_shape(1, 1)
     builder = _Builder(weights, quantize)
-    kernels = OnnxKernels(builder, max_positions=getattr(backbone, "max_sequence_length", None))
+    kernels = OnnxKernels(builder, max_positions=getattr(backbone, "max_sequence_length", None), phase=phase)
     inputs = [
         helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", 1]),
         helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", 1]),
@@ -95,7 +100,7 @@ def decode_model(task, weights=None, quantize=None):
     return _model(builder, "decoder" if seq2seq else "decode", inputs, outputs, weights)
 
 
-def prefill_model(task, weights=None, quantize=None):
+def prefill_model(task, weights=None, quantize=None, phase=QUIET):
     """`task` (a causal LM whose step the kernels cover) -> the checked ONNX ModelProto of its prefill:
 
         input_ids (B, T), attention_mask (B, T) (ones, then zeros: right padding)
@@ -112,7 +117,9 @@ def prefill_model(task, weights=None, quantize=None):
     backbone = task.backbone
     _, layers, _, kv_heads, _, head_dim = backbone.cache_shape(1, 1)
     builder = _Builder(weights, quantize)
-    kernels = OnnxKernels(builder, max_positions=getattr(backbone, "max_sequence_length", None), prefill=True)
+    kernels = OnnxKernels(
+        builder, max_positions=getattr(backbone, "max_sequence_length", None), prefill=True, phase=phase
+    )
     inputs = [
         helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"])
         for name in ("input_ids", "attention_mask")
@@ -169,10 +176,10 @@ class OnnxKernels:
     by position (rotary cos/sin) have `max_positions` rows.
     """
 
-    def __init__(self, builder, max_positions, prefill=False):
+    def __init__(self, builder, max_positions, prefill=False, phase=QUIET):
         from onnx import TensorProto
 
-        self.builder, self.max_positions, self.prefill = builder, max_positions, prefill
+        self.builder, self.max_positions, self.prefill, self.phase = builder, max_positions, prefill, phase
         self._memo = {}
         if prefill:  # rows of T tokens from position 0; `attention_mask` (B, T) gives each row's length
             self.total_length_int64 = builder.node(
@@ -204,7 +211,10 @@ class OnnxKernels:
         kernel = onnx_kernels.KERNELS.get(type(layer))
         if kernel is None:
             raise Unsupported(f"no ONNX kernel for a {type(layer).__name__} layer")
-        return kernel(self, layer, *args, **kwargs)
+        outputs = kernel(self, layer, *args, **kwargs)
+        if onnx_kernels.is_block(layer):
+            self.phase.step()
+        return outputs
 
 
 class _Builder:

@@ -44,6 +44,7 @@ Built under the TensorFlow backend only; `tensorflow` is imported when a graph i
 from typing import NamedTuple
 
 from keras_transformer.export.decode_graph import Unsupported, decode_model, prefill_model
+from keras_transformer.export.progress import Phase
 from keras_transformer.layers.kv_cache import KVCache
 from keras_transformer.models.causal_lm import CausalLM
 from keras_transformer.models.seq2seq_lm import Seq2SeqLM
@@ -110,18 +111,19 @@ def cache_dims(task):
     return layers, heads, head_dim
 
 
-def build_graphs(task, weights=None, traced=True, quantize=None):
+def build_graphs(task, weights=None, traced=True, quantize=None, verbose=False):
     """The graphs of `task`, in the order a runtime uses them. `weights` (a `weights_file.WeightsFile`): where the
     graphs built in ONNX directly put their large initializers (traced graphs get theirs when converted).
     `traced=False`: only graphs the ONNX kernels build, with no TensorFlow; `Unsupported` if the task needs another.
     `quantize` ("int8" or "int4", with `traced=False` only): their weights stored quantized as they are built.
+    `verbose`: a line per graph the kernels build, and a progress bar over its blocks (`progress.Phase`).
     """
     kind = model_kind(task)
     if quantize is not None and traced:
         raise ValueError("Graphs are quantized as they are built only when none is traced: pass traced=False.")
 
     def built_or_traced(make, name, trace):
-        graph = _kernel_graph(make, task, name, weights, quantize)
+        graph = _kernel_graph(make, task, name, weights, quantize, verbose)
         if graph is None:
             if not traced:
                 raise Unsupported(f"the {name} graph of a {type(task).__name__} needs tracing")
@@ -138,7 +140,7 @@ def build_graphs(task, weights=None, traced=True, quantize=None):
     elif kind == "encoder":
         graphs = [_encoder_task_graph(task)]
     else:
-        decoder = _kernel_graph(decode_model, task, "decoder", weights)
+        decoder = _kernel_graph(decode_model, task, "decoder", weights, verbose=verbose)
         encoder = _seq2seq_encoder_graph(task, heads_first=decoder is not None)
         graphs = [encoder, decoder or _seq2seq_decoder_graph(task)]
     return [graph if graph.model is not None else graph._replace(variables=tuple(task.variables)) for graph in graphs]
@@ -201,12 +203,14 @@ def _layer_presents(caches, task):
     return presents
 
 
-def _kernel_graph(make, task, name, weights=None, quantize=None):
+def _kernel_graph(make, task, name, weights=None, quantize=None, verbose=False):
     """The graph `make` (decode_graph.py's `decode_model` or `prefill_model`) builds by running the task's own step
     with ONNX kernels (a decode step's caches written in place); None when the step needs something those kernels
     do not build."""
+    blocks = len(getattr(task.backbone, "transformer_layers", ()))
     try:
-        return Graph(name, None, [], {}, model=make(task, weights, quantize))
+        with Phase(f"{name} graph (ONNX kernels{', ' + quantize if quantize else ''})", verbose, blocks) as phase:
+            return Graph(name, None, [], {}, model=make(task, weights, quantize, phase))
     except Unsupported:
         return None
 

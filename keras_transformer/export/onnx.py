@@ -29,6 +29,7 @@ from keras_transformer.export import graphs as graph_lib
 from keras_transformer.presets import write_json
 from keras_transformer.export.decode_graph import Unsupported
 from keras_transformer.export.onnx_converter import OPSET, convert
+from keras_transformer.export.progress import Phase
 from keras_transformer.export.quantize import quantize_bundle
 from keras_transformer.export.weights_file import FILE_NAME as WEIGHTS_FILE, WeightsFile
 from keras_transformer.decoding import LENGTH_BUCKET
@@ -82,7 +83,7 @@ def runtime_dir():
     return installed if installed.is_dir() else Path(__file__).resolve().parents[2] / "export" / "runtime"
 
 
-def write_onnx_bundle(task, directory, traced=True, quantize=None):
+def write_onnx_bundle(task, directory, traced=True, quantize=None, verbose=False):
     """Convert `task`'s graphs and write the bundle into the existing empty `directory`.
 
     A task whose graphs the ONNX kernels build (a causal LM's prefill and decode step) is written with no tracing,
@@ -90,16 +91,18 @@ def write_onnx_bundle(task, directory, traced=True, quantize=None):
     them quantized there as they are built. Otherwise (`traced=True` only; else `decode_graph.Unsupported`, the
     directory left to the caller) its other graphs are traced under TensorFlow and converted by tf2onnx, and
     `quantize` rewrites the written graphs (`quantize.quantize_bundle`: each then holds its own weights).
+    `verbose`: a line per phase, with a progress bar where it goes layer by layer (`progress.Phase`).
     """
     directory = Path(directory)
     kind = graph_lib.model_kind(task)
     try:
-        graph_entries = _write_graphs(task, directory, traced=False, quantize=quantize)
+        graph_entries = _write_graphs(task, directory, traced=False, quantize=quantize, verbose=verbose)
         after = None
     except Unsupported:
         if not traced:
             raise
-        graph_entries = _write_graphs(task, directory, traced=True)  # the weights file written again, from empty
+        # The weights file written again, from empty.
+        graph_entries = _write_graphs(task, directory, traced=True, verbose=verbose)
         after = quantize
     bundle = {
         "format": "keras_transformer.onnx_bundle",
@@ -134,16 +137,19 @@ def write_onnx_bundle(task, directory, traced=True, quantize=None):
     for name, source in SHARED_FILES.items():
         shutil.copyfile(source, directory / name)
     if after is not None:
-        quantize_bundle(directory, after)
+        quantize_bundle(directory, after, verbose)
 
 
-def _write_graphs(task, directory, traced, quantize=None):
+def _write_graphs(task, directory, traced, quantize=None, verbose=False):
     """Each graph of `task` as `{name}.onnx` in `directory`, their large weights in one weights file -> the bundle's
     `graphs` entries (file, inputs, outputs)."""
     graph_entries = {}
     with WeightsFile(directory / WEIGHTS_FILE) as weights:
-        for graph in graph_lib.build_graphs(task, weights, traced=traced, quantize=quantize):
-            model = convert(graph, weights)
+        for graph in graph_lib.build_graphs(task, weights, traced=traced, quantize=quantize, verbose=verbose):
+            with Phase(
+                f"{graph.name} graph (traced by TensorFlow, converted by tf2onnx)", verbose and graph.model is None
+            ):
+                model = convert(graph, weights)
             filename = f"{graph.name}.onnx"
             graph_entries[graph.name] = {
                 "file": filename,

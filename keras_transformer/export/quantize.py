@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from keras_transformer.export.progress import Phase
 from keras_transformer.export.weights_file import FILE_NAME as WEIGHTS_FILE
 
 MODES = ("int8", "int4")
@@ -35,11 +36,12 @@ def check_mode(quantize):
         raise ValueError(f"`quantize` must be None or one of {MODES}. Received: quantize={quantize!r}")
 
 
-def quantize_bundle(directory, mode):
+def quantize_bundle(directory, mode, verbose=False):
     """Quantize every `.onnx` graph of the bundle in `directory` in place to `mode` ("int8" or "int4")."""
     check_mode(mode)
     for path in sorted(Path(directory).glob("*.onnx")):
-        quantize_graph(path, mode)
+        with Phase(f"{path.name}: rewritten with {mode} weights (ONNX Runtime's quantizers)", verbose):
+            quantize_graph(path, mode)
     # Each quantized graph holds its own 8- or 4-bit weights: the float weights file is read by none of them.
     (Path(directory) / WEIGHTS_FILE).unlink(missing_ok=True)
 

@@ -30,8 +30,9 @@ penalty, min_new_tokens; the end token stops a row) and noise (a hash of (seed, 
 see `samplers/noise.py`), so a seed gives the tokens `RandomSampler(seed=...)` gives in Keras
 and in the ONNX bundle. The loop's buffer length and prefill length are static shapes: the
 graph holds one loop per buffer length L (two: the loop's first cache width, 128 or less, and
-max_length) and first cache width, and one prefill per 32-token prefill bucket, and each call
-takes the smallest that fits (`tf.switch_case`): a call within 128 positions never pays for
+max_length) and first cache width, and one prefill per prefill length (0, 32 times powers of
+two, and each L: 10 for a max_length of 8192), and each call takes the smallest that fits
+(`tf.switch_case`): a call within 128 positions never pays for
 max_length (its cache is never widened), a longer one widens its cache in the loop's steps
 (128, 256, 384, 512, then doublings) up to max_length. Beam search reorders the cache's rows as the
 PyTorch loop does (the compiled backends' slot cache needs a static batch). The graph runs
@@ -182,14 +183,19 @@ class _ServedLoop:
         # common short call, and max_length), and per L the prefill lengths P grouped by the
         # cache's first width (the loop's step bodies depend on L and that width only).
         self.lengths = sorted({cache_widths(self.max_length, 1)[0], self.max_length})
+        # Prefill lengths: 0 (a one-token prompt), then PREFILL_BUCKET times powers of two, and each L: a prompt's
+        # prefill is the first of them that holds its positions but the last (at most L). Powers of two, not every
+        # multiple of PREFILL_BUCKET as `generate` takes: each is the model traced once more, and a max_length of
+        # 8192 made 257 of them (a 135M model's export ran past 15 minutes and 17 GB).
+        bucket, candidates = PREFILL_BUCKET, {0, *self.lengths}
+        while bucket < self.max_length:
+            candidates.add(bucket)
+            bucket *= 2
+        self.prefill_candidates = sorted(candidates)
         self.programs = []  # [(L, [P, ...])]
         for length in self.lengths:
             groups = {}
-            prefills = (
-                {0}
-                if self.kind != "decoder"
-                else {0} | {min(-(-x // PREFILL_BUCKET) * PREFILL_BUCKET, length) for x in range(1, length)}
-            )
+            prefills = {0} if self.kind != "decoder" else {min(p, length) for p in self.prefill_candidates}
             for prefill in sorted(prefills):
                 groups.setdefault(cache_widths(length, prefill)[0], []).append(prefill)
             self.programs += [(length, members) for members in groups.values()]
@@ -262,8 +268,9 @@ class _ServedLoop:
         # length as `generate` buckets it (0 for one-token prompts).
         need = longest + max_new_tokens
         length = tf.gather(self.lengths, tf.reduce_sum(tf.cast(tf.constant(self.lengths) < need, tf.int32)))
-        bucketed = -(-(longest - 1) // PREFILL_BUCKET) * PREFILL_BUCKET
-        prefill = tf.where(longest == 1, 0, tf.minimum(bucketed, length))
+        candidates = tf.constant(self.prefill_candidates)
+        bucketed = tf.gather(candidates, tf.reduce_sum(tf.cast(candidates < longest - 1, tf.int32)))
+        prefill = tf.minimum(bucketed, length)  # 0 for a one-token prompt
         program = tf.constant(0)
         for index, (program_length, members) in enumerate(self.programs):
             program = tf.where(

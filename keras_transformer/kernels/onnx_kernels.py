@@ -339,3 +339,8 @@ def _decoder_block(
 
 
 KERNELS = kernel_table.bind(globals())  # {layer type: kernel}, the types of kernels/kernel_table.py
+
+
+def is_block(layer):
+    """Whether `layer` is a transformer block (what an export's progress counts)."""
+    return KERNELS.get(type(layer)) is _decoder_block

@@ -265,7 +265,7 @@ class Task(keras.Model):
 
     # --- export -----------------------------------------------------------
 
-    def export(self, filepath, format="onnx", overwrite=False, quantize=None, **kwargs):
+    def export(self, filepath, format="onnx", overwrite=False, quantize=None, verbose="auto", **kwargs):
         """Export for deployment from any backend: an ONNX bundle or a TensorFlow SavedModel.
 
         Args:
@@ -276,6 +276,8 @@ class Task(keras.Model):
             overwrite: bool, replace an existing directory.
             quantize: None, "int8" or "int4" (ONNX only): the bundle's graphs with 8- or 4-bit weights.
                 A model with LoRA enabled is exported merged.
+            verbose: "auto" (for a model of 100M parameters or more), True or False: the export's phases as it
+                goes, with a progress bar over the layers.
 
         See `keras_transformer.export.export_model`.
         """
@@ -287,7 +289,7 @@ class Task(keras.Model):
         if format not in formats:
             raise ValueError(f"`format` must be one of {formats}. Received: format={format!r}")
         write = entry_points.load(entry_points.EXPORTERS, format)
-        return write(self, filepath, format=format, overwrite=overwrite, quantize=quantize, **kwargs)
+        return write(self, filepath, format=format, overwrite=overwrite, quantize=quantize, verbose=verbose, **kwargs)
 
     # --- decoding ---------------------------------------------------------
 

@@ -131,6 +131,21 @@ def test_a_causal_lm_bundle_is_written_in_this_process(lm, tmp_path, monkeypatch
     assert {"prefill.onnx", "decode.onnx", "weights.data"} <= {path.name for path in (tmp_path / "bundle").iterdir()}
 
 
+def test_a_long_export_says_where_it_is(lm, tmp_path, capsys):
+    """verbose=True: a line per graph, a progress bar over the blocks; "auto" says nothing for a model this small."""
+    lm.export(tmp_path / "quiet")
+    assert capsys.readouterr().out == ""
+    lm.export(tmp_path / "loud", verbose=True, quantize="int8")
+    out = capsys.readouterr().out
+    blocks = len(lm.backbone.transformer_layers)
+    for graph in ("prefill", "decode"):
+        assert f"{graph} graph (ONNX kernels, int8) ..." in out
+        assert f"{graph} graph (ONNX kernels, int8): done in" in out
+    assert f"{blocks}/{blocks}" in out
+    with pytest.raises(ValueError, match="verbose='yes'"):
+        lm.export(tmp_path / "bad", verbose="yes")
+
+
 def test_failure_in_the_tensorflow_writer_leaves_nothing(lm, tmp_path, monkeypatch):
     """A SavedModel (written by a TensorFlow child process under JAX or PyTorch) fails half-written: nothing remains."""
     calls = []
