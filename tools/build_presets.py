@@ -35,6 +35,7 @@ BERT_SMALL = dict(
 BERT_BASE = dict(
     vocabulary_size=30522, num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072, max_sequence_length=512
 )
+DISTILBERT_BASE = dict(BERT_BASE, num_layers=6, num_segments=0)
 T5_TINY = dict(vocabulary_size=8000, num_layers=2, num_heads=4, hidden_dim=128, intermediate_dim=512, key_dim=32)
 T5_SMALL = dict(vocabulary_size=32128, num_layers=6, num_heads=8, hidden_dim=512, intermediate_dim=2048, key_dim=64)
 T5_BASE = dict(vocabulary_size=32128, num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072, key_dim=64)
@@ -220,6 +221,17 @@ PRESETS = {
         "BertMaskedLMPreprocessor",
         {"sequence_length": 512},
         "BERT-base shape (110M): 12 layers, d 768, 12 heads, WordPiece 30522.",
+    ),
+    "distilbert_base": (
+        "bert",
+        "WordPieceTokenizer",
+        "BertBackbone",
+        DISTILBERT_BASE,
+        "BertMaskedLM",
+        "BertMaskedLMPreprocessor",
+        {"sequence_length": 512},
+        "DistilBERT-base shape (66M; the real checkpoint: hf://distilbert/distilbert-base-uncased): 6 layers, "
+        "d 768, 12 heads, no token types, WordPiece 30522.",
     ),
     "t5_tiny": (
         "t5",

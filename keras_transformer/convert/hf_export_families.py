@@ -135,6 +135,8 @@ def _llama_newer(task, settings, windows, qkv_bias, output_bias, mlp_bias):
 
 def bert_config(task):
     b = task.backbone
+    if b.num_segments == 0:
+        return _distilbert_config(task)
     settings = dict(
         vocab_size=b.vocabulary_size,
         hidden_size=b.hidden_dim,
@@ -159,6 +161,36 @@ def bert_config(task):
         settings.update(num_labels=task.num_classes, classifier_dropout=task.dropout)
         return "BertConfig", "BertForSequenceClassification", settings
     return "BertConfig", "BertForMaskedLM", settings
+
+
+def _distilbert_config(task):
+    """A BertBackbone without segments: DistilBERT's layout (its LayerNorm epsilon fixed, no position offset)."""
+    b = task.backbone
+    if (
+        type(task).__name__ == "BertClassifier"
+        or b.position_offset
+        or b.norm_epsilon != hf_bert.DISTILBERT_NORM_EPSILON
+    ):
+        raise unsupported(
+            task,
+            f"num_segments=0 with position_offset={b.position_offset}, norm_epsilon={b.norm_epsilon}",
+            "a backbone without segments is DistilBERT's masked LM, whose positions start at 0 and whose LayerNorm "
+            f"epsilon is {hf_bert.DISTILBERT_NORM_EPSILON} (its classification head is not BERT's pooler)",
+        )
+    settings = dict(
+        vocab_size=b.vocabulary_size,
+        dim=b.hidden_dim,
+        n_layers=b.num_layers,
+        n_heads=b.num_heads,
+        hidden_dim=b.intermediate_dim,
+        max_position_embeddings=b.max_sequence_length,
+        activation=hf_activation(task, b.activation),
+        dropout=b.dropout,
+        attention_dropout=b.dropout,
+        sinusoidal_pos_embds=False,
+        tie_weights_=True,
+    )
+    return "DistilBertConfig", "DistilBertForMaskedLM", settings
 
 
 def t5_config(task):
@@ -204,7 +236,7 @@ FAMILIES = {
 
 _SUPPORTED = (
     f"format='huggingface' exports the tasks {sorted(FAMILIES)} (GPT as GPT2LMHeadModel; Llama, Qwen2, Qwen3, "
-    "SmolLM3 and Mistral layouts; BERT masked LM and classifier, RoBERTa and XLM-R masked LMs; T5)"
+    "SmolLM3 and Mistral layouts; BERT masked LM and classifier, RoBERTa, XLM-R and DistilBERT masked LMs; T5)"
 )
 
 

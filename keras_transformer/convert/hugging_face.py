@@ -5,9 +5,10 @@ config.json has a `model_type` and no `backbone` entry (the checkpoint reader th
 declares, see entry_points.py); `convert(hf_dir, preset_dir)` writes our
 own preset format (the `keras-transformer convert` command).
 
-Supported model types: "gpt2" (GPT2Model, GPT2LMHeadModel), "bert", "roberta", "xlm-roberta" (BertModel,
-BertForMaskedLM, BertForPreTraining, RobertaModel, RobertaForMaskedLM, XLMRobertaModel, XLMRobertaForMaskedLM; a
-sentence-transformers folder of one of them as a BertTextEmbedder), "t5" (T5ForConditionalGeneration, T5Model),
+Supported model types: "gpt2" (GPT2Model, GPT2LMHeadModel), "bert", "roberta", "xlm-roberta", "distilbert"
+(BertModel, BertForMaskedLM, BertForPreTraining, RobertaModel, RobertaForMaskedLM, XLMRobertaModel,
+XLMRobertaForMaskedLM, DistilBertModel, DistilBertForMaskedLM; a sentence-transformers folder of one of them as a
+BertTextEmbedder), "t5" (T5ForConditionalGeneration, T5Model),
 and the Llama architecture
 "llama", "mistral", "qwen2", "qwen3", "smollm3" (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
 Qwen3ForCausalLM, SmolLM3ForCausalLM and their bare models; sharded safetensors included). Every config

@@ -168,7 +168,13 @@ def _check_input_values(name, array, arrays, backbone, context):
                 f"{context}`{name}` must have the shape of `{ids_name}`. Received: {name}.shape={array.shape}, "
                 f"{ids_name}.shape={arrays[ids_name].shape}"
             )
-        if name == "segment_ids":
+        if name == "segment_ids" and backbone.num_segments == 0 and np.any(array != 0):  # DistilBERT: no segments
+            where = tuple(int(i) for i in np.argwhere(array != 0)[0])
+            raise ValueError(
+                f"{context}`segment_ids` must be zeros: the backbone has num_segments=0 (no segment embedding). "
+                f"Received: {array[where]} at {list(where)}"
+            )
+        elif name == "segment_ids" and backbone.num_segments:
             _check_ints(name, array, backbone.num_segments, "num_segments", "id", context)
         elif array.dtype != bool:
             _check_values_in(name, array, (0, 1), context)

@@ -91,6 +91,25 @@ def bert(directory, architecture, seed=0):
     return model
 
 
+def distilbert(directory, architecture="DistilBertForMaskedLM", seed=0):
+    """DistilBertForMaskedLM (or DistilBertModel) with a WordPiece tokenizer (BERT's special tokens)."""
+    tokenizer = WordPieceTokenizer.train(TEXTS, vocabulary_size=150)
+    config = transformers.DistilBertConfig(
+        vocab_size=tokenizer.vocabulary_size,
+        dim=32,
+        n_layers=2,
+        n_heads=4,
+        hidden_dim=64,
+        max_position_embeddings=64,
+        pad_token_id=tokenizer.pad_token_id,
+        attn_implementation="eager",
+    )
+    model = randomize(getattr(transformers, architecture)(config), seed, scale=0.2)
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.backend_tokenizer.save(str(Path(directory) / "tokenizer.json"))
+    return model
+
+
 def t5(directory, seed=0, untied_head=False, **options):
     """T5ForConditionalGeneration. `untied_head`: a v1.1-style checkpoint with its own lm_head,
     written as transformers 4 did (tie_word_embeddings=False, both tensors in the file)."""

@@ -30,9 +30,10 @@ CONFIG = dict(
     max_sequence_length=1024,
 )
 
-# Run as `python -c CHILD backend out_dir mode`: mode "export" builds the model on `backend` and exports it (under
-# JAX or PyTorch, through the exporter's own TensorFlow child process); mode "baseline" builds it under TensorFlow
-# with the exporter's libraries imported and stops there. Prints the peak RSS of the process and of its children.
+# Run as `python -c CHILD backend out_dir mode`: mode "export" (or "export-int8") builds the model on `backend` and
+# exports it (into out_dir/mode; in that process: its graphs are the ONNX kernels'); mode "baseline" builds it under
+# TensorFlow with the exporter's libraries imported and stops there. Prints the peak RSS of the process and of its
+# children.
 CHILD = """
 import json, os, resource, sys
 backend, out, mode = sys.argv[1:4]
@@ -45,8 +46,9 @@ weights = [keras.ops.convert_to_numpy(v) for v in lm.weights]
 distinct = {(w.dtype.str, w.tobytes()): w.nbytes for w in weights}
 info = {"bytes": sum(w.nbytes for w in weights), "distinct_bytes": sum(distinct.values())}
 del weights, distinct
-if mode == "export":
-    lm.export(os.path.join(out, "bundle"), format="onnx")
+if mode.startswith("export"):
+    quantize = mode.split("-")[1] if "-" in mode else None
+    lm.export(os.path.join(out, mode), format="onnx", quantize=quantize)
 else:
     import onnx, onnxruntime, tensorflow, tf2onnx
 peak = lambda who: resource.getrusage(who).ru_maxrss * 1024
@@ -71,18 +73,24 @@ def _run(backend, out, mode):
 
 
 def test_onnx_export_memory_and_bundle_size_are_bounded_by_the_weights(tmp_path):
+    """Float and int8 bundles: peak RSS at most 3x the float32 weights above the exporter at rest; on disk, the
+    float bundle about the weights, the int8 bundle (its quantized weights once) under half of them."""
     backend = keras.config.backend()
-    exported = _run(backend, tmp_path, "export")
     baseline = _run("tensorflow", tmp_path, "baseline")  # TensorFlow, the exporter's libraries and the model
-    weights = exported["bytes"]
-    assert 45e6 * 4 < weights < 55e6 * 4  # about 50M float32 parameters
-    peak = max(exported["peak"], exported["children_peak"])  # the exporting process, whichever it is
-    growth = peak - baseline["peak"]
-    assert growth <= 3 * weights, (
-        f"exporting {weights / 1e6:.0f} MB of weights peaked {growth / 1e6:.0f} MB above the exporter's "
-        f"{baseline['peak'] / 1e6:.0f} MB at rest ({growth / weights:.1f}x the weights; bound 3x)"
-    )
-    bundle = tmp_path / "bundle"
-    on_disk = sum(path.stat().st_size for path in bundle.iterdir() if path.suffix in (".onnx", ".data"))
-    # Each distinct weight once (a randomly initialised model has some equal tensors, stored once), and little else.
-    assert exported["distinct_bytes"] <= on_disk <= 1.1 * weights, (on_disk, exported)
+    for mode, largest in (("export", 1.1), ("export-int8", 0.5)):
+        exported = _run(backend, tmp_path, mode)
+        weights = exported["bytes"]
+        assert 45e6 * 4 < weights < 55e6 * 4  # about 50M float32 parameters
+        peak = max(exported["peak"], exported["children_peak"])  # the exporting process, whichever it is
+        growth = peak - baseline["peak"]
+        assert growth <= 3 * weights, (
+            f"{mode}: {weights / 1e6:.0f} MB of weights peaked {growth / 1e6:.0f} MB above the exporter's "
+            f"{baseline['peak'] / 1e6:.0f} MB at rest ({growth / weights:.1f}x the weights; bound 3x)"
+        )
+        bundle = tmp_path / mode
+        on_disk = sum(path.stat().st_size for path in bundle.iterdir() if path.suffix in (".onnx", ".data"))
+        assert on_disk <= largest * weights, (mode, on_disk, exported)
+        if mode == "export":  # each distinct weight once (a random model has some equal tensors, stored once)
+            assert exported["distinct_bytes"] <= on_disk, (on_disk, exported)
+        else:  # int8 weights: at least a quarter of the distinct float bytes
+            assert on_disk >= exported["distinct_bytes"] / 4, (on_disk, exported)

@@ -30,7 +30,8 @@ CONFIG = (
 class BertBackbone(Backbone):
     """Token + segment + learned position embeddings, `num_layers` post-norm encoder blocks, a tanh pooler.
 
-    The layout of BERT, RoBERTa and XLM-R (RoBERTa's positions start past its padding id: `position_offset`).
+    The layout of BERT, RoBERTa and XLM-R (RoBERTa's positions start past its padding id: `position_offset`), and
+    of DistilBERT (`num_segments=0`: no segment embedding; its masked LM does not read the pooler).
     It follows Hugging Face `BertModel` one to one, so its weights map
     onto ours by name: `token_embedding` (word_embeddings), `segment_embedding`
     (token_type_embeddings), `position_embedding`, `embeddings_layer_norm`,
@@ -45,7 +46,8 @@ class BertBackbone(Backbone):
         hidden_dim: int, D (a multiple of num_heads).
         intermediate_dim: int, feed-forward width.
         max_sequence_length: int, the number of learned positions.
-        num_segments: int, the number of segment ("token type") ids.
+        num_segments: int, the number of segment ("token type") ids; 0: no segment embedding (DistilBERT), and
+            `segment_ids` must be zeros.
         dropout: float in [0, 1), on embeddings, attention probabilities and
             sub-layer outputs.
         activation: feed-forward activation ("gelu" is BERT's exact erf gelu).
@@ -96,7 +98,9 @@ class BertBackbone(Backbone):
         config = {name: value for name, value in locals().items() if name in CONFIG}  # before any other local
         check_positive_ints(vocabulary_size=vocabulary_size, num_layers=num_layers, num_heads=num_heads)
         check_positive_ints(hidden_dim=hidden_dim, intermediate_dim=intermediate_dim)
-        check_positive_ints(max_sequence_length=max_sequence_length, num_segments=num_segments)
+        check_positive_ints(max_sequence_length=max_sequence_length)
+        if isinstance(num_segments, bool) or not isinstance(num_segments, int) or num_segments < 0:
+            raise ValueError(f"`num_segments` must be an int >= 0. Received: num_segments={num_segments!r}")
         _check_options(hidden_dim, num_heads, dropout, initializer_range, position_offset)
         initializer = keras.initializers.TruncatedNormal(stddev=initializer_range)
 
@@ -105,7 +109,11 @@ class BertBackbone(Backbone):
         self.token_embedding = keras.layers.ReversibleEmbedding(
             vocabulary_size, hidden_dim, tie_weights=True, name="token_embedding", **embedding
         )
-        self.segment_embedding = keras.layers.Embedding(num_segments, hidden_dim, name="segment_embedding", **embedding)
+        self.segment_embedding = None
+        if num_segments:
+            self.segment_embedding = keras.layers.Embedding(
+                num_segments, hidden_dim, name="segment_embedding", **embedding
+            )
         self.position_embedding = PositionalEmbedding(
             max_sequence_length + position_offset,
             "learned",
@@ -136,7 +144,9 @@ class BertBackbone(Backbone):
         segment_ids = keras.Input(shape=(None,), dtype="int32", name="segment_ids")
         padding_mask = keras.Input(shape=(None,), dtype="bool", name="padding_mask")
         x = self.token_embedding(token_ids)  # (B, T) -> (B, T, D)
-        x = x + self.segment_embedding(segment_ids) + self.position_embedding(x, start_index=position_offset)
+        if self.segment_embedding is not None:
+            x = x + self.segment_embedding(segment_ids)
+        x = x + self.position_embedding(x, start_index=position_offset)
         x = self.embeddings_layer_norm(x)
         x = self.embeddings_dropout(x)
         for block in self.transformer_layers:
