@@ -139,82 +139,62 @@ def tokenizer(path, hf_config):
     return load_tokenizer(path, hf_config, ROBERTA_SPECIAL_TOKENS if roberta else SPECIAL_TOKENS)
 
 
+# The checkpoint names of each layout: the prefix of the bare model's tensors, a block's tensors (of layer {i}), and
+# the masked-LM head's (transform dense and norm, output bias, tied decoder weight; None: no such tensor).
+_NAMES = {
+    "bert": {
+        "prefix": "bert.",
+        "layer": "encoder.layer.{i}.",
+        "query": "attention.self.query",
+        "key": "attention.self.key",
+        "value": "attention.self.value",
+        "attention_output": "attention.output.dense",
+        "attention_norm": "attention.output.LayerNorm",
+        "intermediate": "intermediate.dense",
+        "output": "output.dense",
+        "output_norm": "output.LayerNorm",
+        "head_dense": "cls.predictions.transform.dense",
+        "head_norm": "cls.predictions.transform.LayerNorm",
+        "head_bias": "cls.predictions.bias",
+        "head_decoder": "cls.predictions.decoder",
+        "head_activation": "hidden_act",  # the config option the head's activation follows (None: always gelu)
+    },
+    "distilbert": {
+        "prefix": "distilbert.",
+        "layer": "transformer.layer.{i}.",
+        "query": "attention.q_lin",
+        "key": "attention.k_lin",
+        "value": "attention.v_lin",
+        "attention_output": "attention.out_lin",
+        "attention_norm": "sa_layer_norm",
+        "intermediate": "ffn.lin1",
+        "output": "ffn.lin2",
+        "output_norm": "output_layer_norm",
+        "head_dense": "vocab_transform",
+        "head_norm": "vocab_layer_norm",
+        "head_bias": "vocab_projector.bias",
+        "head_decoder": "vocab_projector",
+        "head_activation": "activation",
+    },
+}
+_NAMES["roberta"] = {
+    **_NAMES["bert"],
+    "prefix": "roberta.",
+    "head_dense": "lm_head.dense",
+    "head_norm": "lm_head.layer_norm",
+    "head_bias": "lm_head.bias",
+    "head_decoder": "lm_head.decoder",
+    "head_activation": None,  # RoBERTa's lm_head applies gelu whatever hidden_act says
+}
+
+
 def load_weights(model, weights, hf_config):
     """Assign the checkpoint's weights to a BertBackbone, or to a BERT task (its backbone and, for
     BertMaskedLM, the masked-LM head)."""
-    if hf_config.get("model_type") == "distilbert":
-        return _load_distilbert(model, weights, hf_config)
     backbone = getattr(model, "backbone", model)
-    roberta = hf_config.get("model_type") in ROBERTA_TYPES
-    base = "roberta." if roberta else "bert."
-    prefix = base if weights.has(base + "embeddings.word_embeddings.weight") else ""
-    D, H = backbone.hidden_dim, backbone.num_heads
-    Dh = D // H
-
-    def put(variable, name, transform=None):
-        value = weights.get(name)
-        weights.assign(variable, transform(value) if transform else value, name)
-
-    def linear(dense, name):
-        put(dense.kernel, f"{name}.weight", lambda w: w.T)  # torch (out, in) -> (in, out)
-        put(dense.bias, f"{name}.bias")
-
-    def norm(layer, name):
-        old_names = weights.has(f"{name}.gamma")  # checkpoints converted from TensorFlow
-        put(layer.gamma, f"{name}.gamma" if old_names else f"{name}.weight")
-        put(layer.beta, f"{name}.beta" if old_names else f"{name}.bias")
-
-    e = prefix + "embeddings."
-    put(backbone.token_embedding.embeddings, e + "word_embeddings.weight")
-    put(backbone.segment_embedding.embeddings, e + "token_type_embeddings.weight")
-    put(backbone.position_embedding.embeddings, e + "position_embeddings.weight")
-    norm(backbone.embeddings_layer_norm, e + "LayerNorm")
-    for i, block in enumerate(backbone.transformer_layers):
-        p = f"{prefix}encoder.layer.{i}."
-        attention = block.self_attention
-        for dense, name in (
-            (attention.query_dense, "query"),
-            (attention.key_dense, "key"),
-            (attention.value_dense, "value"),
-        ):
-            s = f"{p}attention.self.{name}"
-            put(dense.kernel, f"{s}.weight", lambda w: w.T.reshape(D, H, Dh))  # (D_out, D) -> (D, D_out) -> (D, H, Dh)
-            put(dense.bias, f"{s}.bias", lambda b: b.reshape(H, Dh))  # (D,) -> (H, Dh)
-        s = f"{p}attention.output.dense"
-        put(attention.output_dense.kernel, f"{s}.weight", lambda w: w.T.reshape(H, Dh, D))  # (D, D_in) -> (H, Dh, D)
-        put(attention.output_dense.bias, f"{s}.bias")
-        norm(block.self_attention_norm, f"{p}attention.output.LayerNorm")
-        linear(block.feed_forward.intermediate_dense, f"{p}intermediate.dense")  # (D, F)
-        linear(block.feed_forward.output_dense, f"{p}output.dense")  # (F, D)
-        norm(block.feed_forward_norm, f"{p}output.LayerNorm")
-    if weights.has(prefix + "pooler.dense.weight"):
-        linear(backbone.pooled_dense, prefix + "pooler.dense")
-    elif isinstance(model, BertMaskedLM):
-        weights.skip(backbone.pooled_dense, "the masked-LM logits do not use the pooler")
-
-    if isinstance(model, BertMaskedLM):
-        act = hf_config.get("hidden_act", "gelu")
-        if act != "gelu" and not roberta:  # RoBERTa's lm_head applies gelu whatever hidden_act says
-            raise ValueError(
-                f"Unsupported bert config option hidden_act={act!r} for BertMaskedLM: its head "
-                "(cls.predictions.transform) uses hidden_act, and our BertMaskedLM head uses exact gelu."
-            )
-        head, transform = ("lm_head.", "lm_head.") if roberta else ("cls.predictions.", "cls.predictions.transform.")
-        linear(model.mlm_dense, transform + "dense")
-        norm(model.mlm_layer_norm, transform + ("layer_norm" if roberta else "LayerNorm"))
-        put(model.mlm_output_bias.bias, head + "bias")
-        weights.check_same(head + "decoder.weight", e + "word_embeddings.weight")
-        weights.check_same(head + "decoder.bias", head + "bias")
-    elif isinstance(model, BertClassifier) and weights.has("classifier.weight"):
-        # BertForSequenceClassification's head: dropout, then classifier (C, D) on the pooled output.
-        if weights.get("classifier.weight").shape[0] == model.num_classes:
-            linear(model.output_dense, "classifier")
-
-
-def _load_distilbert(model, weights, hf_config):
-    """DistilBERT's names onto a BertBackbone with num_segments=0 (and a BertMaskedLM's head)."""
-    backbone = getattr(model, "backbone", model)
-    prefix = "distilbert." if weights.has("distilbert.embeddings.word_embeddings.weight") else ""
+    model_type = hf_config.get("model_type")
+    names = _NAMES["roberta" if model_type in ROBERTA_TYPES else model_type]
+    prefix = names["prefix"] if weights.has(names["prefix"] + "embeddings.word_embeddings.weight") else ""
     D, H = backbone.hidden_dim, backbone.num_heads
     Dh = D // H
 
@@ -227,36 +207,48 @@ def _load_distilbert(model, weights, hf_config):
         put(dense.bias, f"{name}.bias", bias)
 
     def norm(layer, name):
-        put(layer.gamma, f"{name}.weight")
-        put(layer.beta, f"{name}.bias")
+        old_names = weights.has(f"{name}.gamma")  # checkpoints converted from TensorFlow
+        put(layer.gamma, f"{name}.gamma" if old_names else f"{name}.weight")
+        put(layer.beta, f"{name}.beta" if old_names else f"{name}.bias")
 
     e = prefix + "embeddings."
     put(backbone.token_embedding.embeddings, e + "word_embeddings.weight")
+    if backbone.segment_embedding is not None:
+        put(backbone.segment_embedding.embeddings, e + "token_type_embeddings.weight")
     put(backbone.position_embedding.embeddings, e + "position_embeddings.weight")
     norm(backbone.embeddings_layer_norm, e + "LayerNorm")
     for i, block in enumerate(backbone.transformer_layers):
-        p = f"{prefix}transformer.layer.{i}."
+        p = prefix + names["layer"].format(i=i)
         attention = block.self_attention
-        for dense, name in (
-            (attention.query_dense, "q_lin"),
-            (attention.key_dense, "k_lin"),
-            (attention.value_dense, "v_lin"),
+        for dense, name in zip(
+            (attention.query_dense, attention.key_dense, attention.value_dense), ("query", "key", "value")
         ):
             # (D_out, D) -> (D, D_out) -> (D, H, Dh); (D,) -> (H, Dh)
-            linear(dense, f"{p}attention.{name}", lambda w: w.T.reshape(D, H, Dh), lambda b: b.reshape(H, Dh))
-        linear(attention.output_dense, f"{p}attention.out_lin", lambda w: w.T.reshape(H, Dh, D))  # -> (H, Dh, D)
-        norm(block.self_attention_norm, f"{p}sa_layer_norm")
-        linear(block.feed_forward.intermediate_dense, f"{p}ffn.lin1")  # (D, F)
-        linear(block.feed_forward.output_dense, f"{p}ffn.lin2")  # (F, D)
-        norm(block.feed_forward_norm, f"{p}output_layer_norm")
-    weights.skip(backbone.pooled_dense, "DistilBERT has no pooler")
+            linear(dense, p + names[name], lambda w: w.T.reshape(D, H, Dh), lambda b: b.reshape(H, Dh))
+        linear(attention.output_dense, p + names["attention_output"], lambda w: w.T.reshape(H, Dh, D))  # (H, Dh, D)
+        norm(block.self_attention_norm, p + names["attention_norm"])
+        linear(block.feed_forward.intermediate_dense, p + names["intermediate"])  # (D, F)
+        linear(block.feed_forward.output_dense, p + names["output"])  # (F, D)
+        norm(block.feed_forward_norm, p + names["output_norm"])
+    if weights.has(prefix + "pooler.dense.weight"):
+        linear(backbone.pooled_dense, prefix + "pooler.dense")
+    elif isinstance(model, BertMaskedLM) or model_type == "distilbert":
+        weights.skip(backbone.pooled_dense, "the masked-LM logits do not use the pooler (DistilBERT has none)")
+
     if isinstance(model, BertMaskedLM):
-        if hf_config.get("activation", "gelu") != "gelu":
+        option = names["head_activation"]
+        if option is not None and hf_config.get(option, "gelu") != "gelu":
             raise ValueError(
-                f"Unsupported distilbert config option activation={hf_config['activation']!r} for BertMaskedLM: its "
-                "head (vocab_transform) uses that activation, and our BertMaskedLM head uses exact gelu."
+                f"Unsupported {model_type} config option {option}={hf_config[option]!r} for BertMaskedLM: its head "
+                f"({names['head_dense']}) uses {option}, and our BertMaskedLM head uses exact gelu."
             )
-        linear(model.mlm_dense, "vocab_transform")
-        norm(model.mlm_layer_norm, "vocab_layer_norm")
-        put(model.mlm_output_bias.bias, "vocab_projector.bias")
-        weights.check_same("vocab_projector.weight", e + "word_embeddings.weight")
+        linear(model.mlm_dense, names["head_dense"])
+        norm(model.mlm_layer_norm, names["head_norm"])
+        put(model.mlm_output_bias.bias, names["head_bias"])
+        weights.check_same(names["head_decoder"] + ".weight", e + "word_embeddings.weight")
+        if names["head_decoder"] + ".bias" != names["head_bias"]:  # BERT's and RoBERTa's decoder bias is a copy
+            weights.check_same(names["head_decoder"] + ".bias", names["head_bias"])
+    elif isinstance(model, BertClassifier) and weights.has("classifier.weight"):
+        # BertForSequenceClassification's head: dropout, then classifier (C, D) on the pooled output.
+        if weights.get("classifier.weight").shape[0] == model.num_classes:
+            linear(model.output_dense, "classifier")

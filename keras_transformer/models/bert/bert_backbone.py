@@ -99,9 +99,7 @@ class BertBackbone(Backbone):
         check_positive_ints(vocabulary_size=vocabulary_size, num_layers=num_layers, num_heads=num_heads)
         check_positive_ints(hidden_dim=hidden_dim, intermediate_dim=intermediate_dim)
         check_positive_ints(max_sequence_length=max_sequence_length)
-        if isinstance(num_segments, bool) or not isinstance(num_segments, int) or num_segments < 0:
-            raise ValueError(f"`num_segments` must be an int >= 0. Received: num_segments={num_segments!r}")
-        _check_options(hidden_dim, num_heads, dropout, initializer_range, position_offset)
+        _check_options(hidden_dim, num_heads, dropout, initializer_range, position_offset, num_segments)
         initializer = keras.initializers.TruncatedNormal(stddev=initializer_range)
 
         # === Layers ===
@@ -172,10 +170,11 @@ class BertBackbone(Backbone):
 # --- constructor helpers --------------------------------------------------
 
 
-def _check_options(hidden_dim, num_heads, dropout, initializer_range, position_offset):
+def _check_options(hidden_dim, num_heads, dropout, initializer_range, position_offset, num_segments):
     """The checks beyond `check_positive_ints`: a ValueError naming the first bad argument."""
-    if isinstance(position_offset, bool) or not isinstance(position_offset, int) or position_offset < 0:
-        raise ValueError(f"`position_offset` must be an int >= 0. Received: position_offset={position_offset!r}")
+    for name, value in (("position_offset", position_offset), ("num_segments", num_segments)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"`{name}` must be an int >= 0. Received: {name}={value!r}")
     if hidden_dim % num_heads:
         raise ValueError(
             f"`hidden_dim` must be a multiple of `num_heads`. Received: hidden_dim={hidden_dim}, num_heads={num_heads}"

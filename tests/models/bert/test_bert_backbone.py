@@ -81,7 +81,7 @@ def test_segment_ids_change_the_output(tiny_backbone, rng):
         (dict(vocabulary_size=0), "vocabulary_size=0"),
         (dict(num_layers=1.5), "num_layers=1.5"),
         (dict(num_heads=3), "multiple of `num_heads`"),
-        (dict(num_segments=0), "num_segments=0"),
+        (dict(num_segments=-1), "num_segments=-1"),  # 0 is DistilBERT's: no segment embedding
         (dict(max_sequence_length=-1), "max_sequence_length=-1"),
         (dict(dropout=1.0), "dropout=1.0"),
         (dict(initializer_range=0), "initializer_range=0"),
