@@ -281,3 +281,17 @@ def roberta(directory, model_type="roberta", seed=0):
     )
     fast.save_pretrained(directory)
     return model
+
+
+def masked_lm_inputs(ours, texts):
+    """A BertMaskedLM's inputs for `texts` ([CLS] text [SEP], right-padded) and three real positions per row
+    ((B, P) int32, for rows of at least 10 tokens but the first and last)."""
+    tokenizer = ours.preprocessor.tokenizer
+    ids = [[tokenizer.cls_token_id] + tokenizer.tokenize(text) + [tokenizer.sep_token_id] for text in texts]
+    width = max(len(row) for row in ids)
+    token_ids = np.full((len(ids), width), tokenizer.pad_token_id, "int32")
+    for i, row in enumerate(ids):
+        token_ids[i, : len(row)] = row
+    mask = token_ids != tokenizer.pad_token_id
+    positions = np.array([[1, 2, 3], [2, 5, 9], [1, 3, 4]], "int32")[: len(texts)]  # (B, P)
+    return {"token_ids": token_ids, "segment_ids": np.zeros_like(token_ids), "padding_mask": mask}, positions

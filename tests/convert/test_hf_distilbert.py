@@ -29,18 +29,6 @@ def case(tmp_path_factory):
     return directory, peer, MaskedLM.from_preset(directory)
 
 
-def _inputs(ours):
-    tokenizer = ours.preprocessor.tokenizer
-    ids = [[tokenizer.cls_token_id] + tokenizer.tokenize(text) + [tokenizer.sep_token_id] for text in TEXTS]
-    width = max(len(row) for row in ids)
-    token_ids = np.full((len(ids), width), tokenizer.pad_token_id, "int32")
-    for i, row in enumerate(ids):
-        token_ids[i, : len(row)] = row
-    mask = token_ids != tokenizer.pad_token_id
-    positions = np.array([[1, 2, 3], [2, 5, 9], [1, 3, 4]], "int32")  # (B, P), real tokens
-    return {"token_ids": token_ids, "segment_ids": np.zeros_like(token_ids), "padding_mask": mask}, positions
-
-
 def _their_logits(model, x, positions):
     with torch.no_grad():
         logits = model(
@@ -54,7 +42,7 @@ def test_logits_match_transformers(case):
     directory, peer, ours = case
     assert type(ours) is BertMaskedLM and ours.backbone.num_segments == 0
     assert ours.backbone.segment_embedding is None
-    x, positions = _inputs(ours)
+    x, positions = hf_models.masked_lm_inputs(ours, TEXTS)
     assert len(set(x["padding_mask"].sum(1).tolist())) > 1  # padded rows
     expected = _their_logits(peer, x, positions)
     np.testing.assert_allclose(to_numpy(ours({**x, "mask_positions": positions})), expected, atol=1e-4)
@@ -70,7 +58,7 @@ def test_the_bare_model_matches_transformers(case, tmp_path):
     peer = hf_models.distilbert(tmp_path, "DistilBertModel").eval()
     backbone = BertBackbone.from_preset(tmp_path)
     assert backbone.num_segments == 0
-    x, _ = _inputs(case[2])
+    x, _ = hf_models.masked_lm_inputs(case[2], TEXTS)
     with torch.no_grad():
         expected = peer(
             input_ids=torch.tensor(x["token_ids"], dtype=torch.long),
@@ -90,7 +78,7 @@ def test_hugging_face_export_round_trip(case, tmp_path):
     exported = {name: tensor.numpy() for name, tensor in theirs.state_dict().items()}
     for name, value in peer.state_dict().items():
         np.testing.assert_array_equal(exported[name], value.numpy(), err_msg=name)
-    x, positions = _inputs(ours)
+    x, positions = hf_models.masked_lm_inputs(ours, TEXTS)
     expected = _their_logits(theirs, x, positions)
     np.testing.assert_allclose(to_numpy(ours({**x, "mask_positions": positions})), expected, atol=1e-4)
 
@@ -108,7 +96,7 @@ def test_what_distilbert_does_not_have_is_refused(case, tmp_path):
         (copy / "config.json").write_text(json.dumps({**config, **change}))
         with pytest.raises(ValueError, match=match):
             MaskedLM.from_preset(copy)
-    x, positions = _inputs(ours)
+    x, positions = hf_models.masked_lm_inputs(ours, TEXTS)
     with pytest.raises(ValueError, match="segment_ids. must be zeros: the backbone has num_segments=0"):
         ours({**x, "segment_ids": np.ones_like(x["token_ids"]), "mask_positions": positions})
     with pytest.raises(ValueError, match="num_segments=-1"):

@@ -27,19 +27,6 @@ def case(request, tmp_path_factory):
     return request.param, directory, peer, MaskedLM.from_preset(directory)
 
 
-def _inputs(ours):
-    tokenizer = ours.preprocessor.tokenizer
-    ids = [[tokenizer.cls_token_id] + tokenizer.tokenize(text) + [tokenizer.sep_token_id] for text in TEXTS]
-    width = max(len(row) for row in ids)
-    token_ids = np.full((len(ids), width), tokenizer.pad_token_id, "int32")
-    for i, row in enumerate(ids):
-        token_ids[i, : len(row)] = row
-    mask = token_ids != tokenizer.pad_token_id
-    positions = np.array([[1, 2, 3], [2, 5, 9], [1, 3, 4]], "int32")  # (B, P), real tokens
-    inputs = {"token_ids": token_ids, "segment_ids": np.zeros_like(token_ids), "padding_mask": mask}
-    return inputs, positions
-
-
 def test_logits_match_transformers(case):
     model_type, _, peer, ours = case
     assert type(ours) is BertMaskedLM and ours.backbone.position_offset == 2
@@ -49,7 +36,7 @@ def test_logits_match_transformers(case):
         "</s>",
         "<mask>",
     ]
-    x, positions = _inputs(ours)
+    x, positions = hf_models.masked_lm_inputs(ours, TEXTS)
     assert len(set(x["padding_mask"].sum(1).tolist())) > 1  # padded rows
     with torch.no_grad():
         logits = peer(
@@ -80,7 +67,7 @@ def test_hugging_face_export_round_trip(case, tmp_path):
     exported = {name: tensor.numpy() for name, tensor in theirs.state_dict().items()}
     for name, value in original.items():
         np.testing.assert_array_equal(exported[name], value, err_msg=name)
-    x, positions = _inputs(ours)
+    x, positions = hf_models.masked_lm_inputs(ours, TEXTS)
     with torch.no_grad():
         logits = theirs(
             input_ids=torch.tensor(x["token_ids"], dtype=torch.long),
