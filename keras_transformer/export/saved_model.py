@@ -32,8 +32,9 @@ and in the ONNX bundle. The loop's buffer length and prefill length are static s
 graph holds one loop per buffer length L (two: the loop's first cache width, 128 or less, and
 max_length) and first cache width, and one prefill per prefill length (0, 32 times powers of
 two, and each L: 10 for a max_length of 8192), and each call takes the smallest that fits
-(`tf.switch_case`): a call within 128 positions never pays for
-max_length (its cache is never widened), a longer one widens its cache in the loop's steps
+(`tf.switch_case`; greedy and random decoding share one loop, the token chosen in the step): a
+call within 128 positions never pays for max_length (its cache is never widened), a longer one
+widens its cache in the loop's steps
 (128, 256, 384, 512, then doublings) up to max_length. Beam search reorders the cache's rows as the
 PyTorch loop does (the compiled backends' slot cache needs a static batch). The graph runs
 without XLA (the loaded model needs no compiler, and only the branch taken runs).
@@ -137,15 +138,26 @@ def write_saved_model(task, directory):
 
 
 class _ServedRandomSampler(RandomSampler):
-    """`RandomSampler` with the signature's tensors as its settings: top_k <= 0 and top_p >= 1 are off.
+    """`RandomSampler` with the signature's tensors as its settings: top_k <= 0 and top_p >= 1 are off, and a
+    temperature <= 0 picks `GreedySampler`'s token (the argmax; the step's noise unused).
 
-    The same filters and draw as `RandomSampler.get_next_token`; each filter runs only when on.
+    The same filters and draw as `RandomSampler.get_next_token`; each filter runs only when on. Greedy and
+    random decoding are one loop (the choice made in the step), not two: each loop is the model traced once more.
     """
 
     def __init__(self, temperature, top_k, top_p):  # tensors: no validation here (see `_checks`)
         self.temperature, self.top_k, self.top_p, self.seed = temperature, top_k, top_p, None
 
     def get_next_token(self, logits, uniform):
+        import tensorflow as tf
+
+        return tf.cond(
+            self.temperature > 0.0,
+            lambda: self._sample(logits, uniform),
+            lambda: GreedySampler().get_next_token(logits, uniform),
+        )
+
+    def _sample(self, logits, uniform):
         import tensorflow as tf
 
         logits = logits / self.temperature  # (R, V)
@@ -222,19 +234,10 @@ class _ServedLoop:
         ]
         with tf.control_dependencies(checks):
             temperature = tf.identity(temperature)
-
-        def greedy():
-            return self._generate(
-                GreedySampler(), None, token_ids, padding_mask, max_new_tokens, min_new_tokens, repetition_penalty
-            )
-
-        def sample():
-            sampler = _ServedRandomSampler(temperature, top_k, top_p)
-            return self._generate(
-                sampler, seed, token_ids, padding_mask, max_new_tokens, min_new_tokens, repetition_penalty
-            )
-
-        outputs = tf.cond(temperature > 0.0, sample, greedy)
+        sampler = _ServedRandomSampler(temperature, top_k, top_p)  # greedy when temperature <= 0
+        outputs = self._generate(
+            sampler, seed, token_ids, padding_mask, max_new_tokens, min_new_tokens, repetition_penalty
+        )
         return {"token_ids": outputs["token_ids"], "padding_mask": outputs["padding_mask"]}
 
     def generate_beam(
