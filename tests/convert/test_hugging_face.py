@@ -59,7 +59,10 @@ def _write_config(directory, config):
 
 def test_unsupported_model_type(copy):
     hf_models.edit_config(copy, model_type="falcon")
-    converted = r"\['bert', 'gpt2', 'llama', 'mistral', 'qwen2', 'qwen3', 'roberta', 'smollm3', 't5', 'xlm-roberta'\]"
+    converted = (
+        r"\['bert', 'distilbert', 'gpt2', 'llama', 'mistral', 'qwen2', 'qwen3', 'roberta', 'smollm3', 't5', "
+        r"'xlm-roberta'\]"
+    )
     with pytest.raises(ValueError, match=r"model_type='falcon'.*" + converted):
         GPTCausalLM.from_preset(copy)
 

@@ -176,7 +176,7 @@ def test_overwrite_replaces_atomically(lm, tmp_path, monkeypatch):
     target.mkdir()
     (target / "old.txt").write_text("old")
 
-    def write(task, directory, format):
+    def write(task, directory, format, quantize=None, verbose=False):
         (Path(directory) / "new.txt").write_text(format)
 
     monkeypatch.setattr(export, "write", write)
