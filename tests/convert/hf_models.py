@@ -73,37 +73,48 @@ def gpt2(directory, seed=0, **options):
 
 def bert(directory, architecture, seed=0):
     """BertModel or BertForMaskedLM; the tokenizer.json only (its special tokens are BERT's defaults)."""
-    tokenizer = WordPieceTokenizer.train(TEXTS, vocabulary_size=150)
-    config = transformers.BertConfig(
-        vocab_size=tokenizer.vocabulary_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        type_vocab_size=2,
-        pad_token_id=tokenizer.pad_token_id,
-        attn_implementation="eager",
+    return _wordpiece_encoder(
+        directory,
+        architecture,
+        seed,
+        lambda vocabulary_size, pad: transformers.BertConfig(
+            vocab_size=vocabulary_size,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            type_vocab_size=2,
+            pad_token_id=pad,
+            attn_implementation="eager",
+        ),
     )
-    model = randomize(getattr(transformers, architecture)(config), seed, scale=0.2)
-    model.save_pretrained(directory, safe_serialization=True)
-    tokenizer.backend_tokenizer.save(str(Path(directory) / "tokenizer.json"))
-    return model
 
 
 def distilbert(directory, architecture="DistilBertForMaskedLM", seed=0):
     """DistilBertForMaskedLM (or DistilBertModel) with a WordPiece tokenizer (BERT's special tokens)."""
-    tokenizer = WordPieceTokenizer.train(TEXTS, vocabulary_size=150)
-    config = transformers.DistilBertConfig(
-        vocab_size=tokenizer.vocabulary_size,
-        dim=32,
-        n_layers=2,
-        n_heads=4,
-        hidden_dim=64,
-        max_position_embeddings=64,
-        pad_token_id=tokenizer.pad_token_id,
-        attn_implementation="eager",
+    return _wordpiece_encoder(
+        directory,
+        architecture,
+        seed,
+        lambda vocabulary_size, pad: transformers.DistilBertConfig(
+            vocab_size=vocabulary_size,
+            dim=32,
+            n_layers=2,
+            n_heads=4,
+            hidden_dim=64,
+            max_position_embeddings=64,
+            pad_token_id=pad,
+            attn_implementation="eager",
+        ),
     )
+
+
+def _wordpiece_encoder(directory, architecture, seed, make_config):
+    """`architecture` built from `make_config(vocabulary_size, pad_token_id)`, randomised, saved with a WordPiece
+    tokenizer.json trained on TEXTS."""
+    tokenizer = WordPieceTokenizer.train(TEXTS, vocabulary_size=150)
+    config = make_config(tokenizer.vocabulary_size, tokenizer.pad_token_id)
     model = randomize(getattr(transformers, architecture)(config), seed, scale=0.2)
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.backend_tokenizer.save(str(Path(directory) / "tokenizer.json"))
