@@ -34,7 +34,7 @@ the next norm takes it), feed-forward biases inside FastGelu/BiasGelu.
 
 import numpy as np
 
-from keras_transformer.export import quantize
+from keras_transformer.export import quantize as quantization  # not `quantize`: the builders take a quantize= mode
 from keras_transformer.export.progress import QUIET
 from keras_transformer.kernels import onnx_kernels
 from keras_transformer.kernels.onnx_values import Unsupported, Value
@@ -263,7 +263,7 @@ class _Builder:
             return self.node("MatMul", [x, weight])
         kernel = np.ascontiguousarray(kernel.T) if transposed else kernel
         if self.quantize == "int4":
-            packed, scales, zero_points = quantize.int4_blocks(kernel)
+            packed, scales, zero_points = quantization.int4_blocks(kernel)
             parameters = [
                 self.const(f"{name}.{part}", v)
                 for part, v in zip(("int4", "scales", "zeros"), (packed, scales, zero_points))
@@ -274,9 +274,9 @@ class _Builder:
                 domain="com.microsoft",
                 K=kernel.shape[0],
                 N=kernel.shape[1],
-                **quantize.NBITS_ATTRIBUTES,
+                **quantization.NBITS_ATTRIBUTES,
             )
-        weights, scale, zero_point = quantize.int8_weight(kernel)
+        weights, scale, zero_point = quantization.int8_weight(kernel)
         x, x_scale, x_zero_point = self.node("DynamicQuantizeLinear", [x], outputs=3)
         product = self.node(
             "MatMulInteger",
@@ -290,7 +290,7 @@ class _Builder:
         `quantize_dynamic` stores tables) when the builder quantizes, in either mode."""
         if self.quantize is None:
             return self.node("Gather", [self.const(name, table), ids])
-        weights, scale, zero_point = quantize.int8_weight(table)
+        weights, scale, zero_point = quantization.int8_weight(table)
         rows = self.node("Gather", [self.const(f"{name}.int8", weights), ids])
         return self.node(
             "DequantizeLinear", [rows, self.const(f"{name}.scale", scale), self.const(f"{name}.zero_point", zero_point)]
