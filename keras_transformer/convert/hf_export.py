@@ -39,7 +39,7 @@ import keras
 
 from keras_transformer import presets
 from keras_transformer.convert import hf_generation, hf_tokenizer
-from keras_transformer.convert.hf_export_families import FAMILIES, family_of, llama_config, t5_config
+from keras_transformer.convert.hf_export_families import FAMILIES, family_of, gemma_config, llama_config, t5_config
 from keras_transformer.convert.weight_recorder import WeightRecorder
 from keras_transformer.models.lora import lora_layers
 from keras_transformer.models.quantization import quantization_mode
@@ -213,9 +213,21 @@ def _add_transformers4_keys(directory, task, family):
         scaling = dict(config["rope_parameters"])
         config["rope_theta"] = scaling.pop("rope_theta")
         config["rope_scaling"] = None if scaling["rope_type"] == "default" else scaling
+    if family is gemma_config:
+        config.update(_gemma_transformers4_keys(config["rope_parameters"]))
     if family is t5_config and not task.backbone.tie_embedding_weights:
         config["tie_word_embeddings"] = False
     presets.write_json(file, config)
+
+
+def _gemma_transformers4_keys(rope):
+    """Gemma's rotary bases as transformers 4 reads them: `rope_theta` and `rope_scaling` (Gemma 3's global layers,
+    or Gemma 2's one embedding) and `rope_local_base_freq` (Gemma 3's sliding layers)."""
+    full = dict(rope.get("full_attention", rope))
+    keys = {"rope_theta": full.pop("rope_theta"), "rope_scaling": None if full["rope_type"] == "default" else full}
+    if "sliding_attention" in rope:
+        keys["rope_local_base_freq"] = rope["sliding_attention"]["rope_theta"]
+    return keys
 
 
 # --- weights ----------------------------------------------------------------

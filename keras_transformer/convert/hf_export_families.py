@@ -3,7 +3,7 @@ arguments, built from our task's options. Options our model has and the Hugging 
 here, before anything is written; the weights follow from the family's converter (`FAMILIES`).
 """
 
-from keras_transformer.convert import hf_bert, hf_gpt2, hf_llama, hf_t5
+from keras_transformer.convert import hf_bert, hf_gemma, hf_gpt2, hf_llama, hf_t5
 from keras_transformer.convert.options import ACTIVATIONS
 
 # Our activation -> the Hugging Face name the converters read back as it (the first listed wins).
@@ -133,6 +133,49 @@ def _llama_newer(task, settings, windows, qkv_bias, output_bias, mlp_bias):
     )
 
 
+def gemma_config(task):
+    """Gemma3ForCausalLM (query/key norms per head) or Gemma2ForCausalLM (none), their rotary bases per layer type
+    as transformers 5 names them (hf_export.py adds transformers 4's spelling)."""
+    b = task.backbone
+    head_dim = b.head_dim or b.hidden_dim // b.num_heads
+    scalar = b.query_pre_attn_scalar or head_dim
+    local = b.local_rope_max_wavelength or b.rope_max_wavelength
+    full = {"rope_type": "default", "rope_theta": float(b.rope_max_wavelength)}
+    if b.rope_scaling:
+        full = {**{k: v for k, v in b.rope_scaling.items()}, "rope_theta": float(b.rope_max_wavelength)}
+    settings = dict(
+        vocab_size=b.vocabulary_size,
+        hidden_size=b.hidden_dim,
+        intermediate_size=b.intermediate_dim,
+        num_hidden_layers=b.num_layers,
+        num_attention_heads=b.num_heads,
+        num_key_value_heads=b.num_key_value_heads or b.num_heads,
+        head_dim=head_dim,
+        max_position_embeddings=b.max_sequence_length,
+        rms_norm_eps=b.norm_epsilon,
+        hidden_activation="gelu_pytorch_tanh",
+        query_pre_attn_scalar=int(scalar) if float(scalar).is_integer() else scalar,
+        # transformers wants a window even where no layer slides.
+        sliding_window=b.sliding_window or b.max_sequence_length,
+        layer_types=list(b.layer_types or ["full_attention"] * b.num_layers),
+        attn_logit_softcapping=b.attention_logit_soft_cap,
+        final_logit_softcapping=b.final_logit_soft_cap,
+        attention_bias=bool(b.attention_bias),
+        attention_dropout=b.dropout,
+        tie_word_embeddings=bool(b.tie_word_embeddings),
+    )
+    if b.query_key_norm == "head":
+        rope = {"full_attention": full, "sliding_attention": {"rope_type": "default", "rope_theta": float(local)}}
+        return "Gemma3TextConfig", "Gemma3ForCausalLM", {**settings, "rope_parameters": rope}
+    if b.rope_scaling or local != b.rope_max_wavelength:
+        raise unsupported(
+            task,
+            f"query_key_norm=None with rope_scaling={b.rope_scaling}, local_rope_max_wavelength={local}",
+            "Gemma 2 (no query/key norms) has one unscaled rotary embedding for all layers",
+        )
+    return "Gemma2Config", "Gemma2ForCausalLM", {**settings, "rope_parameters": full}
+
+
 def bert_config(task):
     b = task.backbone
     if b.num_segments == 0:
@@ -228,6 +271,7 @@ def t5_config(task):
 FAMILIES = {
     "GPTCausalLM": (gpt_config, hf_gpt2),
     "LlamaCausalLM": (llama_config, hf_llama),
+    "GemmaCausalLM": (gemma_config, hf_gemma),
     "BertMaskedLM": (bert_config, hf_bert),
     "BertClassifier": (bert_config, hf_bert),
     "T5Seq2SeqLM": (t5_config, hf_t5),
@@ -236,7 +280,8 @@ FAMILIES = {
 
 _SUPPORTED = (
     f"format='huggingface' exports the tasks {sorted(FAMILIES)} (GPT as GPT2LMHeadModel; Llama, Qwen2, Qwen3, "
-    "SmolLM3 and Mistral layouts; BERT masked LM and classifier, RoBERTa, XLM-R and DistilBERT masked LMs; T5)"
+    "SmolLM3 and Mistral layouts; Gemma 3 text and Gemma 2; "
+    "BERT masked LM and classifier, RoBERTa, XLM-R and DistilBERT masked LMs; T5)"
 )
 
 

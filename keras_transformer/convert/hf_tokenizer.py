@@ -18,6 +18,8 @@ from pathlib import Path
 import tokenizers
 from tokenizers.processors import TemplateProcessing
 
+from keras_transformer.models.causal_lm import CausalLM
+
 TOKENIZER_CLASS = "PreTrainedTokenizerFast"
 
 
@@ -54,7 +56,7 @@ def _post_processor(task, tokenizer):
             single=single, pair=pair, special_tokens=[(t, tokenizer.token_to_id(t)) for t in tokens]
         )
 
-    if name in ("GPTCausalLM", "LlamaCausalLM"):
+    if isinstance(task, CausalLM):  # GPT, Llama, Gemma: the start token, where the preprocessor adds one
         bos = tokenizer.special_tokens["bos_token"]
         if not task.preprocessor.add_start_token or bos is None:
             return None

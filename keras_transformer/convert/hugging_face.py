@@ -11,7 +11,8 @@ XLMRobertaForMaskedLM, DistilBertModel, DistilBertForMaskedLM; a sentence-transf
 BertTextEmbedder), "t5" (T5ForConditionalGeneration, T5Model),
 and the Llama architecture
 "llama", "mistral", "qwen2", "qwen3", "smollm3" (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
-Qwen3ForCausalLM, SmolLM3ForCausalLM and their bare models; sharded safetensors included). Every config
+Qwen3ForCausalLM, SmolLM3ForCausalLM and their bare models; sharded safetensors included), and Gemma "gemma3_text",
+"gemma2" (Gemma3ForCausalLM, Gemma2ForCausalLM; a multimodal "gemma3" is refused). Every config
 option that changes the computation is mapped or refused with a ValueError naming it.
 
 Example, with a Hugging Face folder written here by `export(..., format="huggingface")`:
@@ -30,7 +31,8 @@ Example, with a Hugging Face folder written here by `export(..., format="hugging
 from pathlib import Path
 
 from keras_transformer import presets
-from keras_transformer.convert import hf_bert, hf_generation, hf_gpt2, hf_llama, hf_t5, sentence_transformers
+from keras_transformer.convert import hf_bert, hf_gemma, hf_generation, hf_gpt2, hf_llama, hf_t5
+from keras_transformer.convert import sentence_transformers
 from keras_transformer.convert.checkpoint import CheckpointWeights
 from keras_transformer.models.backbone import Backbone
 from keras_transformer.models.language_model import LanguageModel
@@ -39,7 +41,7 @@ from keras_transformer.models.task import Task
 # model_type -> its converter module; a module converting several types lists them in MODEL_TYPES.
 FAMILIES = {
     model_type: module
-    for module in (hf_gpt2, hf_bert, hf_t5, hf_llama)
+    for module in (hf_gpt2, hf_bert, hf_t5, hf_llama, hf_gemma)
     for model_type in getattr(module, "MODEL_TYPES", None) or (module.MODEL_TYPE,)
 }
 

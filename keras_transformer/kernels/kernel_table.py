@@ -13,6 +13,7 @@ import keras
 from keras_transformer.layers.feed_forward import FeedForward
 from keras_transformer.layers.positional_embedding import PositionalEmbedding
 from keras_transformer.layers.relative_position_bias import RelativePositionBias
+from keras_transformer.layers.rms_normalization import RMSNormalization
 from keras_transformer.layers.transformer_decoder_block import TransformerDecoderBlock
 
 KERNEL_NAMES = {
@@ -20,6 +21,7 @@ KERNEL_NAMES = {
     PositionalEmbedding: "positional_embedding",
     keras.layers.LayerNormalization: "layer_norm",
     keras.layers.RMSNormalization: "rms_norm",
+    RMSNormalization: "rms_norm",  # with `scale_offset` (Gemma's 1 + w)
     keras.layers.Dense: "dense",
     keras.layers.Dropout: "dropout",
     RelativePositionBias: "relative_position_bias",

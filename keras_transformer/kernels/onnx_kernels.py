@@ -56,12 +56,12 @@ def _layer_norm(kernels, layer, x):
 
 
 def _rms_norm(kernels, layer, x):
-    """An RMSNormalization of x, x / sqrt(mean(x^2) + epsilon) * scale; a pending residual sum becomes one
-    SkipSimplifiedLayerNormalization (x takes the sum)."""
+    """An RMSNormalization of x, x / sqrt(mean(x^2) + epsilon) * scale (plus the layer's `scale_offset`, Gemma's
+    1 + w, where it has one); a pending residual sum becomes one SkipSimplifiedLayerNormalization (x takes the sum)."""
     if layer.axis not in (-1, [-1], 2, [2]):
         raise Unsupported(f"an RMSNormalization over another axis than the last ({layer.name})")
     b = kernels.builder
-    scale = b.const(f"{layer.name}.scale", weight(layer.scale))
+    scale = b.const(f"{layer.name}.scale", weight(layer.scale) + np.float32(getattr(layer, "scale_offset", 0.0)))
     if x.branch is None:
         # Standard ops (SimplifiedLayerNormalization is ONNX Runtime's, outside opset 17), in the
         # pattern ONNX Runtime fuses into it.
@@ -177,6 +177,8 @@ def _self_attention(kernels, attention, h, cache, bias=None):
         options.update(do_rotary=1, rotary_interleaved=0)
     if attention.sliding_window is not None:
         options["local_window_size"] = int(attention.sliding_window)
+    if attention.logit_soft_cap is not None:  # cap * tanh(logits / cap), after the scale
+        options["softcap"] = float(attention.logit_soft_cap)
     if bias is not None:
         inputs += [""] * (10 - len(inputs)) + [bias.materialize()]  # attention_bias is GQA's 11th input
     out, keys, values = b.node(
@@ -263,8 +265,8 @@ def _cross_attention(kernels, attention, h, cache, encoder_padding_mask, bias=No
     MultiHeadAttention reads them as they lie (no per-step copy)."""
     b = kernels.builder
     H, Dh = attention.num_heads, attention._head_dim
-    if attention._kv_heads != H:
-        raise Unsupported(f"grouped keys/values in cross-attention ({attention.name})")
+    if attention._kv_heads != H or attention.logit_soft_cap is not None:
+        raise Unsupported(f"grouped keys/values or soft-capped logits in cross-attention ({attention.name})")
     keys, values = (value.materialize() for value in cache)
     width = attention.query_dense.kernel.shape[0]
     q = _matmul(kernels, attention.query_dense, h, shape=(width, -1)).materialize()  # (B, 1, D) -> (B, 1, H Dh)
@@ -316,14 +318,16 @@ def _decoder_block(
     def pre(x, norm):
         return kernels(norm, x) if block.norm_first else x
 
-    def post(x, h, norm):
+    def post(x, h, norm, post_norm=None):
+        h = h if post_norm is None else kernels(post_norm, h)
         return x + h if block.norm_first else kernels(norm, x + h)
 
+    post_norms = (block.self_attention_post_norm, block.feed_forward_post_norm) if block.post_norm else (None, None)
     x = inputs
     h, cache = _self_attention(
         kernels, block.self_attention, pre(x, block.self_attention_norm), self_attention_cache, self_attention_bias
     )
-    x = post(x, h, block.self_attention_norm)
+    x = post(x, h, block.self_attention_norm, post_norms[0])
     if block.use_cross_attention:
         h = _cross_attention(
             kernels,
@@ -334,7 +338,7 @@ def _decoder_block(
             cross_attention_bias,
         )
         x = post(x, h, block.cross_attention_norm)
-    x = post(x, kernels(block.feed_forward, pre(x, block.feed_forward_norm)), block.feed_forward_norm)
+    x = post(x, kernels(block.feed_forward, pre(x, block.feed_forward_norm)), block.feed_forward_norm, post_norms[1])
     return (x, cache, cross_attention_cache) if block.use_cross_attention else (x, cache)
 
 

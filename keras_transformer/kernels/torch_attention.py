@@ -28,6 +28,7 @@ def attention_weights(attention, key_value):
         "projection": fused([projection(p, width, scale) for p, scale in zip(projections, scales)]),
         "output": projection(attention.output_dense, H * Dh),
         "query_scale": attention._scale if normed else None,
+        "cap": attention.logit_soft_cap,
     }
 
 
@@ -44,9 +45,9 @@ def normalize(kernels, attention, weights, q, k=None):
     return q * weights["query_scale"], k
 
 
-def attend(heads, q, keys, values, blocked, bias):
+def attend(heads, q, keys, values, blocked, bias, cap=None):
     """q (R, T, H, Dh) already scaled, keys/values (R, Hkv, S, Dh), blocked (R|1, 1, T, S) bool (True: masked
-    out) or None, bias (R|1, H, T, S) or None -> (R, T, H * Dh).
+    out) or None, bias (R|1, H, T, S) or None, cap: the logits' soft cap or None -> (R, T, H * Dh).
 
     Each key/value head serves its G query heads as one (G * T)-row product, so grouped-query
     attention reads the cache without repeating it. Plain products: PyTorch's CPU
@@ -63,6 +64,8 @@ def attend(heads, q, keys, values, blocked, bias):
     if G > 1:
         logits = logits.view(rows, H, length, width)  # -> (R, H, T, S)
     logits = logits.float()  # bias, mask and softmax in float32 whatever the compute dtype, as the layer's
+    if cap is not None:  # `MultiHeadAttention.cap_logits`
+        logits = torch.tanh(logits / cap) * cap
     if bias is not None:
         logits = logits + bias
     if blocked is not None:
@@ -108,7 +111,7 @@ def self_attention(kernels, attention, h, cache, start, padding_mask, bias):
         blocked = padded if blocked is None else blocked | padded
     if bias is not None:
         bias = bias[..., low:end]  # (R|1, H, T, S)
-    out = attend(weights["heads"], q, keys[:, :, low:end], values[:, :, low:end], blocked, bias)
+    out = attend(weights["heads"], q, keys[:, :, low:end], values[:, :, low:end], blocked, bias, weights["cap"])
     return linear(out, *weights["output"]), (keys, values)  # (R, T, H * Dh) -> (R, T, D)
 
 
@@ -127,7 +130,7 @@ def _static_self_attention(kernels, attention, weights, q, k, v, keys, values, s
     blocked = ~allowed[None, None]  # (1, 1, T, S)
     if padding_mask is not None:
         blocked = blocked | ~padding_mask.bool()[:, None, None, :]  # (R, S) -> (R, 1, T, S)
-    out = attend(weights["heads"], q, keys, values, blocked, bias)
+    out = attend(weights["heads"], q, keys, values, blocked, bias, weights["cap"])
     return linear(out, *weights["output"]), (keys, values)  # (R, T, H * Dh) -> (R, T, D)
 
 
@@ -177,5 +180,6 @@ def cross_attention(kernels, attention, h, cache, encoder_padding_mask, bias):
     q = linear(h, *weights["projection"]).view(rows, length, H, Dh)  # (R, T, D) -> (R, T, H, Dh)
     if weights["query_scale"] is not None:
         q, _ = normalize(kernels, attention, weights, q)
-    out = attend(weights["heads"], q, cache[0], cache[1], kernels.padding_blocked(encoder_padding_mask), bias)
+    blocked = kernels.padding_blocked(encoder_padding_mask)
+    out = attend(weights["heads"], q, cache[0], cache[1], blocked, bias, weights["cap"])
     return linear(out, *weights["output"])

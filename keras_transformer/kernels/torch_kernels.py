@@ -226,12 +226,16 @@ def _arrange_layer_norm(layer):
 
 
 def _rms_norm(kernels, layer, x):
-    scale, epsilon, axis = kernels.weights(
-        layer, lambda layer: (weight(layer, layer.scale, torch.float32), layer.epsilon, layer.axis)
-    )
+    scale, epsilon, axis = kernels.weights(layer, _arrange_rms_norm)
     if axis not in (-1, [-1], len(x.shape) - 1, [len(x.shape) - 1]):
         return NotImplemented
     return F.rms_norm(x.float(), (x.shape[-1],), scale, epsilon).to(x.dtype)  # in float32, as Keras's norm
+
+
+def _arrange_rms_norm(layer):
+    """(the float32 scale, plus `scale_offset` where the layer has one, epsilon, axis)."""
+    scale = weight(layer, layer.scale, torch.float32) + getattr(layer, "scale_offset", 0.0)
+    return scale, layer.epsilon, layer.axis
 
 
 def _dense(kernels, layer, x):
@@ -328,8 +332,8 @@ def _decoder_block(
     training=None,
 ):
     """`TransformerDecoderBlock.call` with a (keys, values) cache pair, at inference: same residual rule and returns."""
-    norm_first, attention, attention_norm, cross, cross_norm, feed_forward, feed_forward_norm = kernels.weights(
-        block, _arrange_block
+    norm_first, attention, attention_norm, cross, cross_norm, feed_forward, feed_forward_norm, post_norms = (
+        kernels.weights(block, _arrange_block)
     )
     if (
         training
@@ -345,26 +349,29 @@ def _decoder_block(
     def pre(x, norm):
         return kernels(norm, x) if norm_first else x
 
-    def post(x, h, norm):
+    def post(x, h, norm, post_norm=None):
+        h = h if post_norm is None else kernels(post_norm, h)
         return x + h if norm_first else kernels(norm, x + h)
 
     x = inputs
     h, self_attention_cache = self_attention(
         kernels, attention, pre(x, attention_norm), self_attention_cache, start, padding_mask, self_attention_bias
     )
-    x = post(x, h, attention_norm)
+    x = post(x, h, attention_norm, post_norms[0])
     if cross is not None:
         h = cross_attention(
             kernels, cross, pre(x, cross_norm), cross_attention_cache, encoder_padding_mask, cross_attention_bias
         )
         x = post(x, h, cross_norm)
-    x = post(x, kernels(feed_forward, pre(x, feed_forward_norm)), feed_forward_norm)
+    x = post(x, kernels(feed_forward, pre(x, feed_forward_norm)), feed_forward_norm, post_norms[1])
     return (x, self_attention_cache, cross_attention_cache) if cross is not None else (x, self_attention_cache)
 
 
 def _arrange_block(block):
-    """The block's sub-layers, looked up once (each is a torch Module attribute lookup)."""
+    """The block's sub-layers, looked up once (each is a torch Module attribute lookup); last, its post norms
+    (self-attention's, the feed-forward's), or Nones."""
     cross = block.use_cross_attention
+    post_norms = (block.self_attention_post_norm, block.feed_forward_post_norm) if block.post_norm else (None, None)
     return (
         block.norm_first,
         block.self_attention,
@@ -373,6 +380,7 @@ def _arrange_block(block):
         block.cross_attention_norm if cross else None,
         block.feed_forward,
         block.feed_forward_norm,
+        post_norms,
     )
 
 

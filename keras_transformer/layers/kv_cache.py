@@ -214,7 +214,7 @@ class BeamCache:
         # Keys stored transposed make this a plain (rows x Dh) x (Dh x S * K) product, which XLA on
         # CPU runs several times faster than against (S * K, Dh) keys.
         logits = ops.matmul(q, ops.cast(flat_keys_t, "float32"))  # (B * Hkv, G * K * T, Dh) x (., Dh, S * K)
-        logits = ops.reshape(logits, (batch, Hkv, G, K, T, S, K))  # query beam, then position, slot
+        logits = attention.cap_logits(ops.reshape(logits, (batch, Hkv, G, K, T, S, K)))  # query beam, position, slot
 
         # Query beam k, token t reads slot j at position s < index iff ancestry[b, k, s] == j,
         # and its own slot at the new positions up to its own (causal).

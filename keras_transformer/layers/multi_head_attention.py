@@ -11,6 +11,7 @@ from keras import ops
 
 from keras_transformer.layers.kv_cache import as_cache
 from keras_transformer.layers.masks import causal_mask, mask_to_bias, merge_masks, split_mask
+from keras_transformer.layers.rms_normalization import rms_norm
 from keras_transformer.layers.rotary_embedding import RotaryEmbedding
 
 
@@ -49,6 +50,8 @@ class MultiHeadAttention(keras.layers.Layer):
             keys before the rotary embedding, over each head's Dh values ("head": Qwen3,
             Gemma 3) or over all heads' H * Dh (Hkv * Dh for keys) values ("full": OLMoE).
         query_key_norm_epsilon: float, that norm's epsilon.
+        query_key_norm_scale_offset: float, that norm scales by offset + w (Gemma: 1.0), see `RMSNormalization`.
+        logit_soft_cap: float or None, logits (after the scale) become cap * tanh(logits / cap) (Gemma 2).
         dropout: float in [0, 1), dropout on the attention probabilities.
         scale: float, multiplier of the logits. Defaults to 1 / sqrt(Dh);
             T5 uses 1.0.
@@ -103,6 +106,8 @@ class MultiHeadAttention(keras.layers.Layer):
         sliding_window=None,
         query_key_norm=None,
         query_key_norm_epsilon=1e-6,
+        query_key_norm_scale_offset=0.0,
+        logit_soft_cap=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -132,6 +137,8 @@ class MultiHeadAttention(keras.layers.Layer):
             raise ValueError(
                 f"`query_key_norm_epsilon` must be positive. Received: query_key_norm_epsilon={query_key_norm_epsilon}"
             )
+        if logit_soft_cap is not None and not logit_soft_cap > 0:
+            raise ValueError(f"`logit_soft_cap` must be positive or None. Received: logit_soft_cap={logit_soft_cap}")
         if isinstance(rotary_embedding, dict):
             rotary_embedding = RotaryEmbedding(**rotary_embedding, dtype=self.dtype_policy, name="rotary_embedding")
         if rotary_embedding is not None and not isinstance(rotary_embedding, RotaryEmbedding):
@@ -148,6 +155,8 @@ class MultiHeadAttention(keras.layers.Layer):
         self.sliding_window = sliding_window
         self.query_key_norm = query_key_norm
         self.query_key_norm_epsilon = query_key_norm_epsilon
+        self.query_key_norm_scale_offset = query_key_norm_scale_offset
+        self.logit_soft_cap = logit_soft_cap
         self.dropout = dropout
         self.scale = scale
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -198,7 +207,9 @@ class MultiHeadAttention(keras.layers.Layer):
         self.built = True
 
     def _norm(self, name, width):
-        norm = keras.layers.RMSNormalization(epsilon=self.query_key_norm_epsilon, dtype=self.dtype_policy, name=name)
+        norm = rms_norm(
+            self.query_key_norm_epsilon, self.query_key_norm_scale_offset, dtype=self.dtype_policy, name=name
+        )
         norm.build((None, None, width))
         return norm
 
@@ -212,6 +223,12 @@ class MultiHeadAttention(keras.layers.Layer):
             return norm(x)
         shape = ops.shape(x)
         return ops.reshape(norm(ops.reshape(x, (shape[0], shape[1], -1))), shape)  # over (B, T, heads * Dh)
+
+    def cap_logits(self, logits):
+        """Scaled float32 logits, soft-capped as `logit_soft_cap` says (unchanged without a cap)."""
+        if self.logit_soft_cap is None:
+            return logits
+        return ops.tanh(logits / self.logit_soft_cap) * self.logit_soft_cap
 
     def compute_cache(self, value, key=None):
         """Projected keys and values of `value` (B, S, D) -> (B, 2, Hkv, S, Dh), for cross-attention."""
@@ -301,14 +318,15 @@ class MultiHeadAttention(keras.layers.Layer):
         # float16 takes the explicit path: its float32 logits and softmax keep the -1e9 mask bias
         # finite (cast to float16 it is -inf: NaN for a fully masked row), and XLA on CPU has no
         # float16 matmul with float32 accumulation, which the fused kernel asks for.
-        if not return_scores and not use_dropout and self.compute_dtype != "float16":
+        fused = self.logit_soft_cap is None and self.compute_dtype != "float16"  # the fused kernel caps nothing
+        if not return_scores and not use_dropout and fused:
             if bias is not None:
                 bias = ops.cast(bias, q.dtype)
             output = ops.dot_product_attention(q, k, v, bias=bias, scale=self._scale)
             return output, None
         # Logits and softmax in float32 whatever the compute dtype.
         logits = ops.einsum("bthk,bshk->bhts", ops.cast(q, "float32"), ops.cast(k, "float32"))
-        logits = logits * self._scale  # (B, H, T, S)
+        logits = self.cap_logits(logits * self._scale)  # (B, H, T, S)
         if bias is not None:
             logits = logits + bias
         scores = ops.softmax(logits, axis=-1)
@@ -335,7 +353,7 @@ class MultiHeadAttention(keras.layers.Layer):
         keys = ops.reshape(ops.cast(k, "float32"), (batch * Hkv, key_length, Dh))  # (B, Hkv, S, Dh) -> (B * Hkv, S, Dh)
         logits = ops.einsum("nsk,nqk->nsq", keys, q)  # (B * Hkv, S, G * T)
         logits = ops.transpose(logits, (0, 2, 1))  # -> (B * Hkv, G * T, S)
-        logits = ops.reshape(logits, (batch, H, query_length, key_length))  # -> (B, H, T, S)
+        logits = self.cap_logits(ops.reshape(logits, (batch, H, query_length, key_length)))  # -> (B, H, T, S)
         if mask is not None:
             logits = logits + mask_to_bias(mask, "float32")  # (B|1, 1, T, S)
         if attention_bias is not None:
@@ -366,6 +384,8 @@ class MultiHeadAttention(keras.layers.Layer):
                 "sliding_window": self.sliding_window,
                 "query_key_norm": self.query_key_norm,
                 "query_key_norm_epsilon": self.query_key_norm_epsilon,
+                "query_key_norm_scale_offset": self.query_key_norm_scale_offset,
+                "logit_soft_cap": self.logit_soft_cap,
                 "dropout": self.dropout,
                 "scale": self.scale,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),

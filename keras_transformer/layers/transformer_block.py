@@ -8,8 +8,10 @@ from keras import ops
 
 from keras_transformer.layers.feed_forward import FeedForward
 from keras_transformer.layers.multi_head_attention import MultiHeadAttention
+from keras_transformer.layers.rms_normalization import rms_norm
 
-NORM_TYPES = ("layer_norm", "rms_norm")
+# "rms_norm_plus_one": RMS norms that scale by (1 + w), the query/key norms too (Gemma).
+NORM_TYPES = ("layer_norm", "rms_norm", "rms_norm_plus_one")
 
 
 class TransformerBlock(keras.layers.Layer):
@@ -22,8 +24,13 @@ class TransformerBlock(keras.layers.Layer):
     override it for the attention's query/key/value and output projections (Llama's
     `attention_bias`, Qwen2's biased q/k/v with an unbiased output). `rotary_embedding`
     (a `RotaryEmbedding` config dict), `sliding_window` and `query_key_norm` (None, "head" or "full": an RMS
-    norm of the queries and keys, with the block's `norm_epsilon`) apply to self-attention.
+    norm of the queries and keys, with the block's `norm_epsilon`) apply to self-attention, and so does
+    `attention_logit_soft_cap` (see `MultiHeadAttention`'s `logit_soft_cap`). `post_norm` (pre-norm blocks
+    only) adds a norm of each sub-layer's output before the residual sum (Gemma 2 and 3):
+    x = x + Dropout(Norm_post(Sublayer(Norm(x)))).
     """
+
+    _post_norms = False  # whether the block implements `post_norm` (the decoder block does)
 
     def __init__(
         self,
@@ -44,6 +51,8 @@ class TransformerBlock(keras.layers.Layer):
         rotary_embedding=None,
         sliding_window=None,
         query_key_norm=None,
+        post_norm=False,
+        attention_logit_soft_cap=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -51,6 +60,12 @@ class TransformerBlock(keras.layers.Layer):
             raise ValueError(f"`norm_type` must be one of {NORM_TYPES}. Received: norm_type={norm_type!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={dropout}")
+        if post_norm and not self._post_norms:
+            raise ValueError(f"`post_norm` is not implemented by {type(self).__name__}. Received: post_norm=True")
+        if post_norm and not norm_first:
+            raise ValueError(
+                "`post_norm` adds norms to pre-norm blocks: it needs norm_first=True. Received: post_norm=True"
+            )
         if norm_epsilon <= 0:
             raise ValueError(f"`norm_epsilon` must be positive. Received: norm_epsilon={norm_epsilon}")
         self.num_heads = num_heads
@@ -70,6 +85,8 @@ class TransformerBlock(keras.layers.Layer):
         self.rotary_embedding = rotary_embedding
         self.sliding_window = sliding_window
         self.query_key_norm = query_key_norm
+        self.post_norm = post_norm
+        self.attention_logit_soft_cap = attention_logit_soft_cap
         # Sub-layers are created here so that bad arguments fail eagerly.
         self._attention_kwargs = dict(
             num_heads=num_heads,
@@ -91,6 +108,8 @@ class TransformerBlock(keras.layers.Layer):
             name="feed_forward",
         )
         self.feed_forward_norm = self._norm("feed_forward_norm")
+        if post_norm:
+            self.feed_forward_post_norm = self._norm("feed_forward_post_norm")
         self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
 
     def _attention(self, name):
@@ -102,26 +121,33 @@ class TransformerBlock(keras.layers.Layer):
                 sliding_window=self.sliding_window,
                 query_key_norm=self.query_key_norm,
                 query_key_norm_epsilon=self.norm_epsilon,
+                query_key_norm_scale_offset=1.0 if self.norm_type == "rms_norm_plus_one" else 0.0,
+                logit_soft_cap=self.attention_logit_soft_cap,
             )
         return MultiHeadAttention(name=name, **kwargs)
 
     def _norm(self, name):
-        if self.norm_type == "rms_norm":
-            return keras.layers.RMSNormalization(epsilon=self.norm_epsilon, dtype=self.dtype_policy, name=name)
+        if self.norm_type != "layer_norm":
+            offset = 1.0 if self.norm_type == "rms_norm_plus_one" else 0.0
+            return rms_norm(self.norm_epsilon, offset, dtype=self.dtype_policy, name=name)
         return keras.layers.LayerNormalization(epsilon=self.norm_epsilon, dtype=self.dtype_policy, name=name)
 
     def _pre(self, x, norm):
         """The sub-layer's input: normalised first in pre-norm blocks."""
         return ops.cast(norm(x), self.compute_dtype) if self.norm_first else x
 
-    def _post(self, residual, output, norm, training):
-        """Residual connection, then the norm in post-norm blocks."""
+    def _post(self, residual, output, norm, training, post_norm=None):
+        """Residual connection (of the output through `post_norm` when the block has those), then the norm in
+        post-norm blocks."""
+        if post_norm is not None:
+            output = ops.cast(post_norm(output), self.compute_dtype)
         x = residual + self.dropout_layer(output, training=training)
         return x if self.norm_first else ops.cast(norm(x), self.compute_dtype)
 
     def _feed_forward_sublayer(self, x, training):
         h = self.feed_forward(self._pre(x, self.feed_forward_norm), training=training)
-        return self._post(x, h, self.feed_forward_norm, training)
+        post_norm = self.feed_forward_post_norm if self.post_norm else None
+        return self._post(x, h, self.feed_forward_norm, training, post_norm)
 
     def compute_output_shape(self, inputs_shape, *args, **kwargs):
         return inputs_shape
@@ -147,6 +173,8 @@ class TransformerBlock(keras.layers.Layer):
                 "rotary_embedding": self.rotary_embedding,
                 "sliding_window": self.sliding_window,
                 "query_key_norm": self.query_key_norm,
+                "post_norm": self.post_norm,
+                "attention_logit_soft_cap": self.attention_logit_soft_cap,
             }
         )
         return config

@@ -52,18 +52,27 @@ class TransformerDecoderBlock(TransformerBlock):
     (2, 4, 16)
     """
 
+    _post_norms = True
+
     def __init__(self, num_heads, intermediate_dim, use_cross_attention=False, **kwargs):
         super().__init__(num_heads, intermediate_dim, **kwargs)
         self.use_cross_attention = use_cross_attention
         self.self_attention = self._attention("self_attention")
         self.self_attention_norm = self._norm("self_attention_norm")
+        if self.post_norm:
+            self.self_attention_post_norm = self._norm("self_attention_post_norm")
         if use_cross_attention:
+            if self.post_norm:
+                raise ValueError("`post_norm` is implemented for self-attention blocks only. Received: post_norm=True")
             self.cross_attention = self._attention("cross_attention")
             self.cross_attention_norm = self._norm("cross_attention_norm")
 
     def build(self, inputs_shape, encoder_outputs_shape=None):
         self.self_attention.build(inputs_shape)
         self.self_attention_norm.build(inputs_shape)
+        if self.post_norm:
+            self.self_attention_post_norm.build(inputs_shape)
+            self.feed_forward_post_norm.build(inputs_shape)
         if self.use_cross_attention:
             encoder_outputs_shape = encoder_outputs_shape or inputs_shape
             self.cross_attention.build(inputs_shape, encoder_outputs_shape)
@@ -106,7 +115,7 @@ class TransformerDecoderBlock(TransformerBlock):
         h, self_attention_cache, scores["self_attention"] = _unpack(
             h, self_attention_cache is not None, return_attention_scores
         )
-        x = self._post(x, h, self.self_attention_norm, training)
+        x = self._post(x, h, self.self_attention_norm, training, getattr(self, "self_attention_post_norm", None))
 
         if self.use_cross_attention:
             caching = self_attention_cache is not None

@@ -10,6 +10,7 @@ from keras_transformer.models.bert import (
     BertTextEmbedder,
 )
 from keras_transformer.models.causal_lm import CausalLM
+from keras_transformer.models.gemma import GemmaBackbone, GemmaCausalLM, GemmaCausalLMPreprocessor
 from keras_transformer.models.gpt import GPTBackbone, GPTCausalLM, GPTCausalLMPreprocessor
 from keras_transformer.models.llama import LlamaBackbone, LlamaCausalLM, LlamaCausalLMPreprocessor
 from keras_transformer.models.masked_lm import MaskedLM
@@ -35,6 +36,9 @@ __all__ = [
     "BertTextClassifierPreprocessor",
     "BertTextEmbedder",
     "CausalLM",
+    "GemmaBackbone",
+    "GemmaCausalLM",
+    "GemmaCausalLMPreprocessor",
     "GPTBackbone",
     "GPTCausalLM",
     "GPTCausalLMPreprocessor",

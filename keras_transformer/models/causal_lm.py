@@ -48,9 +48,12 @@ class CausalLM(LanguageModel):
         return ops.cast(embedding.reverse_embeddings, self.backbone.compute_dtype)  # (D, V)
 
     def compute_logits(self, hidden, head=None, call_layer=call_layer):
-        """Hidden states (B, T, D) -> logits (B, T, V); `head`: None or `decode_head()`."""
+        """Hidden states (B, T, D) -> logits (B, T, V); `head`: None or `decode_head()`. The embedding's
+        `logit_soft_cap` (Gemma 2) applies either way."""
         if head is not None:
-            return ops.matmul(hidden, head)  # (B, T, D) x (D, V) -> (B, T, V)
+            logits = ops.matmul(hidden, head)  # (B, T, D) x (D, V) -> (B, T, V)
+            cap = self.backbone.token_embedding.logit_soft_cap
+            return logits if cap is None else ops.tanh(logits / cap) * cap
         return call_layer(self.backbone.token_embedding, hidden, reverse=True)  # (B, T, D) -> (B, T, V)
 
     def call_with_cache(self, token_ids, cache, cache_index, padding_mask=None, head=None, call_layer=call_layer):

@@ -8,7 +8,14 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from keras_transformer.models import BertClassifier, BertMaskedLM, GPTCausalLM, LlamaCausalLM, T5Seq2SeqLM
+from keras_transformer.models import (
+    BertClassifier,
+    BertMaskedLM,
+    GemmaCausalLM,
+    GPTCausalLM,
+    LlamaCausalLM,
+    T5Seq2SeqLM,
+)
 from tests.conftest import to_numpy
 from tests.convert import hf_models
 
@@ -22,6 +29,18 @@ LLAMA3 = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 32,
 }
+# Gemma 3's two rotary bases: the sliding layers' (10), the global layers' (1000, linear scaling by 2). (Its case
+# has an untied head: a random tied Gemma mostly repeats its last token, which would leave greedy search untested.)
+GEMMA3_ROPE = {
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
+    "full_attention": {"rope_type": "linear", "rope_theta": 1000.0, "factor": 2.0},
+}
+# Gemma 2's one rotary embedding and its soft caps (strong ones: the tanh bends the logits well past the tolerance).
+GEMMA2_OPTIONS = dict(
+    rope_parameters={"rope_type": "default", "rope_theta": 100.0},
+    attn_logit_softcapping=1.5,
+    final_logit_softcapping=3.0,
+)
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ bos_token }}{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}{% endfor %}"
     "{% if add_generation_prompt %}{{ bos_token }}assistant:{% endif %}"
@@ -57,6 +76,12 @@ CASES = {
         LlamaCausalLM,
         "AutoModelForCausalLM",
     ),
+    "gemma3": (
+        lambda d: hf_models.gemma(d, rope_parameters=GEMMA3_ROPE, tie_word_embeddings=False),
+        GemmaCausalLM,
+        "AutoModelForCausalLM",
+    ),
+    "gemma2": (lambda d: hf_models.gemma(d, "gemma2", **GEMMA2_OPTIONS), GemmaCausalLM, "AutoModelForCausalLM"),
     "bert": (lambda d: hf_models.bert(d, "BertForMaskedLM"), BertMaskedLM, "AutoModelForMaskedLM"),
     "t5_v1_1": (
         lambda d: hf_models.t5(d, untied_head=True, feed_forward_proj="gated-gelu"),
@@ -64,7 +89,7 @@ CASES = {
         "AutoModelForSeq2SeqLM",
     ),
 }
-CAUSAL = ("gpt2", "llama", "qwen2", "mistral", "qwen3", "smollm3")
+CAUSAL = ("gpt2", "llama", "qwen2", "mistral", "qwen3", "smollm3", "gemma3", "gemma2")
 TEXTS = ["the quick brown fox", "def add(a, b):\n    return a + b", "a cat sat on the mat and looked at the dog"]
 
 

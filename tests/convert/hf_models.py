@@ -206,6 +206,49 @@ def llama_style(directory, model_type, seed=0, max_shard_size=None, **options):
     return model
 
 
+GEMMA = {
+    "gemma3_text": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
+    "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
+}
+
+
+def gemma(directory, model_type="gemma3_text", seed=0, **options):
+    """Gemma3ForCausalLM or Gemma2ForCausalLM with grouped-query attention (4 query heads, 2 key/value heads,
+    head size 16), a local layer then a global one with a window of 4, `query_pre_attn_scalar` 24 (not the head
+    size), and `<bos>` / `<eos>` / `<pad>` tokens. `options`: config arguments, e.g. rope_parameters."""
+    tokenizer = BytePairTokenizer.train(TEXTS, vocabulary_size=300)
+    backend = tokenizer.backend_tokenizer
+    backend.add_special_tokens(["<pad>", "<eos>", "<bos>"])
+    ids = {f"{role}_token_id": backend.token_to_id(f"<{role}>") for role in ("pad", "eos", "bos")}
+    config_cls, model_cls = GEMMA[model_type]
+    settings = {
+        "vocab_size": backend.get_vocab_size(with_added_tokens=True),
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "query_pre_attn_scalar": 24,
+        "max_position_embeddings": 64,
+        "sliding_window": 4,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "attn_implementation": "eager",
+        **ids,
+        **options,
+    }
+    model = randomize(model_cls(config_cls(**settings)), seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name:  # Gemma's norms scale by (1 + w): w around 0, not 1 (which doubles every norm)
+                parameter.sub_(1.0)
+            elif "embed_tokens" in name:  # times sqrt(D) it would outweigh the blocks: tied, each token repeats
+                parameter.mul_(0.3)
+    model.save_pretrained(directory, safe_serialization=True)
+    save_hf_tokenizer(tokenizer, directory, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
+    return model
+
+
 def to_torch(array):
     return torch.tensor(np.asarray(array), dtype=torch.long)
 

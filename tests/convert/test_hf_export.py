@@ -58,7 +58,7 @@ def _assert_same_config(name, ours, theirs):
     no start token), a default may be spelt out (n_inner, head_dim, n_positions), and the entries
     transformers 4 reads instead of 5's (torch_dtype, rope_theta, rope_scaling; T5 v1.1's
     tie_word_embeddings=false, which 4 reads as its own head), equal to 5's."""
-    transformers4 = {"torch_dtype", "rope_theta", "rope_scaling"} | (
+    transformers4 = {"torch_dtype", "rope_theta", "rope_scaling", "rope_local_base_freq"} | (
         {"tie_word_embeddings"} if name == "t5_v1_1" else set()
     )
     for key in sorted(set(ours) | set(theirs)):
@@ -72,6 +72,9 @@ def _assert_same_config(name, ours, theirs):
     assert ours["torch_dtype"] == theirs["dtype"]
     if "rope_parameters" in theirs:
         rope = dict(theirs["rope_parameters"])
+        if "full_attention" in rope:  # Gemma 3: the global layers' scaling, the sliding layers' base
+            assert ours["rope_local_base_freq"] == rope["sliding_attention"]["rope_theta"]
+            rope = dict(rope["full_attention"])
         assert ours["rope_theta"] == rope.pop("rope_theta")
         assert ours["rope_scaling"] == (None if rope["rope_type"] == "default" else rope)
     if name == "t5_v1_1":

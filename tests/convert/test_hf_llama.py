@@ -21,12 +21,13 @@ import pytest
 import torch
 
 from keras_transformer import cli
-from keras_transformer.convert import hf_llama
-from keras_transformer.models import Backbone, CausalLM, LlamaBackbone, LlamaCausalLM
+from keras_transformer.convert import hf_gemma, hf_llama
+from keras_transformer.models import Backbone, CausalLM, GemmaBackbone, GemmaCausalLM, LlamaBackbone, LlamaCausalLM
 from keras_transformer.presets import load_config
 from keras_transformer.samplers import BeamSampler
 from tests.conftest import to_numpy
 from tests.convert import hf_models
+from tests.convert.hf_export_cases import GEMMA2_OPTIONS, GEMMA3_ROPE
 from tests.export.helpers import bundle_generator
 
 ATOL = 1e-4
@@ -60,7 +61,12 @@ CASES = {
     "smollm3-nope-bias-tied": dict(
         model_type="smollm3", no_rope_layers=[1, 0], attention_bias=True, mlp_bias=True, tie_word_embeddings=True
     ),
+    # Gemma (hf_models.gemma): a local layer (window 4) then a global one, query_pre_attn_scalar 24 (not the head size
+    # 16). Gemma 3: two rotary bases, the global one scaled; Gemma 2: tied, soft-capped attention and output logits.
+    "gemma3-window-two-ropes": dict(model_type="gemma3_text", rope_parameters=GEMMA3_ROPE, tie_word_embeddings=False),
+    "gemma2-soft-caps-tied": dict(model_type="gemma2", **GEMMA2_OPTIONS),
 }
+GEMMA = ("gemma3-window-two-ropes", "gemma2-soft-caps-tied")
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +77,10 @@ def build(tmp_path_factory):
     def get(name):
         if name not in built:
             directory = tmp_path_factory.mktemp(name)
-            hf = hf_models.llama_style(directory, **CASES[name])
+            gemma = name in GEMMA
+            hf = (hf_models.gemma if gemma else hf_models.llama_style)(directory, **CASES[name])
             lm = CausalLM.from_preset(directory)
-            assert type(lm) is LlamaCausalLM
+            assert type(lm) is (GemmaCausalLM if gemma else LlamaCausalLM)
             built[name] = directory, hf, lm
         return built[name]
 
@@ -159,8 +166,10 @@ def test_beam_generation_matches(case):
     assert ours != greedy  # the search found something greedy did not: beams were compared
 
 
-def test_converted_config(case):
+@pytest.mark.parametrize("name", [name for name in CASES if name not in GEMMA])
+def test_converted_config(build, name):
     """The options each case sets reach the backbone, and the tokenizer has the checkpoint's tokens."""
+    case = build(name)
     _, hf, lm = case
     backbone, tokenizer, config = lm.backbone, lm.preprocessor.tokenizer, hf.config
     head_dim = (
@@ -181,6 +190,27 @@ def test_converted_config(case):
     else:
         assert tokenizer.bos_token_id == config.bos_token_id
     assert isinstance(Backbone.from_preset(case[0], load_weights=False), LlamaBackbone)
+
+
+@pytest.mark.parametrize("name", GEMMA)
+def test_gemma_converted_config(build, name):
+    """Gemma's options reach the backbone: the layer types and window, the attention scale, each layer type's
+    rotary base, Gemma 3's query/key norms, Gemma 2's soft caps; its tokenizer's `<bos>`, `<eos>` and `<pad>`."""
+    directory, hf, lm = build(name)
+    backbone, tokenizer, config = lm.backbone, lm.preprocessor.tokenizer, hf.config
+    assert (backbone.layer_types, backbone.sliding_window) == (["sliding_attention", "full_attention"], 4)
+    assert (backbone.head_dim, backbone.query_pre_attn_scalar) == (16, 24.0)
+    gemma3 = config.model_type == "gemma3_text"
+    rope = (1000.0, {"rope_type": "linear", "factor": 2.0}, 10.0) if gemma3 else (100.0, None, 100.0)
+    assert (backbone.rope_max_wavelength, backbone.rope_scaling, backbone.local_rope_max_wavelength) == rope
+    assert backbone.query_key_norm == ("head" if gemma3 else None)
+    caps = (None, None) if gemma3 else (1.5, 3.0)
+    assert (backbone.attention_logit_soft_cap, backbone.final_logit_soft_cap) == caps
+    assert backbone.tie_word_embeddings == config.tie_word_embeddings == (not gemma3)
+    ids = (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    assert ids == (config.bos_token_id, config.eos_token_id, config.pad_token_id)
+    assert lm.preprocessor.generate_preprocess(["the cat"])[0][0] == config.bos_token_id
+    assert isinstance(Backbone.from_preset(directory, load_weights=False), GemmaBackbone)
 
 
 def test_sharded_checkpoint_loads_as_unsharded(tmp_path, build):
@@ -205,11 +235,12 @@ def test_cli_convert_round_trip(tmp_path, build, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["mistral-window", "qwen3-norms-window-layer"])
+@pytest.mark.parametrize("name", ["mistral-window", "qwen3-norms-window-layer", *GEMMA])
 def test_onnx_bundle_greedy_matches_keras(tmp_path, build, name):
     """The exported bundle's Keras-free runner (ONNX Runtime) generates our tokens: a sliding window; query/key
-    norms, a window on one layer. (SmolLM3's NoPE layer is a layer without rotation: tests/export/test_decode_kernels.py
-    holds it in the decode graph.)"""
+    norms, a window on one layer; Gemma's four (1 + w) norms per block, rotary bases per layer type, soft caps.
+    (SmolLM3's NoPE layer is a layer without rotation: tests/export/test_decode_kernels.py holds it in the decode
+    graph.)"""
     _, hf, lm = build(name)
     bundle = lm.export(tmp_path / "bundle", format="onnx")
     prompts = _prompts(hf)
@@ -223,7 +254,7 @@ def test_onnx_bundle_greedy_matches_keras(tmp_path, build, name):
 
 def _config(model_type, **changes):
     """A saved config.json of the type, as transformers 5 writes it, with `changes` (None: null)."""
-    config_cls, _ = hf_models.LLAMA_STYLE[model_type]
+    config_cls, _ = {**hf_models.LLAMA_STYLE, **hf_models.GEMMA}[model_type]
     config = config_cls(
         vocab_size=100,
         hidden_size=32,
@@ -292,6 +323,33 @@ def test_sliding_window_options(tmp_path, model_type, changes, window):
     assert config["sliding_window"] == window and config["layer_types"] is None
 
 
+def test_gemma3_transformers_4_layout(tmp_path):
+    """transformers 4 wrote Gemma 3's bases as rope_theta (global, with rope_scaling) and rope_local_base_freq, and
+    its layer types as sliding_window_pattern; 5 writes rope_parameters per layer type and layer_types."""
+    rope = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
+        "full_attention": {"rope_type": "linear", "rope_theta": 1000.0, "factor": 8.0},
+    }
+    new = _backbone_config(
+        tmp_path / "new",
+        _config("gemma3_text", rope_parameters=rope, layer_types=["sliding_attention", "full_attention"]),
+    )
+    old = _config(
+        "gemma3_text",
+        rope_theta=1000.0,
+        rope_local_base_freq=10.0,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+        sliding_window_pattern=2,
+    )
+    for key in ("rope_parameters", "layer_types"):
+        del old[key]
+    assert _backbone_config(tmp_path / "old", old) == new
+    assert (new["rope_max_wavelength"], new["local_rope_max_wavelength"]) == (1000.0, 10.0)
+    assert new["rope_scaling"] == {"rope_type": "linear", "factor": 8.0}
+    del old["sliding_window_pattern"]  # Gemma3TextConfig's default: every 6th layer global
+    assert _backbone_config(tmp_path / "default", old)["layer_types"] == ["sliding_attention"] * 2
+
+
 WINDOW_SECOND_LAYER = {"use_sliding_window": True, "sliding_window": 4, "layer_types": None}
 
 
@@ -342,6 +400,15 @@ REFUSED = [  # (model_type, config changes, what the message must name)
     ),
     ("smollm3", {"no_rope_layers": [1]}, r"no_rope_layers=\[1\]"),
     ("phi3", {}, r"model_type='phi3'"),
+    ("gemma3", {}, r"model_type='gemma3'.*multimodal"),
+    ("gemma3_text", {"hidden_activation": "gelu"}, r"hidden_activation='gelu'"),
+    (
+        "gemma3_text",
+        {"rope_parameters": {"full_attention": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 8.0}}},
+        r"rope_parameters with rope_type='yarn'",
+    ),
+    ("gemma3_text", {"use_bidirectional_attention": True}, r"use_bidirectional_attention=True"),
+    ("gemma2", {"layer_types": ["sliding_attention", "chunked_attention"]}, r"layer_types=.*chunked_attention"),
 ]
 
 
@@ -359,10 +426,15 @@ REFUSED = [  # (model_type, config changes, what the message must name)
         "qwen2-unknown-layer-type",
         "smollm3-short-no-rope-layers",
         "phi3",
+        "gemma3-multimodal",
+        "gemma3-exact-gelu",
+        "gemma3-yarn",
+        "gemma3-bidirectional",
+        "gemma2-unknown-layer-type",
     ],
 )
 def test_refused_options(tmp_path, model_type, changes, match):
-    config = _config("llama" if model_type == "phi3" else model_type, **changes)
+    config = _config({"phi3": "llama", "gemma3": "gemma3_text"}.get(model_type, model_type), **changes)
     config["model_type"] = model_type
     with pytest.raises(ValueError, match=match):
         _backbone_config(tmp_path, config)
@@ -372,6 +444,7 @@ def test_known_types_are_registered():
     from keras_transformer.convert.hugging_face import FAMILIES
 
     assert all(FAMILIES[model_type] is hf_llama for model_type in ("llama", "mistral", "qwen2", "qwen3", "smollm3"))
+    assert all(FAMILIES[model_type] is hf_gemma for model_type in ("gemma3_text", "gemma2", "gemma3"))
     assert "phi3" not in FAMILIES  # fused projections and longrope: not converted yet
 
 

@@ -12,7 +12,13 @@ import pytest
 
 from keras_transformer.export import graphs
 from keras_transformer.export.decode_graph import Unsupported, decode_model, prefill_model
-from keras_transformer.models import LlamaBackbone, LlamaCausalLM, LlamaCausalLMPreprocessor
+from keras_transformer.models import (
+    GemmaBackbone,
+    GemmaCausalLM,
+    LlamaBackbone,
+    LlamaCausalLM,
+    LlamaCausalLMPreprocessor,
+)
 from keras_transformer.samplers import BeamSampler
 from keras_transformer.tokenizers import BytePairTokenizer
 from tests.export.helpers import CORPUS, causal_next_logits, randomize, reference_greedy, to_numpy
@@ -53,11 +59,25 @@ VARIANTS = {
         "rope_layers": [True, False],
     },
     "qk_norm_full": {"num_key_value_heads": 1, "query_key_norm": "full"},
+    # Gemma: (1 + w) norms before and after each sub-layer, a local layer with its own rotary base, soft caps
+    "gemma_post_norms_soft_caps": {
+        "family": "gemma",
+        "num_key_value_heads": 2,
+        "query_pre_attn_scalar": 24.0,
+        "local_rope_max_wavelength": 100.0,
+        "sliding_window": 3,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "query_key_norm": "head",
+        "attention_logit_soft_cap": 3.0,
+        "final_logit_soft_cap": 8.0,
+    },
 }
+FAMILIES = {"llama": (LlamaBackbone, LlamaCausalLM), "gemma": (GemmaBackbone, GemmaCausalLM)}
 
 
-def _llama(seed=1, vocabulary_size=97, preprocessor=None, **options):
-    backbone = LlamaBackbone(
+def _llama(seed=1, vocabulary_size=97, preprocessor=None, family="llama", **options):
+    backbone_cls, task_cls = FAMILIES[family]
+    backbone = backbone_cls(
         vocabulary_size,
         num_layers=2,
         num_heads=4,
@@ -66,7 +86,7 @@ def _llama(seed=1, vocabulary_size=97, preprocessor=None, **options):
         max_sequence_length=24,
         **options,
     )
-    return randomize(LlamaCausalLM(backbone, preprocessor), seed=seed, std=0.2)
+    return randomize(task_cls(backbone, preprocessor), seed=seed, std=0.2)
 
 
 def _run(session, feeds):

@@ -19,6 +19,7 @@ from keras_transformer.export.decode_graph import OPSET_IMPORTS, OnnxKernels, _B
 from keras_transformer.kernels import kernel_table, onnx_kernels, torch_kernels
 from keras_transformer.kernels.onnx_values import Value
 from keras_transformer.layers import FeedForward, PositionalEmbedding, RelativePositionBias, TransformerDecoderBlock
+from keras_transformer.layers.rms_normalization import RMSNormalization
 
 RUNTIMES = {"torch": torch_kernels._KERNELS, "onnx": onnx_kernels.KERNELS}
 ON_TORCH = keras.config.backend() == "torch"
@@ -65,6 +66,14 @@ def _x(width=D):
 def _residual_norm(layer):
     # norm(x + h): a residual sum, which the ONNX kernels fuse into the norm (Skip...Normalization).
     return Case(layer, {"x": _x(), "h": _x() * 0.5 + 1.0}, lambda call, v, onnx: call(v["x"] + v["h"]))
+
+
+def _offset_rms_norm():
+    # Gemma's (1 + w) scale, w random (a kernel that drops the offset or w is off by far more than the tolerance).
+    layer = RMSNormalization(scale_offset=1.0)
+    layer.build((B, 1, D))
+    layer.scale.assign(_rng().normal(size=(D,)).astype("float32"))
+    return _residual_norm(layer)
 
 
 def _reversible_embedding():
@@ -124,6 +133,7 @@ CASES = {
     PositionalEmbedding: _positional_embedding,
     keras.layers.LayerNormalization: lambda: _residual_norm(keras.layers.LayerNormalization()),
     keras.layers.RMSNormalization: lambda: _residual_norm(keras.layers.RMSNormalization()),
+    RMSNormalization: _offset_rms_norm,
     keras.layers.Dense: _dense,
     keras.layers.Dropout: _dropout,
     RelativePositionBias: _relative_position_bias,

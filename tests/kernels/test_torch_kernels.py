@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from keras_transformer.models import (
+    GemmaBackbone,
+    GemmaCausalLM,
     GPTBackbone,
     GPTCausalLM,
     LlamaBackbone,
@@ -67,6 +69,28 @@ def _llama(**kwargs):
     return LlamaCausalLM(LlamaBackbone(**{**config, **kwargs}))
 
 
+def _gemma(**kwargs):
+    """Four (1 + w) norms per block, per-head query/key norms, a local layer (window 3, its own rotary base) and a
+    global one, both logits soft-capped (Gemma 3's layout with Gemma 2's caps)."""
+    config = dict(
+        vocabulary_size=VOCABULARY,
+        num_layers=2,
+        num_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=16,
+        intermediate_dim=24,
+        max_sequence_length=32,
+        query_pre_attn_scalar=6.0,
+        local_rope_max_wavelength=100.0,
+        sliding_window=3,
+        layer_types=["sliding_attention", "full_attention"],
+        query_key_norm="head",
+        attention_logit_soft_cap=2.0,
+        final_logit_soft_cap=5.0,
+    )
+    return GemmaCausalLM(GemmaBackbone(**{**config, **kwargs}))
+
+
 def _transformer():
     return TransformerSeq2SeqLM(
         TransformerBackbone(
@@ -116,6 +140,7 @@ MODELS = {
         **kw,
     ),
     "llama_qk_norm_full": lambda **kw: _llama(query_key_norm="full", tie_word_embeddings=False, **kw),
+    "gemma_post_norms_soft_caps": _gemma,
 }
 
 
@@ -160,7 +185,13 @@ def _cases():
     # 16-bit models: the kernels compute in the layers' dtype, norms and softmax in float32, as Keras does
     cases += [
         (name, dtype, static)
-        for name in ("gpt", "t5_untied_gated", "llama_untied_window_partial", "llama_qk_norm_layer_types")
+        for name in (
+            "gpt",
+            "t5_untied_gated",
+            "llama_untied_window_partial",
+            "llama_qk_norm_layer_types",
+            "gemma_post_norms_soft_caps",
+        )
         for dtype in ("bfloat16", "mixed_bfloat16")
         for static in (False, True)
     ]
