@@ -39,7 +39,8 @@ import keras
 
 from keras_transformer import presets
 from keras_transformer.convert import hf_generation, hf_tokenizer
-from keras_transformer.convert.hf_export_families import FAMILIES, family_of, gemma_config, llama_config, t5_config
+from keras_transformer.convert.hf_export_families import FAMILIES, family_of, llama_config, modernbert_config
+from keras_transformer.convert.hf_export_families import gemma_config, t5_config
 from keras_transformer.convert.weight_recorder import WeightRecorder
 from keras_transformer.models.lora import lora_layers
 from keras_transformer.models.quantization import quantization_mode
@@ -213,6 +214,8 @@ def _add_transformers4_keys(directory, task, family):
         scaling = dict(config["rope_parameters"])
         config["rope_theta"] = scaling.pop("rope_theta")
         config["rope_scaling"] = None if scaling["rope_type"] == "default" else scaling
+    if family is modernbert_config:
+        config.update(_modernbert_hub_keys(config))
     if family is gemma_config:
         config.update(_gemma_transformers4_keys(config["rope_parameters"]))
     if family is t5_config and not task.backbone.tie_embedding_weights:
@@ -227,6 +230,21 @@ def _gemma_transformers4_keys(rope):
     keys = {"rope_theta": full.pop("rope_theta"), "rope_scaling": None if full["rope_type"] == "default" else full}
     if "sliding_attention" in rope:
         keys["rope_local_base_freq"] = rope["sliding_attention"]["rope_theta"]
+    return keys
+
+
+def _modernbert_hub_keys(config):
+    """ModernBERT's config in the Hub's spelling, which transformers 4 reads: the two rotary bases, and
+    `global_attn_every_n_layers` where the layer types follow that pattern (transformers 5 reads `layer_types`)."""
+    keys = {
+        "global_rope_theta": config["rope_parameters"]["full_attention"]["rope_theta"],
+        "local_rope_theta": config["rope_parameters"]["sliding_attention"]["rope_theta"],
+    }
+    layer_types = config["layer_types"]
+    for every in range(1, len(layer_types) + 1):
+        if layer_types == ["sliding_attention" if i % every else "full_attention" for i in range(len(layer_types))]:
+            keys["global_attn_every_n_layers"] = every
+            break
     return keys
 
 

@@ -3,7 +3,7 @@ arguments, built from our task's options. Options our model has and the Hugging 
 here, before anything is written; the weights follow from the family's converter (`FAMILIES`).
 """
 
-from keras_transformer.convert import hf_bert, hf_gemma, hf_gpt2, hf_llama, hf_t5
+from keras_transformer.convert import hf_bert, hf_gemma, hf_gpt2, hf_llama, hf_modernbert, hf_t5
 from keras_transformer.convert.options import ACTIVATIONS
 
 # Our activation -> the Hugging Face name the converters read back as it (the first listed wins).
@@ -236,6 +236,42 @@ def _distilbert_config(task):
     return "DistilBertConfig", "DistilBertForMaskedLM", settings
 
 
+def modernbert_config(task):
+    """ModernBertForMaskedLM; its rotary bases per layer type, its window and activation as transformers 5 names them
+    (hf_export.py adds the Hub's spelling for transformers 4)."""
+    b = task.backbone
+    activations = {ours: hf_name for hf_name, ours in reversed(list(hf_modernbert.GATED_ACTIVATIONS.items()))}
+    if b.activation not in activations:
+        raise unsupported(task, f"activation={b.activation!r}", f"ModernBERT names only {sorted(activations)}")
+    settings = dict(
+        vocab_size=b.vocabulary_size,
+        hidden_size=b.hidden_dim,
+        intermediate_size=b.intermediate_dim,
+        num_hidden_layers=b.num_layers,
+        num_attention_heads=b.num_heads,
+        hidden_activation=activations[b.activation],
+        max_position_embeddings=b.max_sequence_length,
+        norm_eps=b.norm_epsilon,
+        local_attention=b.local_attention,
+        layer_types=[b.layer_type(i) for i in range(b.num_layers)],
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": float(b.global_rope_max_wavelength)},
+            "sliding_attention": {"rope_type": "default", "rope_theta": float(b.local_rope_max_wavelength)},
+        },
+        embedding_dropout=b.dropout,
+        attention_dropout=b.dropout,
+        mlp_dropout=b.dropout,
+        initializer_range=b.initializer_range,
+        tie_word_embeddings=True,
+    )
+    tokenizer = task.preprocessor.tokenizer if task.preprocessor is not None else None
+    settings.update(
+        cls_token_id=tokenizer.cls_token_id if tokenizer else None,
+        sep_token_id=tokenizer.sep_token_id if tokenizer else None,
+    )
+    return "ModernBertConfig", "ModernBertForMaskedLM", settings
+
+
 def t5_config(task):
     b = task.backbone
     activation = b.activation
@@ -274,6 +310,7 @@ FAMILIES = {
     "GemmaCausalLM": (gemma_config, hf_gemma),
     "BertMaskedLM": (bert_config, hf_bert),
     "BertClassifier": (bert_config, hf_bert),
+    "ModernBertMaskedLM": (modernbert_config, hf_modernbert),
     "T5Seq2SeqLM": (t5_config, hf_t5),
 }
 
@@ -281,7 +318,8 @@ FAMILIES = {
 _SUPPORTED = (
     f"format='huggingface' exports the tasks {sorted(FAMILIES)} (GPT as GPT2LMHeadModel; Llama, Qwen2, Qwen3, "
     "SmolLM3 and Mistral layouts; Gemma 3 text and Gemma 2; "
-    "BERT masked LM and classifier, RoBERTa, XLM-R and DistilBERT masked LMs; T5)"
+    "BERT masked LM and classifier, RoBERTa, XLM-R, DistilBERT and ModernBERT masked "
+    "LMs; T5)"
 )
 
 

@@ -8,7 +8,7 @@ own preset format (the `keras-transformer convert` command).
 Supported model types: "gpt2" (GPT2Model, GPT2LMHeadModel), "bert", "roberta", "xlm-roberta", "distilbert"
 (BertModel, BertForMaskedLM, BertForPreTraining, RobertaModel, RobertaForMaskedLM, XLMRobertaModel,
 XLMRobertaForMaskedLM, DistilBertModel, DistilBertForMaskedLM; a sentence-transformers folder of one of them as a
-BertTextEmbedder), "t5" (T5ForConditionalGeneration, T5Model),
+BertTextEmbedder), "modernbert" (ModernBertForMaskedLM, ModernBertModel), "t5" (T5ForConditionalGeneration, T5Model),
 and the Llama architecture
 "llama", "mistral", "qwen2", "qwen3", "smollm3" (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
 Qwen3ForCausalLM, SmolLM3ForCausalLM and their bare models; sharded safetensors included), and Gemma "gemma3_text",
@@ -31,7 +31,7 @@ Example, with a Hugging Face folder written here by `export(..., format="hugging
 from pathlib import Path
 
 from keras_transformer import presets
-from keras_transformer.convert import hf_bert, hf_gemma, hf_generation, hf_gpt2, hf_llama, hf_t5
+from keras_transformer.convert import hf_bert, hf_gemma, hf_generation, hf_gpt2, hf_llama, hf_modernbert, hf_t5
 from keras_transformer.convert import sentence_transformers
 from keras_transformer.convert.checkpoint import CheckpointWeights
 from keras_transformer.models.backbone import Backbone
@@ -41,7 +41,7 @@ from keras_transformer.models.task import Task
 # model_type -> its converter module; a module converting several types lists them in MODEL_TYPES.
 FAMILIES = {
     model_type: module
-    for module in (hf_gpt2, hf_bert, hf_t5, hf_llama, hf_gemma)
+    for module in (hf_gpt2, hf_bert, hf_modernbert, hf_t5, hf_llama, hf_gemma)
     for model_type in getattr(module, "MODEL_TYPES", None) or (module.MODEL_TYPE,)
 }
 

@@ -11,7 +11,7 @@ _ACTIVATIONS = {
     "gelu_approximate": lambda x: keras.activations.gelu(x, approximate=True),
     "silu": keras.activations.silu,
 }
-ACTIVATIONS = tuple(_ACTIVATIONS) + tuple(f"gated-{name}" for name in ("relu", "gelu", "silu"))
+ACTIVATIONS = tuple(_ACTIVATIONS) + tuple(f"gated-{name}" for name in ("relu", "gelu", "gelu_exact", "silu"))
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -20,12 +20,12 @@ class FeedForward(keras.layers.Layer):
 
     Gated variants (T5 v1.1, GLU family) compute act(x W_gate) * (x W_in)
     before the output projection. "gated-gelu" uses the tanh approximation
-    of gelu, as T5 v1.1 does.
+    of gelu, as T5 v1.1 does; "gated-gelu_exact" the exact one (ModernBERT's GeGLU).
 
     Args:
         intermediate_dim: int, the inner width F.
         activation: one of "relu", "gelu" (exact), "gelu_approximate" (tanh,
-            GPT-2), "silu", "gated-relu", "gated-gelu", "gated-silu".
+            GPT-2), "silu", "gated-relu", "gated-gelu", "gated-gelu_exact", "gated-silu".
         use_bias: bool, whether the projections have biases.
         dropout: float in [0, 1), dropout after the activation.
         kernel_initializer: initializer of the kernels.
@@ -69,9 +69,7 @@ class FeedForward(keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self._gated = activation.startswith("gated-")
-        # "gated-gelu" is T5 v1.1's GEGLU, whose gelu is the tanh approximation (gelu_new).
-        base = "gelu_approximate" if activation == "gated-gelu" else activation.removeprefix("gated-")
-        self._activation_fn = _ACTIVATIONS[base]
+        self._activation_fn = _ACTIVATIONS[base_activation(activation)]
 
     def _dense(self, units, name):
         return keras.layers.Dense(
@@ -120,3 +118,11 @@ class FeedForward(keras.layers.Layer):
             }
         )
         return config
+
+
+def base_activation(activation):
+    """The activation applied inside a FeedForward of `activation`: "gated-gelu" is T5 v1.1's GEGLU, whose gelu is
+    the tanh approximation (gelu_new); "gated-gelu_exact" is the exact gelu; "gated-x" is x otherwise."""
+    if activation == "gated-gelu":
+        return "gelu_approximate"
+    return activation.removeprefix("gated-").replace("gelu_exact", "gelu")

@@ -1,6 +1,7 @@
 """MaskedLM: the task base of encoder-only masked language models (predict hidden tokens)."""
 
 import keras
+from keras import ops
 
 from keras_transformer.metrics import Perplexity
 from keras_transformer.models.task import Task
@@ -18,3 +19,17 @@ class MaskedLM(Task):
 
     def default_weighted_metrics(self):
         return [keras.metrics.SparseCategoricalAccuracy(name="accuracy"), Perplexity()]
+
+
+class OutputBias(keras.layers.Layer):
+    """Adds a learned bias (V,) to logits (..., V): the only weight of a masked LM head's output layer (its decoder
+    is the tied token embedding)."""
+
+    def build(self, inputs_shape):
+        self.bias = self.add_weight(name="bias", shape=(inputs_shape[-1],), initializer="zeros")
+
+    def call(self, inputs):
+        return inputs + ops.cast(self.bias, inputs.dtype)
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape

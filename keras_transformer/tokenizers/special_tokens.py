@@ -44,7 +44,10 @@ def register_special_tokens(tokenizer, special_tokens, default_special_tokens):
                 f"has no such token). Received: {name}={token!r}"
             )
         ids[name] = token_id
-    # Registering tokens that are already in the vocabulary keeps their ids.
-    present = [t for t in tokens.values() if t is not None]
-    tokenizer.add_special_tokens(list(dict.fromkeys(present)))
+    # Registering tokens that are already in the vocabulary keeps their ids. Tokens the file already declares
+    # special keep their own flags (ModernBERT's and RoBERTa's mask token strips the space before it).
+    declared = {token.content for token in tokenizer.get_added_tokens_decoder().values() if token.special}
+    present = [t for t in dict.fromkeys(tokens.values()) if t is not None and t not in declared]
+    if present:
+        tokenizer.add_special_tokens(present)
     return tokens, ids

@@ -349,3 +349,60 @@ def masked_lm_inputs(ours, texts):
     mask = token_ids != tokenizer.pad_token_id
     positions = np.array([[1, 2, 3], [2, 5, 9], [1, 3, 4]], "int32")[: len(texts)]  # (B, P)
     return {"token_ids": token_ids, "segment_ids": np.zeros_like(token_ids), "padding_mask": mask}, positions
+
+
+MODERNBERT_SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]  # after the BPE vocabulary, as ModernBERT's
+
+
+def modernbert(directory, seed=0, **options):
+    """ModernBertForMaskedLM (3 layers, global every second one: global, local, global) with a local window of 4
+    (2 positions each side, shorter than the test texts), two rotary bases, and a byte-level BPE tokenizer whose
+    [CLS] ... [SEP] specials follow the vocabulary ([MASK] strips the space before it), as ModernBERT's does.
+    `options`: config arguments."""
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+    backend = Backend(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(TEXTS, trainer)
+    backend.add_special_tokens([AddedToken(t, lstrip=t == "[MASK]", normalized=False) for t in MODERNBERT_SPECIALS])
+    ids = {token: backend.token_to_id(token) for token in MODERNBERT_SPECIALS}
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS]:0 $A:0 [SEP]:0",
+        pair="[CLS]:0 $A:0 [SEP]:0 $B:0 [SEP]:0",
+        special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])],
+    )
+    settings = dict(
+        vocab_size=backend.get_vocab_size() + 3,  # unused rows past the tokenizer, as ModernBERT's 50368
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        global_attn_every_n_layers=2,
+        local_attention=4,
+        global_rope_theta=160000.0,
+        local_rope_theta=10.0,
+        pad_token_id=ids["[PAD]"],
+        bos_token_id=ids["[CLS]"],
+        eos_token_id=ids["[SEP]"],
+        cls_token_id=ids["[CLS]"],
+        sep_token_id=ids["[SEP]"],
+        attn_implementation="eager",
+        **options,
+    )
+    model = randomize(transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(**settings)), seed, scale=0.2)
+    model.save_pretrained(directory, safe_serialization=True)
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        mask_token="[MASK]",
+    )
+    fast.save_pretrained(directory)
+    return model

@@ -8,7 +8,7 @@ from keras import ops
 
 from keras_transformer.models.bert.bert_backbone import BertBackbone
 from keras_transformer.models.bert.bert_masked_lm_preprocessor import BertMaskedLMPreprocessor
-from keras_transformer.models.masked_lm import MaskedLM
+from keras_transformer.models.masked_lm import MaskedLM, OutputBias
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -61,7 +61,7 @@ class BertMaskedLM(MaskedLM):
         self.mlm_layer_norm = keras.layers.LayerNormalization(
             epsilon=backbone.norm_epsilon, dtype=dtype, name="mlm_layer_norm"
         )
-        self.mlm_output_bias = _OutputBias(dtype=dtype, name="mlm_output_bias")
+        self.mlm_output_bias = OutputBias(dtype=dtype, name="mlm_output_bias")
 
         # === Functional model ===
         inputs = {**backbone.input, "mask_positions": keras.Input(shape=(None,), dtype="int32", name="mask_positions")}
@@ -72,16 +72,3 @@ class BertMaskedLM(MaskedLM):
         logits = backbone.token_embedding(x, reverse=True)  # (B, P, D) -> (B, P, V)
         logits = self.mlm_output_bias(logits)
         super().__init__(inputs=inputs, outputs=ops.cast(logits, "float32"), **kwargs)
-
-
-class _OutputBias(keras.layers.Layer):
-    """Adds a learned bias (V,) to logits (..., V): the only weight of the head's output layer."""
-
-    def build(self, inputs_shape):
-        self.bias = self.add_weight(name="bias", shape=(inputs_shape[-1],), initializer="zeros")
-
-    def call(self, inputs):
-        return inputs + ops.cast(self.bias, inputs.dtype)
-
-    def compute_output_shape(self, inputs_shape):
-        return inputs_shape
