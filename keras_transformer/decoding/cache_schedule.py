@@ -44,9 +44,10 @@ def cache_width(state):
 
 def widen(state, width):
     """The loop state with every cache buffer padded from W to `width` positions."""
-    extra = width - cache_width(state)
-    if extra <= 0:
+    current = cache_width(state)
+    if current is None or width - current <= 0:  # None: a dynamic width, the buffer's own (never widened)
         return state
+    extra = width - current
 
     def pad(t):
         return ops.pad(t, [(0, 0)] * (len(t.shape) - 2) + [(0, extra), (0, 0)])

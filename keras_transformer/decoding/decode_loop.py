@@ -83,13 +83,22 @@ def prepare(task, inputs: PrefillInputs, kernels=None):
     # Per-layer (keys, values) buffers (B, Hkv, W, Dh), W the first chunk's width (see `cache_widths`):
     # each is written in place at every step.
     prefill = inputs.prefill_token_ids  # (B, P)
-    width = cache_widths(length, prefill.shape[1])[0]  # the first width is the same either way
+    if length is None:  # a dynamic buffer (the SavedModel's trace): one cache as wide as it, never widened
+        width = ops.shape(inputs.prompt_token_ids)[1]
+    else:
+        width = cache_widths(length, prefill.shape[1])[0]  # the first width is the same either way
     _, layers, _, heads, _, head_dim = task.backbone.cache_shape(batch_size, width)
     cache = [
         tuple(ops.zeros((batch_size, heads, width, head_dim), cache_dtype(task)) for _ in range(2))
         for _ in range(layers)
     ]
-    if prefill.shape[1]:
+    if prefill.shape[1] is None:  # a dynamic P (the SavedModel's trace): none for one-token prompts
+
+        def fill(cache=cache):
+            return model_step(task, prefill, cache, 0, encoded, kernels=kernels)[1]
+
+        cache = ops.cond(ops.shape(prefill)[1] > 0, fill, lambda: cache)
+    elif prefill.shape[1]:
         _, cache = model_step(task, prefill, cache, 0, encoded, kernels=kernels)
     return Prepared(cache, encoded)
 
@@ -222,15 +231,25 @@ def run(spec, inputs: LoopInputs, prepared, kernels=None):
     def loop_body(i, state):
         return body(spec, ctx, i, state, head, kernels)
 
-    for width in cache_widths(ctx.length, cache_width(state), spec.options.chunked_cache):
+    for width, bound in _chunks(ctx.length, cache_width(state), spec.options.chunked_cache):
         state = widen(state, width)
-        bound = min(width + 1, ctx.length)  # the steps i <= width write at i - 1 < width
 
         def cond(i, state, bound=bound):
             return ops.logical_and(i < bound, sampler._is_running(state))
 
         i, state = ops.while_loop(cond, loop_body, (i, state))
     return outputs(spec, state)
+
+
+def _chunks(length, first_width, chunked):
+    """[(cache width W, bound: the steps i < bound run at W)] of a loop over a buffer of length L.
+
+    A dynamic L (a tensor: the SavedModel's trace) is one chunk: its cache is L wide from the start.
+    """
+    if not isinstance(length, int):
+        return [(first_width, length)]
+    # the steps i <= W write at i - 1 < W
+    return [(width, min(width + 1, length)) for width in cache_widths(length, first_width, chunked)]
 
 
 def outputs(spec, state):

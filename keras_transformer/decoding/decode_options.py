@@ -15,8 +15,8 @@ class DecodeOptions:
         return_logits: bool, keep every step's logits (R, L, V).
         streaming: bool, the loop runs one step per call so that a streamer sees every token.
 
-    How the loop runs (`compile.plan` sets these for the backend and device; the defaults are the
-    plain traced loop that the SavedModel's `generate` signatures run):
+    How the loop runs (`compile.plan` sets these for the backend and device; the SavedModel's `generate`
+    signatures run the defaults but `flat_cache`, their loop's shapes dynamic):
         beam_cache: beams keep their cache slots and an ancestry table follows them (no copy of
             the cache per step).
         padded_step: each one-row step pads its token to two (see `kv_cache.PaddedQueryCache`).

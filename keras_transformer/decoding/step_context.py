@@ -25,7 +25,7 @@ class StepContext(NamedTuple):
     num_rows: Any  # R: an int, or a tensor where the batch is dynamic (the SavedModel's trace)
     batch_size: Any  # B = R // K
     num_beams: int  # K
-    length: int  # L, static
+    length: Any  # L: an int, or a tensor where the buffer is dynamic (the SavedModel's trace)
     vocabulary_size: int  # V
     prompt_lengths: Any  # (R,) int32
     max_new_tokens: Any  # int32 scalar
@@ -56,7 +56,7 @@ def step_context(inputs, options, num_beams, vocabulary_size):
         num_rows=num_rows,
         batch_size=num_rows // num_beams,
         num_beams=num_beams,
-        length=inputs.token_ids.shape[1],
+        length=_length(inputs.token_ids),
         vocabulary_size=vocabulary_size,
         prompt_lengths=inputs.prompt_lengths,
         max_new_tokens=inputs.max_new_tokens,
@@ -88,3 +88,9 @@ def reorder_rows(rows, index, filled=None, flat=True):
         return reordered._replace(cache=reorder_filled_rows(rows.cache, index, filled))
     cache = model_cache(rows.cache, num_rows, flat)
     return reordered._replace(cache=loop_cache([tuple(take(t) for t in pair) for pair in cache], flat))
+
+
+def _length(token_ids):
+    """L of the (R, L) token buffer: static where it is, else a tensor."""
+    length = token_ids.shape[1]
+    return ops.shape(token_ids)[1] if length is None else length

@@ -25,19 +25,16 @@ Signatures (all also callable as `loaded.<name>(...)`; the first is `serving_def
 
 The `generate` signatures run the Keras decoding loop itself (`decoding/decode_loop.py`'s
 `trace_prepare` and `trace_run`, the code `lm.generate` compiles on every backend), traced
-here under TensorFlow with the batch dynamic: the same samplers, logits processors (repetition
+here under TensorFlow with every shape dynamic: the same samplers, logits processors (repetition
 penalty, min_new_tokens; the end token stops a row) and noise (a hash of (seed, step, row),
 see `samplers/noise.py`), so a seed gives the tokens `RandomSampler(seed=...)` gives in Keras
-and in the ONNX bundle. The loop's buffer length and prefill length are static shapes: the
-graph holds one loop per buffer length L (two: the loop's first cache width, 128 or less, and
-max_length) and first cache width, and one prefill per prefill length (0, 32 times powers of
-two, and each L: 10 for a max_length of 8192), and each call takes the smallest that fits
-(`tf.switch_case`; greedy and random decoding share one loop, the token chosen in the step): a
-call within 128 positions never pays for max_length (its cache is never widened), a longer one
-widens its cache in the loop's steps
-(128, 256, 384, 512, then doublings) up to max_length. Beam search reorders the cache's rows as the
+and in the ONNX bundle. The loop is traced once, its shapes dynamic: each call's token buffer and
+cache hold L = longest prompt + max_new_tokens positions (a short call never pays for max_length, and
+the graph holds one loop, not one per static length), the prompt's first longest - 1 positions are
+prefilled in one pass, and the steps start at the shortest prompt. Greedy and random decoding share
+that loop (the token chosen in the step). Beam search reorders the cache's rows as the
 PyTorch loop does (the compiled backends' slot cache needs a static batch). The graph runs
-without XLA (the loaded model needs no compiler, and only the branch taken runs).
+without XLA (the loaded model needs no compiler).
 
 The SavedModel depends on TensorFlow only: `tf.saved_model.load(path)` works in a process
 that never imports Keras or keras_transformer. The tokenizer files and
@@ -46,20 +43,10 @@ that never imports Keras or keras_transformer. The tokenizer files and
 Runs under the TensorFlow backend (see `keras_transformer.export`).
 """
 
-import keras
-
 from keras_transformer.export import graphs as graph_lib
 from keras_transformer.presets import write_json
 from keras_transformer.export.onnx import GENERATION_CONFIG_FILE, generation_config
-from keras_transformer.decoding import (
-    PREFILL_BUCKET,
-    DecodeOptions,
-    LoopInputs,
-    PrefillInputs,
-    cache_widths,
-    trace_prepare,
-    trace_run,
-)
+from keras_transformer.decoding import DecodeOptions, LoopInputs, PrefillInputs, trace_prepare, trace_run
 from keras_transformer.samplers import (
     BeamSampler,
     GreedySampler,
@@ -78,8 +65,6 @@ def write_saved_model(task, directory):
     import tensorflow as tf
 
     kind = graph_lib.model_kind(task)
-    archive = keras.export.ExportArchive()
-    archive.track(task)
     input_names = list(task.input)
     specs = [
         tf.TensorSpec((None,) * len(task.input[name].shape), task.input[name].dtype, name=name) for name in input_names
@@ -92,49 +77,62 @@ def write_saved_model(task, directory):
             outputs.update(task.backbone({name: inputs[name] for name in task.backbone.input}))
         return outputs
 
-    archive.add_endpoint("forward", forward, input_signature=specs)
+    endpoints = {"forward": (forward, specs)}
     config = None
     if kind != "encoder":
         config = generation_config(task)
         sampler = getattr(task, "sampler", None)
         num_beams = sampler.num_beams if isinstance(sampler, BeamSampler) and sampler.num_beams > 1 else NUM_BEAMS
-        served = _ServedLoop(task, config, num_beams)
-        names = ("token_ids", "padding_mask") if kind == "decoder" else ("encoder_token_ids", "encoder_padding_mask")
-        prompts = [
-            tf.TensorSpec((None, None), tf.int32, name=names[0]),
-            tf.TensorSpec((None, None), tf.bool, name=names[1]),
-        ]
-        archive.add_endpoint(
-            "generate",
-            served.generate,
-            input_signature=prompts
-            + [
-                tf.TensorSpec((), tf.int32, name="max_new_tokens"),
-                tf.TensorSpec((), tf.float32, name="temperature"),
-                tf.TensorSpec((), tf.int32, name="top_k"),
-                tf.TensorSpec((), tf.float32, name="top_p"),
-                tf.TensorSpec((), tf.int32, name="seed"),
-                tf.TensorSpec((), tf.int32, name="min_new_tokens"),
-                tf.TensorSpec((), tf.float32, name="repetition_penalty"),
-            ],
-        )
-        archive.add_endpoint(
-            "generate_beam",
-            served.generate_beam,
-            input_signature=prompts
-            + [
-                tf.TensorSpec((), tf.int32, name="max_new_tokens"),
-                tf.TensorSpec((), tf.float32, name="length_penalty"),
-                tf.TensorSpec((), tf.int32, name="min_new_tokens"),
-                tf.TensorSpec((), tf.float32, name="repetition_penalty"),
-            ],
-        )
-        config["saved_model"] = {"num_beams": num_beams, "early_stopping": False, "buffer_lengths": served.lengths}
-    archive.write_out(str(directory), verbose=False)
+        endpoints.update(_generate_endpoints(_ServedLoop(task, config, num_beams), kind))
+        config["saved_model"] = {"num_beams": num_beams, "early_stopping": False}
+    _save(directory, endpoints)
     if task.preprocessor is not None:
         task.preprocessor.tokenizer.save(directory)
     if config is not None:
         write_json(f"{directory}/{GENERATION_CONFIG_FILE}", config)
+
+
+def _generate_endpoints(served, kind):
+    """{"generate" | "generate_beam": (function, input specs)} of an LM's `_ServedLoop`."""
+    import tensorflow as tf
+
+    names = ("token_ids", "padding_mask") if kind == "decoder" else ("encoder_token_ids", "encoder_padding_mask")
+    prompts = [
+        tf.TensorSpec((None, None), tf.int32, name=names[0]),
+        tf.TensorSpec((None, None), tf.bool, name=names[1]),
+    ]
+
+    def scalars(**dtypes):
+        return [tf.TensorSpec((), dtype, name=name) for name, dtype in dtypes.items()]
+
+    common = scalars(min_new_tokens=tf.int32, repetition_penalty=tf.float32)
+    sampling = scalars(max_new_tokens=tf.int32, temperature=tf.float32, top_k=tf.int32, top_p=tf.float32, seed=tf.int32)
+    beam = scalars(max_new_tokens=tf.int32, length_penalty=tf.float32)
+    return {
+        "generate": (served.generate, prompts + sampling + common),
+        "generate_beam": (served.generate_beam, prompts + beam + common),
+    }
+
+
+def _save(directory, endpoints):
+    """Trace each endpoint once and save them as the SavedModel's signatures (the first also `serving_default`)
+    and its functions (`loaded.<name>(...)`), with the variables they read, each stored once.
+
+    Not Keras's `ExportArchive`: it traces every function a second time inside `tf.saved_model.save` (the save
+    context is part of a `tf.function`'s cache key; a concrete function is not retraced), and stores the Keras
+    variables besides the TensorFlow ones the functions read: each weight written twice.
+    """
+    import tensorflow as tf
+
+    module = tf.Module()
+    functions = {}
+    for name, (function, specs) in endpoints.items():
+        functions[name] = tf.function(function, input_signature=specs, autograph=False).get_concrete_function()
+        setattr(module, name, functions[name])
+    variables = {id(v): v for function in functions.values() for v in function.variables}
+    module.endpoint_variables = list(variables.values())
+    signatures = dict(functions, serving_default=functions[next(iter(endpoints))])
+    tf.saved_model.save(module, str(directory), signatures=signatures)
 
 
 class _ServedRandomSampler(RandomSampler):
@@ -191,26 +189,7 @@ class _ServedLoop:
             self.stop_ids = tuple(int(token) for token in config["stop_token_ids"])
         self.start_id = config.get("decoder_start_token_id")
         self.num_beams = num_beams
-        # Static shapes, one loop each: buffer lengths L (the loop's first cache width, for the
-        # common short call, and max_length), and per L the prefill lengths P grouped by the
-        # cache's first width (the loop's step bodies depend on L and that width only).
-        self.lengths = sorted({cache_widths(self.max_length, 1)[0], self.max_length})
-        # Prefill lengths: 0 (a one-token prompt), then PREFILL_BUCKET times powers of two, and each L: a prompt's
-        # prefill is the first of them that holds its positions but the last (at most L). Powers of two, not every
-        # multiple of PREFILL_BUCKET as `generate` takes: each is the model traced once more, and a max_length of
-        # 8192 made 257 of them (a 135M model's export ran past 15 minutes and 17 GB).
-        bucket, candidates = PREFILL_BUCKET, {0, *self.lengths}
-        while bucket < self.max_length:
-            candidates.add(bucket)
-            bucket *= 2
-        self.prefill_candidates = sorted(candidates)
-        self.programs = []  # [(L, [P, ...])]
-        for length in self.lengths:
-            groups = {}
-            prefills = {0} if self.kind != "decoder" else {min(p, length) for p in self.prefill_candidates}
-            for prefill in sorted(prefills):
-                groups.setdefault(cache_widths(length, prefill)[0], []).append(prefill)
-            self.programs += [(length, members) for members in groups.values()]
+        self.options = DecodeOptions(stop_token_ids=self.stop_ids, pad_id=self.pad, repetition=True, flat_cache=False)
 
     # --- signatures ------------------------------------------------------------
 
@@ -267,76 +246,37 @@ class _ServedLoop:
         with tf.control_dependencies(checks):
             longest = tf.identity(longest)
 
-        # Which loop: the smallest buffer L that holds every prompt and max_new_tokens; the prefill
-        # length as `generate` buckets it (0 for one-token prompts).
-        need = longest + max_new_tokens
-        length = tf.gather(self.lengths, tf.reduce_sum(tf.cast(tf.constant(self.lengths) < need, tf.int32)))
-        candidates = tf.constant(self.prefill_candidates)
-        bucketed = tf.gather(candidates, tf.reduce_sum(tf.cast(candidates < longest - 1, tf.int32)))
-        prefill = tf.minimum(bucketed, length)  # 0 for a one-token prompt
-        program = tf.constant(0)
-        for index, (program_length, members) in enumerate(self.programs):
-            program = tf.where(
-                (length == program_length) & (prefill >= members[0]) & (prefill <= members[-1]), index, program
-            )
-        scalars = {
-            "lengths": lengths,
-            "start": tf.reduce_min(lengths),
-            "max_new_tokens": max_new_tokens,
-            "min_new_tokens": min_new_tokens,
-            "repetition_penalty": repetition_penalty,
-            "prefill": prefill,
-            "seed": seed,
-        }
-        branches = [
-            (lambda L=program_length, members=members: self._run(sampler, prompts, encoder, L, members, scalars))
-            for program_length, members in self.programs
-        ]
-        buffers = branches[0]() if len(branches) == 1 else tf.switch_case(program, branches)
-        width = tf.shape(prompts)[1] + max_new_tokens  # the output's P + N
-        return _cut(buffers, width, self.pad)
-
-    def _run(self, sampler, prompts, encoder, length, members, scalars):
-        """One loop of buffer length L (static), its prefill one of `members`: -> {"token_ids" (B, L), "ends" (B,)}."""
-        import tensorflow as tf
-
-        K = sampler.num_beams
+        # One loop, traced once, its shapes dynamic: a buffer and cache of L = longest + max_new_tokens
+        # positions (a short call never pays for max_length), and a prefill of the first longest - 1
+        # positions (none for one-token prompts); the loop's steps then start at the shortest prompt.
+        length = longest + max_new_tokens
         tokens = _to_width(prompts, length, self.pad)  # (B, L)
+        prefill = tokens[:, : longest - 1] if self.kind == "decoder" else tokens[:, :0]  # (B, P)
+        prepared = trace_prepare(
+            self.task, PrefillInputs(prompt_token_ids=tokens, prefill_token_ids=prefill, **(encoder or {}))
+        )
+        K = sampler.num_beams
         rows = tf.repeat(tokens, K, axis=0)  # (B, L) -> (R, L)
-        start = scalars["start"]
-
-        def prepare(prefill):
-            inputs = PrefillInputs(prompt_token_ids=tokens, prefill_token_ids=tokens[:, :prefill], **(encoder or {}))
-            return lambda: trace_prepare(self.task, inputs)
-
-        if len(members) == 1:
-            prepared = prepare(members[0])()
-        else:
-            index = tf.reduce_sum(tf.cast(tf.constant(members) < scalars["prefill"], tf.int32))
-            prepared = tf.switch_case(index, [prepare(prefill) for prefill in members])
-
+        start = tf.reduce_min(lengths)
         inputs = LoopInputs(
             token_ids=rows,
-            prompt_lengths=tf.repeat(scalars["lengths"], K),  # (R,)
+            prompt_lengths=tf.repeat(lengths, K),  # (R,)
             start=start,
-            max_new_tokens=scalars["max_new_tokens"],
-            min_new_tokens=scalars["min_new_tokens"],
-            repetition_penalty=scalars["repetition_penalty"],
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=min_new_tokens,
+            repetition_penalty=repetition_penalty,
             seen=_seen(rows, start, self.task.backbone.vocabulary_size),  # (R, V) the tokens before step `start`
         )
         if isinstance(sampler, RandomSampler):  # the loop hashes (seed, step, row) into its noise
-            inputs = inputs._replace(seed=scalars["seed"])
-        options = DecodeOptions(stop_token_ids=self.stop_ids, pad_id=self.pad, repetition=True)
-        outputs = trace_run(self.task, sampler, options, inputs, prepared)
+            inputs = inputs._replace(seed=seed)
+        outputs = trace_run(self.task, sampler, self.options, inputs, prepared)
         if K == 1:
-            buffer = outputs["token_ids"]  # (B, L)
-            ends = _ends(buffer, scalars["lengths"], scalars["max_new_tokens"], self.stop_ids)
-            return {"token_ids": buffer, "ends": ends, "scores": tf.zeros(tf.shape(ends), tf.float32)}
-        return {
-            "token_ids": outputs["token_ids"][:, 0],
-            "ends": outputs["ends"][:, 0],
-            "scores": outputs["scores"][:, 0],
-        }
+            buffers = {"token_ids": outputs["token_ids"], "scores": tf.zeros((batch,), tf.float32)}  # (B, L)
+            buffers["ends"] = _ends(buffers["token_ids"], lengths, max_new_tokens, self.stop_ids)
+        else:
+            buffers = {name: outputs[name][:, 0] for name in ("token_ids", "ends", "scores")}  # the best hypothesis
+        width = tf.shape(prompts)[1] + max_new_tokens  # the output's P + N
+        return _cut(buffers, width, self.pad)
 
     def _checks(self, ids, lengths, longest, max_new_tokens, min_new_tokens, repetition_penalty):
         import tensorflow as tf
@@ -369,15 +309,14 @@ def _to_width(x, width, pad):
     """(B, P) -> (B, width) with a static width: cut, or right-padded with `pad`."""
     import tensorflow as tf
 
-    x = tf.pad(x, [[0, 0], [0, tf.maximum(width - tf.shape(x)[1], 0)]], constant_values=pad)[:, :width]
-    return tf.ensure_shape(x, [None, width])
+    return tf.pad(x, [[0, 0], [0, tf.maximum(width - tf.shape(x)[1], 0)]], constant_values=pad)[:, :width]
 
 
 def _seen(rows, start, vocabulary_size):
     """(R, V) bool: which tokens each row holds before position `start` (the repetition penalty's memory)."""
     import tensorflow as tf
 
-    num_rows, length = tf.shape(rows)[0], rows.shape[1]
+    num_rows, length = tf.shape(rows)[0], tf.shape(rows)[1]
     target = tf.where(tf.range(length)[None, :] < start, rows, vocabulary_size)  # (R, L): V past `start`
     row_index = tf.broadcast_to(tf.range(num_rows)[:, None], tf.shape(rows))
     indices = tf.reshape(tf.stack([row_index, target], axis=-1), (-1, 2))  # (R * L, 2)
@@ -389,7 +328,7 @@ def _ends(buffer, lengths, max_new_tokens, stop_ids):
     """(B,) position after each row's last token: its prompt, then up to max_new_tokens, cut after a stop token."""
     import tensorflow as tf
 
-    length = buffer.shape[1]
+    length = tf.shape(buffer)[1]
     columns = tf.range(length)[None, :]  # (1, L)
     limit = lengths + max_new_tokens
     generated = (columns >= lengths[:, None]) & (columns < limit[:, None])  # (B, L)
