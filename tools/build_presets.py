@@ -36,6 +36,17 @@ BERT_BASE = dict(
     vocabulary_size=30522, num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072, max_sequence_length=512
 )
 DISTILBERT_BASE = dict(BERT_BASE, num_layers=6, num_segments=0)
+MODERNBERT_BASE = dict(
+    vocabulary_size=50368,
+    num_layers=22,
+    num_heads=12,
+    hidden_dim=768,
+    intermediate_dim=1152,
+    max_sequence_length=8192,
+    local_attention=128,
+    global_rope_max_wavelength=160000.0,
+    local_rope_max_wavelength=10000.0,
+)
 T5_TINY = dict(vocabulary_size=8000, num_layers=2, num_heads=4, hidden_dim=128, intermediate_dim=512, key_dim=32)
 T5_SMALL = dict(vocabulary_size=32128, num_layers=6, num_heads=8, hidden_dim=512, intermediate_dim=2048, key_dim=64)
 T5_BASE = dict(vocabulary_size=32128, num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072, key_dim=64)
@@ -233,6 +244,19 @@ PRESETS = {
         "DistilBERT-base shape (66M; the real checkpoint: hf://distilbert/distilbert-base-uncased): 6 layers, "
         "d 768, 12 heads, no token types, WordPiece 30522.",
     ),
+    "modernbert_base": (
+        "modernbert",
+        "BytePairTokenizer",
+        "ModernBertBackbone",
+        MODERNBERT_BASE,
+        "ModernBertMaskedLM",
+        "ModernBertMaskedLMPreprocessor",
+        {"sequence_length": 512},
+        "ModernBERT-base shape (150M; the real checkpoint: hf://answerdotai/ModernBERT-base): 22 layers, d 768, "
+        "12 heads, every third layer global (rope_theta 160000) and the others local (a 128-token window, "
+        "rope_theta 10000), GeGLU 1152, no biases, tied head; a byte-level BPE tokenizer with [CLS] [SEP] [PAD] "
+        "[MASK] [UNK] after its vocabulary as ModernBERT's, 50368 embedding rows (the tokenizer here has 49157).",
+    ),
     "t5_tiny": (
         "t5",
         "UnigramTokenizer",
@@ -278,7 +302,29 @@ PRESETS = {
 
 
 # Presets whose embedding has more rows than their tokenizer has tokens (as Qwen2's: 151936 rows, 151665 tokens).
-TOKENIZER_SIZES = {"qwen2_0_5b": 49152, "qwen3_0_6b": 49152, "smollm3_3b": 49152}
+TOKENIZER_SIZES = {"qwen2_0_5b": 49152, "qwen3_0_6b": 49152, "smollm3_3b": 49152, "modernbert_base": 49152}
+# Presets whose byte-level BPE gets BERT's special tokens after its vocabulary, as ModernBERT's tokenizer has them.
+ENCODER_BPE = ("modernbert_base",)
+
+
+def with_encoder_specials(tokenizer):
+    """A BytePairTokenizer with [UNK] [CLS] [SEP] [PAD] [MASK] appended ([MASK] strips the space before it), whose
+    post-processor writes [CLS] text [SEP], as ModernBERT's tokenizer.json."""
+    from tokenizers import AddedToken, Tokenizer, processors
+
+    from keras_transformer.tokenizers import BytePairTokenizer
+
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    names = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
+    backend.add_special_tokens([AddedToken(name, lstrip=name == "[MASK]", normalized=False) for name in names])
+    cls, sep = backend.token_to_id("[CLS]"), backend.token_to_id("[SEP]")
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS]:0 $A:0 [SEP]:0",
+        pair="[CLS]:0 $A:0 [SEP]:0 $B:0 [SEP]:0",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
+    special = dict(unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]")
+    return BytePairTokenizer(backend, bos_token=None, eos_token=None, **special)
 
 
 def train_tokenizer(class_name, vocabulary_size, cache={}):
@@ -337,7 +383,8 @@ def build(name):
     folder = ZOO / name
     folder.mkdir(parents=True, exist_ok=True)
     if not (folder / "tokenizer.json").exists():  # training the 32k Unigram takes minutes: keep existing ones
-        train_tokenizer(tok_cls, TOKENIZER_SIZES.get(name, bb_config["vocabulary_size"])).save(folder)
+        tokenizer = train_tokenizer(tok_cls, TOKENIZER_SIZES.get(name, bb_config["vocabulary_size"]))
+        (with_encoder_specials(tokenizer) if name in ENCODER_BPE else tokenizer).save(folder)
     count = parameter_count(bb_cls, bb_config)
     config = {
         "name": name,

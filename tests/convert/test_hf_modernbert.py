@@ -9,6 +9,7 @@ pick ModernBertMaskedLM. transformers runs its eager attention (padding masked; 
 Axes: B batch, T length, P masked positions, V vocabulary.
 """
 
+import inspect
 import json
 import shutil
 
@@ -18,7 +19,11 @@ import pytest
 import torch
 import transformers
 
-from keras_transformer.models import MaskedLM, ModernBertBackbone, ModernBertMaskedLM
+from keras_transformer import presets
+from keras_transformer.convert import hf_modernbert
+from keras_transformer.models import MaskedLM, ModernBertBackbone, ModernBertMaskedLM, ModernBertMaskedLMPreprocessor
+from keras_transformer.models.modernbert.modernbert_backbone import default_layer_types
+from keras_transformer.tokenizers import Tokenizer
 from tests.conftest import to_numpy
 from tests.convert import hf_models
 
@@ -123,15 +128,57 @@ def test_what_modernbert_does_not_have_is_refused(case, tmp_path):
         ModernBertBackbone(100, num_layers=2, num_heads=2, hidden_dim=8, intermediate_dim=8, layer_types=["local"] * 2)
 
 
-@pytest.mark.slow
-def test_fit_and_the_onnx_bundle(case, tmp_path):
-    """The encoder bundle (its graph traced by tf2onnx, with no segment_ids input) fills [MASK] as Keras; a few fit
-    steps on the same texts lower the masked-LM loss."""
-    from keras_transformer.bundle_runtime import load_bundle_runtime
+def test_the_modernbert_base_preset_has_modernbert_base_shape():
+    """The preset's backbone is what the converter makes of transformers' default ModernBertConfig (ModernBERT-base's
+    shape), with as many parameters as transformers' ModernBertModel; its tokenizer packs and masks as ModernBERT's
+    ([CLS] text [SEP], a [MASK] that takes the space before it)."""
+    hf_config = transformers.ModernBertConfig(architectures=["ModernBertForMaskedLM"]).to_dict()
+    converted = hf_modernbert.convert_config(hf_config)["backbone"]["config"]
+    _, preset = presets.load_config("modernbert_base")
+    defaults = inspect.signature(ModernBertBackbone).parameters
+    ours = {name: preset["backbone"]["config"].get(name, defaults[name].default) for name in converted}
+    ours["layer_types"] = ours["layer_types"] or default_layer_types(ours["num_layers"])
+    assert ours == converted
+    with torch.device("meta"):
+        counted = sum(p.numel() for p in transformers.ModernBertModel(transformers.ModernBertConfig()).parameters())
+    assert preset["parameter_count"] == counted
+    tokenizer = Tokenizer.load(presets.resolve("modernbert_base"))
+    assert tokenizer.tokenize("a [MASK]") == tokenizer.tokenize("a") + [tokenizer.mask_token_id]
+    x, _, _ = ModernBertMaskedLMPreprocessor(tokenizer, sequence_length=16, seed=0)(["def add(a, b):"])
+    row = x["token_ids"][0, : x["padding_mask"][0].sum()]
+    assert row[0] == tokenizer.cls_token_id and row[-1] == tokenizer.sep_token_id and len(row) > 4
 
+
+def test_fit_lowers_the_loss(case):
+    """A few steps on one batch (its masks drawn once) lower the masked-LM loss."""
     directory, _, _ = case
     ours = MaskedLM.from_preset(directory)
+    x, y, w = ours.preprocessor(hf_models.TEXTS[:8])
+    assert sorted(x) == ["mask_positions", "padding_mask", "token_ids"]
+    # The task's loss (from logits); on TensorFlow without XLA, whose compile on a CPU costs more than these steps.
+    jit_compile = False if keras.config.backend() == "tensorflow" else "auto"
+    ours.compile(optimizer=keras.optimizers.Adam(1e-3), weighted_metrics=[], jit_compile=jit_compile)
+    # One batch per epoch: each epoch's loss is that of the weights before its step (the first: the checkpoint's).
+    losses = ours.fit(x, y, sample_weight=w, batch_size=8, epochs=4, verbose=0).history["loss"]
+    assert np.isfinite(losses[-1]) and losses[-1] < losses[0] - 0.1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    keras.config.backend() != "tensorflow",
+    reason="both exports trace the model under TensorFlow whatever the backend (a TensorFlow child process here, "
+    "tested for every family in tests/export/): the TensorFlow run checks these graphs, against transformers too",
+)
+def test_the_onnx_bundle_and_the_saved_model(case, tmp_path):
+    """The encoder bundle (its graph traced by tf2onnx, with no segment_ids input) fills [MASK] as Keras and
+    transformers do; the SavedModel's serving signature gives the same logits."""
+    import tensorflow as tf
+
+    from keras_transformer.bundle_runtime import load_bundle_runtime
+
+    _, peer, ours = case
     bundle = ours.export(tmp_path / "bundle", format="onnx")
+    saved = ours.export(tmp_path / "saved", format="tf_saved_model")
     encoder = load_bundle_runtime(bundle).Encoder(bundle)
     assert [i.name for i in encoder.session.get_inputs()] == ["token_ids", "padding_mask", "mask_positions"]
     texts = ["the quick [MASK] fox jumps over the lazy dog", "a cat sat on the [MASK]"]
@@ -139,13 +186,9 @@ def test_fit_and_the_onnx_bundle(case, tmp_path):
     tokenizer = ours.preprocessor.tokenizer
     positions = np.argwhere(feeds["token_ids"] == tokenizer.mask_token_id)[:, 1].reshape(2, 1).astype("int32")
     inputs = {"token_ids": feeds["token_ids"].astype("int32"), "padding_mask": feeds["padding_mask"].astype(bool)}
-    np.testing.assert_allclose(
-        encoder(texts)["logits"], to_numpy(ours({**inputs, "mask_positions": positions})), atol=1e-4
-    )
-
-    x, y, w = ours.preprocessor(hf_models.TEXTS[:8])  # the masks drawn once: before and after see the same
-    assert sorted(x) == ["mask_positions", "padding_mask", "token_ids"]
-    ours.compile(optimizer=keras.optimizers.Adam(1e-3), weighted_metrics=[])  # the task's loss: from logits
-    # One batch per epoch: each epoch's loss is that of the weights before its step (the first: the checkpoint's).
-    losses = ours.fit(x, y, sample_weight=w, batch_size=8, epochs=4, verbose=0).history["loss"]
-    assert np.isfinite(losses[-1]) and losses[-1] < losses[0] - 0.1
+    keras_logits = to_numpy(ours({**inputs, "mask_positions": positions}))
+    np.testing.assert_allclose(encoder(texts)["logits"], keras_logits, atol=1e-4)
+    np.testing.assert_allclose(keras_logits, _their_logits(peer, inputs, positions), atol=1e-4)
+    served = tf.saved_model.load(str(saved)).signatures["serving_default"]
+    logits = served(**{name: tf.constant(value) for name, value in {**inputs, "mask_positions": positions}.items()})
+    np.testing.assert_allclose(logits["logits"].numpy(), keras_logits, atol=1e-4)
