@@ -110,6 +110,25 @@ SMOLLM3_3B = dict(
     tie_word_embeddings=True,
     norm_epsilon=1e-6,
 )
+GEMMA3_1B = dict(
+    vocabulary_size=262144,
+    num_layers=26,
+    num_heads=4,
+    num_key_value_heads=1,
+    head_dim=256,
+    hidden_dim=1152,
+    intermediate_dim=6912,
+    max_sequence_length=32768,
+    query_pre_attn_scalar=256.0,
+    rope_max_wavelength=1000000.0,
+    local_rope_max_wavelength=10000.0,
+    sliding_window=512,
+    # every sixth layer global, the others local (sliding_window_pattern 6)
+    layer_types=["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(26)],
+    query_key_norm="head",
+    tie_word_embeddings=True,
+    norm_epsilon=1e-6,
+)
 TRANSFORMER_BASE = dict(
     vocabulary_size=37000, num_layers=6, num_heads=8, hidden_dim=512, intermediate_dim=2048, max_sequence_length=512
 )
@@ -202,6 +221,19 @@ PRESETS = {
         "SmolLM3-3B shape (the real checkpoint: hf://HuggingFaceTB/SmolLM3-3B): 36 layers, d 2048, 16 heads "
         "(4 key/value), every fourth layer without rotary positions (NoPE), SwiGLU 11008, rope_theta 5e6, tied "
         "head, 128256 embedding rows (the tokenizer here has 49152).",
+    ),
+    "gemma3_1b": (
+        "gemma",
+        "BytePairTokenizer",
+        "GemmaBackbone",
+        GEMMA3_1B,
+        "GemmaCausalLM",
+        "GemmaCausalLMPreprocessor",
+        {"sequence_length": 2048},
+        "Gemma 3 1B shape (the real checkpoint: hf://google/gemma-3-1b-it): 26 layers, d 1152, 4 heads (1 key/value) "
+        "of 256, five local layers (a 512-token window, rope_theta 1e4) per global one (rope_theta 1e6), (1 + w) RMS "
+        "norms before and after attention and the GeGLU 6912, per-head query/key norms, embeddings times sqrt(d), "
+        "tied head, 262144 embedding rows (the tokenizer here has 49152).",
     ),
     "bert_tiny": (
         "bert",
@@ -302,7 +334,13 @@ PRESETS = {
 
 
 # Presets whose embedding has more rows than their tokenizer has tokens (as Qwen2's: 151936 rows, 151665 tokens).
-TOKENIZER_SIZES = {"qwen2_0_5b": 49152, "qwen3_0_6b": 49152, "smollm3_3b": 49152, "modernbert_base": 49152}
+TOKENIZER_SIZES = {
+    "qwen2_0_5b": 49152,
+    "qwen3_0_6b": 49152,
+    "gemma3_1b": 49152,
+    "smollm3_3b": 49152,
+    "modernbert_base": 49152,
+}
 # Presets whose byte-level BPE gets BERT's special tokens after its vocabulary, as ModernBERT's tokenizer has them.
 ENCODER_BPE = ("modernbert_base",)
 

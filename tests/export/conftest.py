@@ -31,6 +31,7 @@ from tests.export import helpers
 _BUILDERS = {
     "gpt": helpers.tiny_gpt,
     "llama": helpers.tiny_llama,
+    "gemma": helpers.tiny_gemma,
     "bert": helpers.tiny_bert_classifier,
     "t5": helpers.tiny_t5,
     "transformer": helpers.tiny_transformer,

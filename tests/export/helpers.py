@@ -19,6 +19,9 @@ from keras_transformer.models import (
     BertBackbone,
     BertClassifier,
     BertTextClassifierPreprocessor,
+    GemmaBackbone,
+    GemmaCausalLM,
+    GemmaCausalLMPreprocessor,
     GPTBackbone,
     GPTCausalLM,
     GPTCausalLMPreprocessor,
@@ -118,6 +121,29 @@ def tiny_llama(seed=0):
     head[:, tokenizer.eos_token_id] *= 3.0  # some rows stop early, as tiny_gpt's
     backbone.token_embedding.reverse_embeddings.assign(head)
     return lm
+
+
+def tiny_gemma(seed=0):
+    """Gemma 3's layout with Gemma 2's soft caps: four (1 + w) norms per block, per-head query/key norms, a local
+    layer (window 6, its own rotary base) then a global one, query_pre_attn_scalar not the head size, tied head."""
+    tokenizer = BytePairTokenizer.train(CORPUS, vocabulary_size=300)
+    backbone = GemmaBackbone(
+        tokenizer.vocabulary_size,
+        num_layers=2,
+        num_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=48,
+        query_pre_attn_scalar=6.0,
+        local_rope_max_wavelength=100.0,
+        sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"],
+        query_key_norm="head",
+        attention_logit_soft_cap=8.0,
+        final_logit_soft_cap=20.0,
+    )
+    return randomize(GemmaCausalLM(backbone, GemmaCausalLMPreprocessor(tokenizer, sequence_length=32)), seed)
 
 
 # Shared by `make test`'s three pytest processes (one per backend): tokenizers and exports (tests/export/conftest.py).
