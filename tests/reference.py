@@ -346,6 +346,7 @@ ACTIVATIONS = {
     "silu": silu,
     "gated-relu": relu,
     "gated-gelu": gelu_approximate,  # T5 v1.1 uses the tanh approximation
+    "gated-gelu_exact": gelu,  # ModernBERT's GeGLU
     "gated-silu": silu,
 }
 

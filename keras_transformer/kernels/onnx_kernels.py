@@ -11,6 +11,7 @@ import numpy as np
 
 from keras_transformer.kernels.onnx_values import Unsupported, Value, weight
 from keras_transformer.kernels import kernel_table
+from keras_transformer.layers.feed_forward import base_activation
 
 
 def _reversible_embedding(kernels, layer, inputs, reverse=False):
@@ -107,10 +108,9 @@ def _feed_forward(kernels, layer, x, training=None):
     """`FeedForward.call` at inference: (B, 1, D) -> (B, 1, D), its output bias pending."""
     if not layer._gated:
         hidden = _activation(kernels, layer.activation, _matmul(kernels, layer.intermediate_dense, x))
-    else:  # act(x W_gate) * (x W_in); "gated-gelu" is the tanh approximation
+    else:  # act(x W_gate) * (x W_in), act as FeedForward reads its name ("gated-gelu": the tanh approximation)
         hidden = _matmul(kernels, layer.intermediate_dense, x).materialize()
-        base = "gelu_approximate" if layer.activation == "gated-gelu" else layer.activation.removeprefix("gated-")
-        gate = _activation(kernels, base, _matmul(kernels, layer.gate_dense, x))
+        gate = _activation(kernels, base_activation(layer.activation), _matmul(kernels, layer.gate_dense, x))
         hidden = kernels.builder.node("Mul", [gate, hidden])
     return _matmul(kernels, layer.output_dense, Value(kernels.builder, hidden))  # (B, 1, F) -> (B, 1, D)
 

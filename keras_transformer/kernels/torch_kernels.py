@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from keras_transformer.kernels import kernel_table
 from keras_transformer.kernels.torch_attention import cross_attention, self_attention
 from keras_transformer.kernels.torch_weights import DTYPES, fused, linear, mark_static, projection, quantization, weight
+from keras_transformer.layers.feed_forward import base_activation
 
 
 _QUANTIZATIONS = (None, "int8", "int4", "int8 with LoRA", "int4 with LoRA")  # `quantization()`s the kernels run
@@ -298,8 +299,8 @@ def _arrange_feed_forward(layer):
     """(the input projection, gated, the output projection, the activation): a gated layer's gate and up
     projections are one (D, 2F) product."""
     width = layer.intermediate_dense.kernel.shape[0]
-    # The layer's activation as one PyTorch call ("gated-gelu" is the tanh approximation, as in FeedForward).
-    base = "gelu_approximate" if layer.activation == "gated-gelu" else layer.activation.removeprefix("gated-")
+    # The layer's activation as one PyTorch call, as FeedForward reads its name ("gated-gelu": the tanh approximation).
+    base = base_activation(layer.activation)
     intermediate = projection(layer.intermediate_dense, width)
     if layer._gated:
         intermediate = fused([projection(layer.gate_dense, width), intermediate])

@@ -109,6 +109,22 @@ def test_hugging_face_export_round_trip(case, tmp_path):
     assert tokenizer(TEXTS[0])["input_ids"] == x["token_ids"][0, : x["padding_mask"][0].sum()].tolist()
 
 
+def test_the_hub_spelling_of_the_config_converts_the_same(case):
+    """The Hub's config.json (global_attn_every_n_layers, global_rope_theta, local_rope_theta: transformers 4's
+    spelling) gives the model transformers 5's spelling (layer_types, rope_parameters) gives; a null local base is
+    the global one."""
+    directory, _, _ = case
+    config = json.loads((directory / "config.json").read_text())
+    hub = {key: value for key, value in config.items() if key not in ("layer_types", "rope_parameters")}
+    hub.update(global_attn_every_n_layers=2, global_rope_theta=160000.0, local_rope_theta=10.0)
+    assert hf_modernbert.convert_config(hub) == hf_modernbert.convert_config(config)
+    backbone = hf_modernbert.convert_config({**hub, "local_rope_theta": None})["backbone"]["config"]
+    assert backbone["local_rope_max_wavelength"] == backbone["global_rope_max_wavelength"] == 160000.0
+    del hub["global_attn_every_n_layers"]  # transformers' default: every third layer global, from the first
+    default = hf_modernbert.convert_config(hub)["backbone"]["config"]
+    assert default["layer_types"] == ["full_attention", "sliding_attention", "sliding_attention"]
+
+
 def test_what_modernbert_does_not_have_is_refused(case, tmp_path):
     directory, _, _ = case
     for change, match in (

@@ -16,7 +16,7 @@ from tests.conftest import to_numpy
 from tests.layers.helpers import assert_close, feed_forward_weights, randomize_weights, save_and_load, wrap_in_model
 
 B, T, D, F = 2, 5, 8, 16
-ACTIVATIONS = ["relu", "gelu", "gelu_approximate", "silu", "gated-relu", "gated-gelu", "gated-silu"]
+ACTIVATIONS = ["relu", "gelu", "gelu_approximate", "silu", "gated-relu", "gated-gelu", "gated-gelu_exact", "gated-silu"]
 
 
 def _inputs(rng):
