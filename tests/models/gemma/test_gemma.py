@@ -6,12 +6,15 @@ tests/export/test_decode_kernels.py; the cached step under every runtime and sam
 greedy, beam, random) against the full forward pass in tests/export/test_runtime_parity.py.
 """
 
+import inspect
+
 import keras
 import numpy as np
 import pytest
 
 import keras_transformer as kt
 from keras_transformer import presets
+from keras_transformer.convert import hf_gemma
 from keras_transformer.layers.rms_normalization import RMSNormalization
 from tests import reference
 from tests.conftest import to_numpy
@@ -111,3 +114,47 @@ def test_offset_rms_norm_against_numpy(dtype):
     assert again.scale_offset == 1.0
     fresh = RMSNormalization(scale_offset=1.0)
     np.testing.assert_allclose(to_numpy(fresh(x)), reference.rms_norm(x, np.ones(8), 1e-6), atol=1e-5)  # starts at 1
+
+
+# google/gemma-3-1b-it's config.json as published (transformers 4's layout: rope_theta, rope_local_base_freq,
+# sliding_window_pattern; no layer_types), without the entries that do not describe the model's shape.
+GEMMA3_1B_IT = {
+    "architectures": ["Gemma3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "attn_logit_softcapping": None,
+    "bos_token_id": 2,
+    "eos_token_id": [1, 106],
+    "final_logit_softcapping": None,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 1152,
+    "intermediate_size": 6912,
+    "max_position_embeddings": 32768,
+    "model_type": "gemma3_text",
+    "num_attention_heads": 4,
+    "num_hidden_layers": 26,
+    "num_key_value_heads": 1,
+    "pad_token_id": 0,
+    "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06,
+    "rope_local_base_freq": 10000,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "sliding_window": 512,
+    "sliding_window_pattern": 6,
+    "vocab_size": 262144,
+}
+
+
+def test_preset_is_what_the_checkpoint_converts_to():
+    """The gemma3_1b preset's backbone is the converted config.json of the checkpoint it names (every other
+    argument at its default)."""
+    converted = hf_gemma.convert_config(GEMMA3_1B_IT)["backbone"]["config"]
+    preset = presets.load_config("gemma3_1b")[1]["backbone"]["config"]
+    defaults = {
+        name: parameter.default
+        for name, parameter in inspect.signature(kt.models.GemmaBackbone).parameters.items()
+        if parameter.default is not inspect.Parameter.empty
+    }
+    assert converted == {name: preset.get(name, defaults.get(name)) for name in converted}
