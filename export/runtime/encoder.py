@@ -13,7 +13,8 @@ class Encoder:
     Texts are packed as BERT reads them: [CLS] a [SEP] (b [SEP]), segment ids 0 then 1,
     right-padded to the longest, with the model's own tokens in those roles (the bundle's
     preprocessor_config.json: RoBERTa's <s> and </s>); a masked LM's `mask_positions` are where its
-    mask token is ([MASK], <mask>).
+    mask token is ([MASK], <mask>). The graph gets the inputs it declares, no others (ModernBERT's reads no
+    segment ids).
 
     Args:
         bundle_dir: the bundle directory (defaults to the directory of this file).
