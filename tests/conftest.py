@@ -6,6 +6,16 @@ nothing here skips a backend.
 
 import os
 import random
+import tempfile
+
+# JAX: one persistent compilation cache for the suite's workers and the child processes they start. Many
+# tests build models of the same config, whose programs differ only in their weights (arguments): a program
+# compiled once is read back by every later test (tests/models/test_lora.py: 17% less CPU time, cold cache).
+# Keyed by the program and the JAX version, so a stale entry is never used. TensorFlow's XLA cache
+# (--tf_xla_persistent_cache_directory) saved nothing measurable: not set.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "keras_transformer_jax_cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2**30))
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # `make test` runs two workers on a 2-core machine: one compute thread each, or the backends'
