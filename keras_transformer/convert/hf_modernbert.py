@@ -62,12 +62,15 @@ def convert_config(hf_config, path=None):
         )
     check_options(hf_config, _REQUIRED)
     num_layers = hf_config.get("num_hidden_layers", 22)
+    width, heads = hf_config.get("hidden_size", 768), hf_config.get("num_attention_heads", 12)
+    # transformers' ModernBERT splits D into heads of D / H, and would rotate `head_dim` dims of each.
+    check_options(hf_config, {"head_dim": width // heads})
     global_theta, local_theta = _rope_bases(hf_config)
     backbone = {
         "vocabulary_size": hf_config.get("vocab_size", 50368),
         "num_layers": num_layers,
-        "num_heads": hf_config.get("num_attention_heads", 12),
-        "hidden_dim": hf_config.get("hidden_size", 768),
+        "num_heads": heads,
+        "hidden_dim": width,
         "intermediate_dim": hf_config.get("intermediate_size", 1152),
         "max_sequence_length": hf_config.get("max_position_embeddings", 8192),
         "layer_types": _layer_types(hf_config, num_layers),

@@ -134,6 +134,7 @@ def test_what_modernbert_does_not_have_is_refused(case, tmp_path):
         ({"rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 2.0}}}, "rope_type"),
         ({"layer_types": ["full_attention", "chunked_attention", "full_attention"]}, "chunked_attention"),
         ({"mlp_dropout": 0.1}, "mlp_dropout=0.1"),
+        ({"head_dim": 16}, "head_dim=16"),
     ):
         copy = tmp_path / str(len(list(tmp_path.iterdir())))
         shutil.copytree(directory, copy)
