@@ -109,6 +109,21 @@ def test_hugging_face_export_round_trip(case, tmp_path):
     assert tokenizer(TEXTS[0])["input_ids"] == x["token_ids"][0, : x["padding_mask"][0].sum()].tolist()
 
 
+def test_converted_to_our_preset_format_it_loads_the_same(case, tmp_path):
+    """`convert` (the `keras-transformer convert` command) writes our preset; it loads as a ModernBertMaskedLM with
+    the same logits and preprocessor."""
+    from keras_transformer.convert import convert
+
+    directory, _, ours = case
+    convert(directory, tmp_path / "preset")
+    again = MaskedLM.from_preset(tmp_path / "preset")
+    assert type(again) is ModernBertMaskedLM and type(again.preprocessor) is ModernBertMaskedLMPreprocessor
+    x, positions = _inputs(ours, TEXTS)
+    np.testing.assert_array_equal(
+        to_numpy(again({**x, "mask_positions": positions})), to_numpy(ours({**x, "mask_positions": positions}))
+    )
+
+
 def test_the_hub_spelling_of_the_config_converts_the_same(case):
     """The Hub's config.json (global_attn_every_n_layers, global_rope_theta, local_rope_theta: transformers 4's
     spelling) gives the model transformers 5's spelling (layer_types, rope_parameters) gives; a null local base is
