@@ -59,7 +59,10 @@ from keras_transformer.models.task import Task
 FORMATS = ("onnx", "tf_saved_model", hf_export.FORMAT)
 INSTALL_HINT = "pip install 'keras-transformer[export]'"
 # What each format needs at export time (onnxruntime is what a bundle needs to run).
-_REQUIREMENTS = {"onnx": ("tensorflow", "tf2onnx", "onnx", "onnxruntime"), "tf_saved_model": ("tensorflow",)}
+# What each format needs; TRACED: what a graph the ONNX kernels do not build needs besides (traced under
+# TensorFlow, converted by tf2onnx). A causal LM's bundle needs only onnx and onnxruntime.
+_REQUIREMENTS = {"onnx": ("onnx", "onnxruntime"), "tf_saved_model": ("tensorflow",)}
+_TRACED = ("tensorflow", "tf2onnx")
 
 
 def export_model(task, path, format="onnx", overwrite=False, quantize=None, verbose="auto", **options):
@@ -143,16 +146,7 @@ def export_models(task, targets, overwrite=False, quantize=None, verbose="auto")
             (path, format), rest = pending[0], pending[1:]
             presets.atomic_dir(path, overwrite, lambda tmp: write_all(rest, written + [(tmp, format)]))
         else:
-            if keras.config.backend() == "tensorflow":
-                for directory, format in written:
-                    write(task, directory, format, quantize, verbose)
-            elif not _write_without_tracing(task, written, quantize, verbose):
-                formats = " and ".join(dict.fromkeys(format for _, format in written))
-                with progress.Phase(f"{formats}: traced in a TensorFlow child process", verbose):
-                    _write_in_tensorflow_child(task, written)
-                for directory, _ in written:
-                    if quantize is not None:
-                        quantize_bundle(directory, quantize, verbose)
+            _write_targets(task, written, quantize, verbose)
 
     write_all(targets, [])
     return [path for path, _ in targets]
@@ -168,14 +162,39 @@ def _merged_copy(task):
     return copy
 
 
-def check_requirements(format):
-    """Raise one ImportError naming the `export` extra when a package `format` needs is missing."""
-    missing = [name for name in _REQUIREMENTS[format] if not _installed(name)]
+def check_requirements(format, traced=False):
+    """Raise one ImportError naming the `export` extra when a package `format` needs is missing.
+
+    traced: also what a graph traced under TensorFlow needs (an ONNX graph the kernels do not build).
+    """
+    needed = _REQUIREMENTS[format] + (_TRACED if traced and format == "onnx" else ())
+    missing = [name for name in dict.fromkeys(needed) if not _installed(name)]
     if missing:
+        why = " (this model's graphs are traced under TensorFlow)" if traced and format == "onnx" else ""
         raise ImportError(
-            f"Exporting to format={format!r} needs {', '.join(missing)}, which "
+            f"Exporting to format={format!r}{why} needs {', '.join(missing)}, which "
             f"{'is' if len(missing) == 1 else 'are'} not installed: {INSTALL_HINT}"
         )
+
+
+def _write_targets(task, targets, quantize, verbose):
+    """Write [(directory, format)]: the ONNX bundles the kernels build in this process, the rest traced under
+    TensorFlow (in this process on TensorFlow, else in one child process)."""
+    targets = _write_without_tracing(task, targets, quantize, verbose)
+    for format in dict.fromkeys(format for _, format in targets):
+        check_requirements(format, traced=True)
+    if not targets:
+        return
+    if keras.config.backend() == "tensorflow":
+        for directory, format in targets:
+            write(task, directory, format, quantize, verbose)
+        return
+    formats = " and ".join(dict.fromkeys(format for _, format in targets))
+    with progress.Phase(f"{formats}: traced in a TensorFlow child process", verbose):
+        _write_in_tensorflow_child(task, targets)
+    for directory, format in targets:
+        if quantize is not None and format == "onnx":
+            quantize_bundle(directory, quantize, verbose)
 
 
 def _installed(package):
@@ -197,19 +216,20 @@ def write(task, directory, format, quantize=None, verbose=False):
 
 
 def _write_without_tracing(task, targets, quantize=None, verbose=False):
-    """Write every target in this process when all are ONNX bundles whose graphs the ONNX kernels build; else
-    False, with the directories emptied again (a child process under TensorFlow writes them)."""
-    if any(format != "onnx" for _, format in targets):
-        return False
-    try:
-        for directory, _ in targets:
+    """Write in this process each ONNX target whose graphs the ONNX kernels build; returns the targets left (the
+    other formats, and bundles the kernels do not cover, their directories emptied again)."""
+    left = []
+    for directory, format in targets:
+        if format != "onnx":
+            left.append((directory, format))
+            continue
+        try:
             write_onnx_bundle(task, directory, traced=False, quantize=quantize, verbose=verbose)
-    except Unsupported:
-        for directory, _ in targets:
+        except Unsupported:
             for entry in Path(directory).iterdir():
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-        return False
-    return True
+            left.append((directory, format))
+    return left
 
 
 def _write_in_tensorflow_child(task, targets):
