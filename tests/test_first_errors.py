@@ -57,10 +57,10 @@ def test_preset_of_another_family_lists_the_fitting_presets():
 def test_command_line_suggests_the_preset_and_names_the_export_extra(tmp_path, capsys, monkeypatch):
     assert cli.main(["export", "gpt_stdlb", str(tmp_path / "out")]) == 2
     assert "Did you mean 'gpt_stdlib'" in capsys.readouterr().err
-    monkeypatch.setattr(export, "_installed", lambda package: package != "tf2onnx")  # as without the extra
+    monkeypatch.setattr(export, "_installed", lambda package: package != "onnx")  # as without the extra
     assert cli.main(["export", "gpt_stdlib", str(tmp_path / "out"), "--format", "onnx"]) == 2
     err = capsys.readouterr().err
-    assert "needs tf2onnx, which is not installed: pip install 'keras-transformer[export]'" in err
+    assert "needs onnx, which is not installed: pip install 'keras-transformer[export]'" in err
     assert list(tmp_path.iterdir()) == []
 
 
