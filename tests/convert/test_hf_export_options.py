@@ -157,7 +157,10 @@ def test_command_line_options(build, tmp_path):
     assert not (tmp_path / "onnx").exists()
 
 
-SUPPORTED = r"\['BertClassifier', 'BertMaskedLM', 'GPTCausalLM', 'LlamaCausalLM', 'T5Seq2SeqLM'\]"
+SUPPORTED = (
+    r"\['BertClassifier', 'BertMaskedLM', 'GPTCausalLM', 'GemmaCausalLM', 'LlamaCausalLM', 'ModernBertMaskedLM', "
+    r"'T5Seq2SeqLM'\]"
+)
 
 
 def test_unsupported_family_is_refused(tmp_path, capsys):

@@ -61,7 +61,7 @@ class BertMaskedLM(MaskedLM):
         self.mlm_layer_norm = keras.layers.LayerNormalization(
             epsilon=backbone.norm_epsilon, dtype=dtype, name="mlm_layer_norm"
         )
-        self.mlm_output_bias = OutputBias(dtype=dtype, name="mlm_output_bias")
+        self.mlm_output_bias = _OutputBias(dtype=dtype, name="mlm_output_bias")
 
         # === Functional model ===
         inputs = {**backbone.input, "mask_positions": keras.Input(shape=(None,), dtype="int32", name="mask_positions")}
@@ -72,3 +72,8 @@ class BertMaskedLM(MaskedLM):
         logits = backbone.token_embedding(x, reverse=True)  # (B, P, D) -> (B, P, V)
         logits = self.mlm_output_bias(logits)
         super().__init__(inputs=inputs, outputs=ops.cast(logits, "float32"), **kwargs)
+
+
+class _OutputBias(OutputBias):
+    """The shared `OutputBias` under this file's former class name: Keras files a layer's weights in a saved
+    .weights.h5 under its class name, and the shipped presets (bert_stdlib) hold this bias as `_output_bias`."""
