@@ -13,9 +13,11 @@ import tempfile
 # compiled once is read back by every later test (tests/models/test_lora.py: 17% less CPU time, cold cache).
 # Keyed by the program and the JAX version, so a stale entry is never used. TensorFlow's XLA cache
 # (--tf_xla_persistent_cache_directory) saved nothing measurable: not set.
+# No size limit (-1, JAX's default): with one, every write globs and stats the whole cache under a file lock
+# (jax/_src/lru_cache.py), quadratic in the entries; CI's JAX run took 3031 s with a 1 GiB limit.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "keras_transformer_jax_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2**30))
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", "-1")
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # `make test` runs two workers on a 2-core machine: one compute thread each, or the backends'
