@@ -1,4 +1,5 @@
-"""`Encoder`: texts (or text pairs) in, the encoder graph's outputs out, for encoder bundles (BERT tasks)."""
+"""`Encoder`: texts (or text pairs) in, the encoder graph's outputs out, for encoder bundles (BERT-style tasks and
+TextEmbedders)."""
 
 import os
 
@@ -8,13 +9,15 @@ from bundle_files import open_session, read_json, read_tokenizer
 
 
 class Encoder:
-    """Run the graph of an encoder bundle (BERT tasks) on texts or text pairs.
+    """Run the graph of an encoder bundle (BERT-style tasks, TextEmbedders) on texts or text pairs.
 
-    Texts are packed as BERT reads them: [CLS] a [SEP] (b [SEP]), segment ids 0 then 1,
-    right-padded to the longest, with the model's own tokens in those roles (the bundle's
-    preprocessor_config.json: RoBERTa's <s> and </s>); a masked LM's `mask_positions` are where its
-    mask token is ([MASK], <mask>). The graph gets the inputs it declares, no others (ModernBERT's reads no
-    segment ids).
+    Texts are packed by the bundle's tokenizer.json where its template (post-processor) adds special tokens, as
+    `transformers`' tokenizer packs them: BERT's [CLS] a [SEP] b [SEP] with segment ids 0 then 1, RoBERTa's
+    <s> a </s></s> b </s>, ModernBERT's [CLS] a [SEP], Qwen3-Embedding's a <|endoftext|>. A tokenizer without one
+    (those trained by keras_transformer) gets BERT's layout with the ids preprocessor_config.json names (none where
+    it names none, as a decoder's). Rows are right-padded to the longest; a masked LM's `mask_positions` are where
+    its mask token is ([MASK], <mask>). The graph gets the inputs it declares, no others (ModernBERT's and a
+    decoder embedder's read no segment ids).
 
     Args:
         bundle_dir: the bundle directory (defaults to the directory of this file).
@@ -47,20 +50,15 @@ class Encoder:
         """Texts (and second segments) -> the graph's inputs {token_ids, segment_ids, padding_mask}, int64."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         pairs = None if pairs is None else ([pairs] if isinstance(pairs, str) else list(pairs))
-        cls, sep, pad = self.config["cls_token_id"], self.config["sep_token_id"], self.config["pad_token_id"]
         rows = []
         for i, text in enumerate(texts):
-            ids = [cls] + self._ids(text) + [sep]
-            types = [0] * len(ids)
-            if pairs is not None:
-                second = self._ids(pairs[i]) + [sep]
-                ids, types = ids + second, types + [1] * len(second)
+            ids, types = self._encode(text, None if pairs is None else pairs[i])
             if len(ids) > self.config["max_length"]:
                 raise ValueError(f"Text {i} has {len(ids)} tokens, more than max_length={self.config['max_length']}.")
             rows.append((ids, types))
         width = max(len(ids) for ids, _ in rows)
         feeds = {
-            "token_ids": np.full((len(rows), width), pad, np.int64),
+            "token_ids": np.full((len(rows), width), self.config["pad_token_id"], np.int64),
             "segment_ids": np.zeros((len(rows), width), np.int64),
             "padding_mask": np.zeros((len(rows), width), np.int64),
         }
@@ -69,6 +67,21 @@ class Encoder:
             feeds["segment_ids"][i, : len(ids)] = types
             feeds["padding_mask"][i, : len(ids)] = 1
         return feeds
+
+    def _encode(self, text, pair=None):
+        """(ids, segment ids) of one text, or of a pair: the tokenizer's template, else [CLS] a [SEP] (b [SEP])."""
+        processor = self.tokenizer.post_processor
+        if processor is not None and processor.num_special_tokens_to_add(pair is not None) > 0:
+            encoding = self.tokenizer.encode(text, pair, add_special_tokens=True)
+            return encoding.ids, encoding.type_ids
+        start = [self.config["cls_token_id"]] if self.config.get("cls_token_id") is not None else []
+        end = [self.config["sep_token_id"]] if self.config.get("sep_token_id") is not None else []
+        ids = start + self._ids(text) + end
+        types = [0] * len(ids)
+        if pair is not None:
+            second = self._ids(pair) + end
+            ids, types = ids + second, types + [1] * len(second)
+        return ids, types
 
     def __call__(self, texts, pairs=None):
         """Texts -> {output name: array}: sequence_output (B, T, D), pooled_output (B, D), and the task's output:
@@ -87,6 +100,4 @@ class Encoder:
         return dict(zip(outputs, self.session.run(outputs, {n: feeds[n] for n in names})))
 
     def _ids(self, text):
-        # No special tokens from the tokenizer's own post-processor (a Hugging Face BERT or RoBERTa tokenizer.json
-        # has one): `pack` writes them, as the Keras preprocessor does.
         return self.tokenizer.encode(text, add_special_tokens=False).ids

@@ -122,7 +122,7 @@ async def embeddings(request, service):
         raise ApiError(str(error), "input") from error
     outputs = await asyncio.to_thread(service.encoder, texts)
     # (B, D): a TextEmbedder's own pooling and normalisation, else BERT's pooled output ([CLS], dense, tanh)
-    vectors = outputs.get("embeddings", outputs["pooled_output"]).astype(np.float32)
+    vectors = (outputs["embeddings"] if "embeddings" in outputs else outputs["pooled_output"]).astype(np.float32)
     service.metrics.latency.labels("embeddings").observe(time.perf_counter() - started)
     tokens = int(feeds["padding_mask"].sum())
     service.metrics.prompt_tokens.inc(tokens)

@@ -53,7 +53,6 @@ HEAD_TENSORS = {
     "BertMaskedLM": r"^(cls\.predictions|lm_head|vocab_transform|vocab_layer_norm|vocab_projector)\.",
     "BertClassifier": r"^classifier\.",
 }
-TEXT_EMBEDDER = "BertTextEmbedder"  # the task of a sentence-transformers folder (convert/sentence_transformers.py)
 MAX_PRESET_SEQUENCE_LENGTH = 512
 _MASKED_LM_ARCHITECTURES = (
     "BertForMaskedLM",

@@ -11,7 +11,8 @@ XLMRobertaForMaskedLM, DistilBertModel, DistilBertForMaskedLM; a sentence-transf
 BertTextEmbedder), "modernbert" (ModernBertForMaskedLM, ModernBertModel), "t5" (T5ForConditionalGeneration, T5Model),
 and the Llama architecture
 "llama", "mistral", "qwen2", "qwen3", "smollm3" (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
-Qwen3ForCausalLM, SmolLM3ForCausalLM and their bare models; sharded safetensors included), and Gemma "gemma3_text",
+Qwen3ForCausalLM, SmolLM3ForCausalLM and their bare models; sharded safetensors included; a sentence-transformers
+folder of one of them, e.g. Qwen3-Embedding, as a LlamaTextEmbedder), and Gemma "gemma3_text",
 "gemma2" (Gemma3ForCausalLM, Gemma2ForCausalLM; a multimodal "gemma3" is refused). Every config
 option that changes the computation is mapped or refused with a ValueError naming it.
 
@@ -36,7 +37,8 @@ from keras_transformer.convert import sentence_transformers
 from keras_transformer.convert.checkpoint import CheckpointWeights
 from keras_transformer.models.backbone import Backbone
 from keras_transformer.models.language_model import LanguageModel
-from keras_transformer.models.task import Task
+from keras_transformer.models.task import Task, subclasses_on
+from keras_transformer.models.text_embedder import TextEmbedder
 
 # model_type -> its converter module; a module converting several types lists them in MODEL_TYPES.
 FAMILIES = {
@@ -92,25 +94,31 @@ def convert_config(path, hf_config, allow_pickle=False):
 
 
 def _add_embedder(config, family, path):
-    """A sentence-transformers folder is the family's `TEXT_EMBEDDER` task, with its pooling, normalisation and
-    maximum length (convert/sentence_transformers.py)."""
+    """A sentence-transformers folder is the family's `TextEmbedder` (the one built on its backbone class), with its
+    pooling, normalisation, maximum length and preprocessor (convert/sentence_transformers.py)."""
     settings = sentence_transformers.read(path)
     if settings is None:
         return
-    if getattr(family, "TEXT_EMBEDDER", None) is None:
+    backbone_name = config["backbone"]["class_name"]
+    found = subclasses_on(TextEmbedder, presets.get_class(backbone_name, Backbone))
+    if not found:
         raise ValueError(
             f"{path} is a sentence-transformers folder of a {family.__name__.rsplit('.', 1)[-1]} checkpoint: "
-            "keras_transformer has no TextEmbedder for that family yet."
+            f"keras_transformer has no TextEmbedder on a {backbone_name} yet."
         )
+    embedder = found[0]
     config["task"] = {
-        "class_name": family.TEXT_EMBEDDER,
+        "class_name": embedder.__name__,
         "config": {"pooling": settings["pooling"], "normalize": settings["normalize"]},
     }
-    length = settings["max_seq_length"]
-    if length is not None and "preprocessor" in config:
-        config["preprocessor"]["config"]["sequence_length"] = min(
-            int(length), config["backbone"]["config"]["max_sequence_length"]
-        )
+    length = config.get("preprocessor", {}).get("config", {}).get("sequence_length")
+    if settings["max_seq_length"] is not None:
+        length = min(int(settings["max_seq_length"]), config["backbone"]["config"]["max_sequence_length"])
+    if length is not None:
+        config["preprocessor"] = {
+            "class_name": embedder.preprocessor_cls.__name__,
+            "config": {"sequence_length": length},
+        }
 
 
 def _head_tensors(family, model):

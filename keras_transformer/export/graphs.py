@@ -16,8 +16,9 @@ Three kinds of task, three sets of graphs:
                                         otherwise: input_ids (B, 1), attention_mask (B, S + 1),
                                         past_key_values.{i}.key/value (B, S, Hkv, Dh)
                                  -> logits (B, 1, V), present.{i}.key/value (B, S + 1, Hkv, Dh)
-    encoder (BERT tasks):      forward  the task's inputs (token_ids, segment_ids, padding_mask, ...)
+    encoder (BERT tasks, TextEmbedders): the task's inputs (token_ids, segment_ids, padding_mask, ...)
                                  -> the backbone's outputs (sequence_output, pooled_output) and logits
+                                 (a TextEmbedder's: embeddings)
     encoder-decoder (T5, ...): encoder  input_ids (B, S_enc), attention_mask (B, S_enc)
                                  -> encoder_hidden_states (B, S_enc, D), cross_key_values.{i}.key/value
                                     (B, Hkv, S_enc, Dh) for an in-place decoder, else (B, S_enc, Hkv, Dh)
@@ -49,6 +50,7 @@ from keras_transformer.layers.kv_cache import KVCache
 from keras_transformer.models.causal_lm import CausalLM
 from keras_transformer.models.seq2seq_lm import Seq2SeqLM
 from keras_transformer.models.task import Task
+from keras_transformer.models.text_embedder import TextEmbedder
 
 KINDS = ("decoder", "encoder", "encoder_decoder")
 
@@ -96,8 +98,8 @@ def model_kind(task):
             )
         return "decoder"
     outputs = getattr(getattr(task, "backbone", None), "output", None)
-    if isinstance(outputs, dict) and "sequence_output" in outputs:
-        return "encoder"
+    if isinstance(task, TextEmbedder) or (isinstance(outputs, dict) and "sequence_output" in outputs):
+        return "encoder"  # a TextEmbedder on a decoder's backbone too (its hidden states are its sequence_output)
     family = getattr(getattr(task, "backbone", None), "family", None)
     raise ValueError(
         f"{type(task).__name__} (family {family!r}) is not an exportable task: export supports causal LMs, "
@@ -299,7 +301,8 @@ def _encoder_task_graph(task):
             dtype = task.input[name].dtype
             inputs[name] = tf.cast(value, "bool" if "bool" in str(dtype) else dtype)
         # The backbone runs twice in the trace; TensorFlow's graph optimizer keeps one copy.
-        outputs = dict(task.backbone({name: inputs[name] for name in backbone_names}))
+        outputs = task.backbone({name: inputs[name] for name in backbone_names})
+        outputs = dict(outputs) if isinstance(outputs, dict) else {"sequence_output": outputs}  # (B, T, D)
         outputs[output_name] = task(inputs)
         return outputs
 

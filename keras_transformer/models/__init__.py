@@ -12,7 +12,7 @@ from keras_transformer.models.bert import (
 from keras_transformer.models.causal_lm import CausalLM
 from keras_transformer.models.gemma import GemmaBackbone, GemmaCausalLM, GemmaCausalLMPreprocessor
 from keras_transformer.models.gpt import GPTBackbone, GPTCausalLM, GPTCausalLMPreprocessor
-from keras_transformer.models.llama import LlamaBackbone, LlamaCausalLM, LlamaCausalLMPreprocessor
+from keras_transformer.models.llama import LlamaBackbone, LlamaCausalLM, LlamaCausalLMPreprocessor, LlamaTextEmbedder
 from keras_transformer.models.masked_lm import MaskedLM
 from keras_transformer.models.modernbert import ModernBertBackbone, ModernBertMaskedLM, ModernBertMaskedLMPreprocessor
 from keras_transformer.models.packing import pack_documents
@@ -22,6 +22,7 @@ from keras_transformer.models.t5 import T5Backbone, T5Seq2SeqLM, T5Seq2SeqLMPrep
 from keras_transformer.models.task import Task
 from keras_transformer.models.text_classifier import TextClassifier
 from keras_transformer.models.text_embedder import MultipleNegativesRankingLoss, TextEmbedder
+from keras_transformer.models.text_embedder_preprocessor import TextEmbedderPreprocessor
 from keras_transformer.models.transformer import (
     TransformerBackbone,
     TransformerSeq2SeqLM,
@@ -46,6 +47,7 @@ __all__ = [
     "LlamaBackbone",
     "LlamaCausalLM",
     "LlamaCausalLMPreprocessor",
+    "LlamaTextEmbedder",
     "MaskedLM",
     "ModernBertBackbone",
     "ModernBertMaskedLM",
@@ -59,6 +61,7 @@ __all__ = [
     "Task",
     "TextClassifier",
     "TextEmbedder",
+    "TextEmbedderPreprocessor",
     "TransformerBackbone",
     "TransformerSeq2SeqLM",
     "TransformerSeq2SeqLMPreprocessor",

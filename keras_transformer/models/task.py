@@ -342,13 +342,7 @@ def _task_class_of(base, preset, allow_pickle=False):
     if name is not None:
         return presets.get_class(name, base)  # a ValueError unless a `base`
     backbone_cls = presets.get_class(config["backbone"]["class_name"], Backbone)
-
-    def subclasses(cls):
-        for sub in cls.__subclasses__():
-            yield sub
-            yield from subclasses(sub)
-
-    found = sorted({sub for sub in subclasses(base) if sub.backbone_cls is backbone_cls}, key=lambda c: c.__name__)
+    found = subclasses_on(base, backbone_cls)
     if len(found) != 1:
         raise ValueError(
             f"Preset {str(preset)!r} holds a {backbone_cls.__name__} and names no task: "
@@ -356,3 +350,15 @@ def _task_class_of(base, preset, allow_pickle=False):
             f"Call from_preset on the task class itself."
         )
     return found[0]
+
+
+def subclasses_on(base, backbone_cls):
+    """The subclasses of the task base `base` (at any depth) whose `backbone_cls` is `backbone_cls`, by name: the
+    family's task of that kind (e.g. `subclasses_on(TextEmbedder, LlamaBackbone)` -> [LlamaTextEmbedder])."""
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    return sorted({sub for sub in subclasses(base) if sub.backbone_cls is backbone_cls}, key=lambda c: c.__name__)

@@ -87,7 +87,8 @@ def pool(hidden, padding_mask, pooling, normalize):
         pooled = hidden[:, 0]
     else:  # the last real token of each row, whichever side it is padded on
         positions = ops.cumsum(ops.ones_like(mask), axis=1)  # (B, T): 1, 2, ..., T
-        last = ops.cast(ops.argmax(mask * positions, axis=1), "int32")  # (B,)
+        # argmax over ints: TensorFlow's float argmax tells -0.0 from 0.0 with bit operations ONNX lacks
+        last = ops.cast(ops.argmax(ops.cast(mask * positions, "int32"), axis=1), "int32")  # (B,)
         pooled = ops.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]  # (B, 1, D) -> (B, D)
     if normalize:
         pooled = l2_normalize(pooled)
