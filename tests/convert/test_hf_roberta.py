@@ -92,12 +92,14 @@ def test_sequence_classification_is_refused(case, tmp_path):
 
 @pytest.mark.slow
 def test_onnx_bundle_fills_masks_as_keras(tmp_path):
-    """The encoder bundle packs <s> text </s> once (the tokenizer's own post-processor adds nothing on top), finds
-    the model's own mask token (<mask>, not BERT's [MASK]) and gives Keras's logits there (RoBERTa: one export;
-    XLM-R differs only in its tokenizer, which the other tests cover)."""
+    """The encoder bundle packs <s> text </s> once (by the tokenizer's own post-processor), finds the model's own
+    mask token (<mask>, not BERT's [MASK]) and gives Keras's logits there; a pair is packed as transformers'
+    tokenizer packs it, <s> a </s></s> b </s> with segment ids 0 (the post-processor's, learned from the bundle's
+    tokenizer.json), with transformers' logits (RoBERTa: one export; XLM-R differs only in its tokenizer, which the
+    other tests cover)."""
     from keras_transformer.bundle_runtime import load_bundle_runtime
 
-    hf_models.roberta(tmp_path / "roberta", "roberta")
+    peer = hf_models.roberta(tmp_path / "roberta", "roberta").eval()
     ours = MaskedLM.from_preset(tmp_path / "roberta")
     bundle = ours.export(tmp_path / "bundle", format="onnx")
     encoder = load_bundle_runtime(bundle).Encoder(bundle)
@@ -111,3 +113,16 @@ def test_onnx_bundle_fills_masks_as_keras(tmp_path):
     inputs = {name: feeds[name].astype("bool" if name == "padding_mask" else "int32") for name in feeds}
     keras_logits = to_numpy(ours({**inputs, "mask_positions": positions}))
     np.testing.assert_allclose(encoder(texts)["logits"], keras_logits, atol=1e-4)
+
+    pairs = ["the dog", "def add(a, b):"]
+    feeds = encoder.pack(texts, pairs)
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path / "roberta")(texts, pairs, padding=True)
+    end = len(tokenizer.tokenize(texts[0])) + 1  # <s> a, then </s></s>
+    assert feeds["token_ids"][0, [0, end, end + 1]].tolist() == [tokenizer.cls_token_id] + [tokenizer.sep_token_id] * 2
+    np.testing.assert_array_equal(feeds["token_ids"], reference["input_ids"])
+    assert "token_type_ids" not in reference and not feeds["segment_ids"].any()  # RoBERTa's are zeros
+    np.testing.assert_array_equal(feeds["padding_mask"], reference["attention_mask"])
+    with torch.no_grad():
+        logits = peer(**{name: torch.tensor(value) for name, value in reference.items()}).logits.numpy()
+    positions = np.argwhere(feeds["token_ids"] == tokenizer.mask_token_id)  # (2, 2): rows and their positions
+    np.testing.assert_allclose(encoder(texts, pairs)["logits"][:, 0], logits[tuple(positions.T)], atol=1e-4)
