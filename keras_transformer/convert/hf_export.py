@@ -39,7 +39,8 @@ import keras
 
 from keras_transformer import presets
 from keras_transformer.convert import hf_generation, hf_tokenizer
-from keras_transformer.convert.hf_export_families import FAMILIES, family_of, llama_config, modernbert_config
+from keras_transformer.convert.hf_export_families import FAMILIES, LAYOUT_CONVERTERS, family_of, llama_config
+from keras_transformer.convert.hf_export_families import modernbert_config
 from keras_transformer.convert.hf_export_families import gemma_config, t5_config
 from keras_transformer.convert.weight_recorder import WeightRecorder
 from keras_transformer.models.lora import lora_layers
@@ -210,7 +211,9 @@ def _add_transformers4_keys(directory, task, family):
     file = Path(directory) / "config.json"
     config = json.loads(file.read_text(encoding="utf-8"))
     config["torch_dtype"] = config["dtype"]
-    if family is llama_config:
+    if family is llama_config and config["model_type"] == "phi3":
+        config.update(_phi3_transformers4_keys(config["rope_parameters"]))
+    elif family is llama_config:
         scaling = dict(config["rope_parameters"])
         config["rope_theta"] = scaling.pop("rope_theta")
         config["rope_scaling"] = None if scaling["rope_type"] == "default" else scaling
@@ -221,6 +224,19 @@ def _add_transformers4_keys(directory, task, family):
     if family is t5_config and not task.backbone.tie_embedding_weights:
         config["tie_word_embeddings"] = False
     presets.write_json(file, config)
+
+
+def _phi3_transformers4_keys(rope):
+    """Phi-3's rotary settings as transformers 4 reads them: top-level `rope_theta` and `partial_rotary_factor`, and a
+    `rope_scaling` of exactly `type`, `short_factor` and `long_factor` (4's Phi3Config refuses other fields; an
+    attention factor transformers would not derive is kept beside them). transformers 5 reads `rope_scaling` before
+    `rope_parameters`, and the same model from it."""
+    keys = {"rope_theta": rope["rope_theta"], "partial_rotary_factor": rope["partial_rotary_factor"]}
+    keys["rope_scaling"] = None
+    if rope["rope_type"] == "longrope":
+        names = ("short_factor", "long_factor", "attention_factor")
+        keys["rope_scaling"] = {"type": "longrope", **{name: rope[name] for name in names if name in rope}}
+    return keys
 
 
 def _gemma_transformers4_keys(rope):
@@ -255,7 +271,7 @@ def _export_weights(task, hf_config, shapes, values=None):
     """Our weights as ({Hugging Face name: float32 array}, {tied copy: its reference}), through the family's
     converter run backwards; `values`: {id(variable): float value} to write instead (dequantized kernels)."""
     recorder = WeightRecorder(shapes, values)
-    converter = FAMILIES[type(task).__name__][1]
+    converter = LAYOUT_CONVERTERS.get(hf_config.get("model_type"), FAMILIES[type(task).__name__][1])
     converter.load_weights(task, recorder, hf_config)
     return recorder.arrays(), recorder.tied
 

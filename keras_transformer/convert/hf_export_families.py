@@ -3,7 +3,7 @@ arguments, built from our task's options. Options our model has and the Hugging 
 here, before anything is written; the weights follow from the family's converter (`FAMILIES`).
 """
 
-from keras_transformer.convert import hf_bert, hf_gemma, hf_gpt2, hf_llama, hf_modernbert, hf_t5
+from keras_transformer.convert import hf_bert, hf_gemma, hf_gpt2, hf_llama, hf_modernbert, hf_phi3, hf_t5
 from keras_transformer.convert.options import ACTIVATIONS
 
 # Our activation -> the Hugging Face name the converters read back as it (the first listed wins).
@@ -41,13 +41,12 @@ def gpt_config(task):
 
 
 def llama_config(task):
-    """Llama, Qwen2, Qwen3, SmolLM3 or Mistral, whichever has exactly this model's options."""
+    """Llama, Qwen2, Qwen3, SmolLM3 or Mistral, whichever has exactly this model's options; Phi-3 for partial
+    rotary positions or longrope scaling."""
     b = task.backbone
     head_dim = b.head_dim or b.hidden_dim // b.num_heads
-    if b.rotary_dim not in (None, head_dim):
-        raise unsupported(
-            task, f"rotary_dim={b.rotary_dim}", "transformers' Llama-architecture models rotate whole heads"
-        )
+    if b.rotary_dim not in (None, head_dim) or (b.rope_scaling or {}).get("rope_type") == "longrope":
+        return phi3_config(task)
     qkv_bias = bool(b.attention_bias)
     output_bias = qkv_bias if b.attention_output_bias is None else bool(b.attention_output_bias)
     mlp_bias, window = bool(b.mlp_bias), b.sliding_window
@@ -131,6 +130,63 @@ def _llama_newer(task, settings, windows, qkv_bias, output_bias, mlp_bias):
         "SmolLM3ForCausalLM",
         {**settings, **windows, "no_rope_layers": rope_layers, "attention_bias": qkv_bias, "mlp_bias": mlp_bias},
     )
+
+
+def phi3_config(task):
+    """Phi3ForCausalLM: no biases, no query/key norms, every layer rotating and windowed alike, whole heads of
+    D / H; partial rotary positions as `partial_rotary_factor`, longrope with its original length (the attention
+    factor written only where it is not the one transformers derives from the lengths)."""
+    b = task.backbone
+    head_dim = b.head_dim or b.hidden_dim // b.num_heads
+    rotary_dim = b.rotary_dim or head_dim
+    partial = rotary_dim / head_dim
+    mixed = b.attention_bias or b.attention_output_bias or b.mlp_bias or b.query_key_norm or b.rope_layers
+    if (
+        mixed
+        or b.layer_types is not None
+        or head_dim * b.num_heads != b.hidden_dim
+        or int(head_dim * partial) != rotary_dim
+    ):
+        raise unsupported(
+            task,
+            f"rotary_dim={b.rotary_dim}, rope_scaling={b.rope_scaling} with attention_bias={b.attention_bias}, "
+            f"mlp_bias={b.mlp_bias}, query_key_norm={b.query_key_norm!r}, rope_layers={b.rope_layers}, "
+            f"layer_types={b.layer_types}, head_dim={b.head_dim}",
+            "partial rotary positions and longrope are Phi-3's, which has no biases, no query/key norms, one window "
+            "for all layers and heads of hidden_dim / num_heads",
+        )
+    rope = {"rope_type": "default", "rope_theta": float(b.rope_max_wavelength), "partial_rotary_factor": partial}
+    settings = {}
+    if b.rope_scaling:  # longrope (llama3 and linear scalings have no Phi-3 form)
+        if b.rope_scaling["rope_type"] != "longrope":
+            raise unsupported(task, f"rope_scaling={b.rope_scaling}", "Phi-3's only rope scaling is longrope")
+        original = b.rope_scaling["original_max_position_embeddings"]
+        rope.update(
+            rope_type="longrope",
+            short_factor=list(b.rope_scaling["short_factor"]),
+            long_factor=list(b.rope_scaling["long_factor"]),
+        )
+        attention_factor = b.rope_scaling["attention_factor"]
+        if attention_factor != hf_phi3.longrope_attention_factor({}, b.max_sequence_length, original):
+            rope["attention_factor"] = attention_factor
+        settings["original_max_position_embeddings"] = original
+    settings.update(
+        vocab_size=b.vocabulary_size,
+        hidden_size=b.hidden_dim,
+        intermediate_size=b.intermediate_dim,
+        num_hidden_layers=b.num_layers,
+        num_attention_heads=b.num_heads,
+        num_key_value_heads=b.num_key_value_heads or b.num_heads,
+        max_position_embeddings=b.max_sequence_length,
+        rms_norm_eps=b.norm_epsilon,
+        rope_parameters=rope,
+        hidden_act="silu",
+        attention_dropout=b.dropout,
+        resid_pdrop=b.dropout,
+        sliding_window=b.sliding_window,
+        tie_word_embeddings=bool(b.tie_word_embeddings),
+    )
+    return "Phi3Config", "Phi3ForCausalLM", settings
 
 
 def gemma_config(task):
@@ -303,6 +359,9 @@ def t5_config(task):
     )
 
 
+# Exported model types whose tensors another converter than the task family's names (Phi-3's fused projections).
+LAYOUT_CONVERTERS = {"phi3": hf_phi3}
+
 # Task class -> (config builder, converter module).
 FAMILIES = {
     "GPTCausalLM": (gpt_config, hf_gpt2),
@@ -317,7 +376,7 @@ FAMILIES = {
 
 _SUPPORTED = (
     f"format='huggingface' exports the tasks {sorted(FAMILIES)} (GPT as GPT2LMHeadModel; Llama, Qwen2, Qwen3, "
-    "SmolLM3 and Mistral layouts; Gemma 3 text and Gemma 2; "
+    "SmolLM3, Mistral and Phi-3 layouts; Gemma 3 text and Gemma 2; "
     "BERT masked LM and classifier, RoBERTa, XLM-R, DistilBERT and ModernBERT masked "
     "LMs; T5)"
 )

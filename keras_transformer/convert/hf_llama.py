@@ -261,7 +261,13 @@ def load_weights(model, weights, hf_config):
         linear(feed_forward.output_dense, p + "mlp.down_proj", (F, D), (D,))  # (D, F) -> (F, D)
         put(block.feed_forward_norm.scale, p + "post_attention_layernorm.weight")
     put(backbone.layer_norm.scale, "norm.weight")
+    load_head(model, weights, prefix)
 
+
+def load_head(model, weights, prefix):
+    """The output head of a LlamaCausalLM (`lm_head.weight`, (V, D)), or its check against the embedding when
+    tied; a backbone's untied head variable is skipped. (Phi-3's converter shares it.)"""
+    backbone = getattr(model, "backbone", model)
     embedding = backbone.token_embedding
     if embedding.tie_weights:
         # A tied checkpoint may still store its head next to the embedding it is tied to.

@@ -240,7 +240,9 @@ def _normed(kernels, attention, norm, y, heads, head_dim):
 
 
 def _rotary_tables(kernels, rotary, head_dim):
-    """[cos, sin] (P, R/2) of `RotaryEmbedding`'s angles position * theta_i, float32 as the layer computes them."""
+    """[cos, sin] (P, R/2) of `RotaryEmbedding`'s angles position * theta_i, float32 as the layer computes them,
+    times its attention factor. longrope: the long factors' tables where the longest row's last position + 1
+    (the total length) passes `rotary.long_after`, picked in the graph."""
     frequencies = rotary.inverse_frequencies(head_dim)  # (R/2,)
     if kernels.max_positions is None:
         raise Unsupported("rotary positions in a backbone without a `max_sequence_length` (the tables' length)")
@@ -249,15 +251,28 @@ def _rotary_tables(kernels, rotary, head_dim):
             f"rotary positions over {2 * frequencies.size} dims per head (GroupQueryAttention's CPU "
             "kernel rotates a multiple of 16)"
         )
+    b = kernels.builder
+
+    def angle_tables(prefix, frequencies):
+        angles = np.arange(int(kernels.max_positions), dtype=np.float32)[:, None] * frequencies[None, :]  # (P, R/2)
+        cos, sin = np.cos(angles), np.sin(angles)
+        if rotary.attention_factor != 1.0:
+            cos, sin = cos * np.float32(rotary.attention_factor), sin * np.float32(rotary.attention_factor)
+        return [b.const(f"{prefix}rotary.cos", cos), b.const(f"{prefix}rotary.sin", sin)]
 
     def tables():
-        angles = np.arange(int(kernels.max_positions), dtype=np.float32)[:, None] * frequencies[None, :]  # (P, R/2)
-        return [
-            kernels.builder.const("rotary.cos", np.cos(angles)),
-            kernels.builder.const("rotary.sin", np.sin(angles)),
-        ]
+        short = angle_tables("", frequencies)
+        if rotary.long_after is None:
+            return short
+        long = angle_tables("long_", rotary.inverse_frequencies(head_dim, long=True))
+        after = b.const("long_after", np.array(rotary.long_after, np.int64))
+        is_long = b.node("Greater", [kernels.total_length_int64, after])  # () bool
+        return [b.node("Where", [is_long, a, c]) for a, c in zip(long, short)]
 
-    return kernels.memo(("rotary", frequencies.tobytes()), tables)
+    key = ("rotary", frequencies.tobytes(), rotary.long_after, rotary.attention_factor)
+    if rotary.long_after is not None:
+        key += (rotary.inverse_frequencies(head_dim, long=True).tobytes(),)
+    return kernels.memo(key, tables)
 
 
 def _cross_attention(kernels, attention, h, cache, encoder_padding_mask, bias=None):

@@ -136,7 +136,8 @@ def _static_self_attention(kernels, attention, weights, q, k, v, keys, values, s
 
 def _rotate(kernels, rotary, x, start):
     """`RotaryEmbedding` of x (R, T, H, Dh) at positions [start, start + T), cos/sin read from a table
-    made once per call and grown (doubling) when a step reaches past it."""
+    made once per call and grown (doubling) when a step reaches past it. longrope's long table serves a
+    step whose last position + 1 passes `rotary.long_after`, as the layer's frequencies do."""
     length, head_dim = x.shape[1], x.shape[3]
     table = kernels.table(rotary, lambda layer: {"cos": None, "sin": None})
     if kernels.static:
@@ -145,21 +146,32 @@ def _rotate(kernels, rotary, x, start):
         positions = kernels.positions(start, length, x.device)
         cos = table["cos"].index_select(0, positions)[None, :, None, :]  # (1, T, 1, R)
         sin = table["sin"].index_select(0, positions)[None, :, None, :]
+        if rotary.long_after is not None:  # picked on the device: no host synchronisation in a compiled step
+            long = positions[-1] + 1 > rotary.long_after
+            cos = torch.where(long, table["long_cos"].index_select(0, positions)[None, :, None, :], cos)
+            sin = torch.where(long, table["long_sin"].index_select(0, positions)[None, :, None, :], sin)
         return _apply_rotation(x, cos, sin)
     if table["cos"] is None or start + length > table["cos"].shape[0]:
         _rotary_table(table, rotary, max(2 * (start + length), 256), head_dim, x.device)
-    cos = table["cos"][start : start + length][None, :, None, :]  # (1, T, 1, R)
-    sin = table["sin"][start : start + length][None, :, None, :]
+    prefix = "long_" if rotary.long_after is not None and start + length > rotary.long_after else ""
+    cos = table[prefix + "cos"][start : start + length][None, :, None, :]  # (1, T, 1, R)
+    sin = table[prefix + "sin"][start : start + length][None, :, None, :]
     return _apply_rotation(x, cos, sin)
 
 
 def _rotary_table(table, rotary, size, head_dim, device):
-    """cos / sin (P, R) float32 of the first `size` positions, into `table`."""
+    """cos / sin (P, R) float32 of the first `size` positions, times the attention factor, into `table` (and
+    longrope's long_cos / long_sin)."""
     positions = torch.arange(size, device=device, dtype=torch.float32)
-    frequencies = torch.as_tensor(rotary.inverse_frequencies(head_dim), device=device)
-    angles = positions[:, None] * frequencies[None, :]  # (P, 1) x (1, R/2) -> (P, R/2)
-    angles = torch.cat([angles, angles], dim=-1)  # -> (P, R)
-    table.update(mark_static({"cos": angles.cos(), "sin": angles.sin()}))
+    sets = {"": False} if rotary.long_after is None else {"": False, "long_": True}
+    for prefix, long in sets.items():
+        frequencies = torch.as_tensor(rotary.inverse_frequencies(head_dim, long=long), device=device)
+        angles = positions[:, None] * frequencies[None, :]  # (P, 1) x (1, R/2) -> (P, R/2)
+        angles = torch.cat([angles, angles], dim=-1)  # -> (P, R)
+        cos, sin = angles.cos(), angles.sin()
+        if rotary.attention_factor != 1.0:
+            cos, sin = cos * rotary.attention_factor, sin * rotary.attention_factor
+        table.update(mark_static({prefix + "cos": cos, prefix + "sin": sin}))
 
 
 def _apply_rotation(x, cos, sin):

@@ -1,4 +1,4 @@
-"""Rotary position embedding (RoPE, Su et al. 2021), as Llama, Qwen2 and Mistral apply it.
+"""Rotary position embedding (RoPE, Su et al. 2021), as Llama, Qwen2, Mistral and Phi-3 apply it.
 
 Axes: B batch, T sequence length, H heads, Dh head size, R rotated dims (R <= Dh, even).
 """
@@ -9,7 +9,13 @@ import keras
 import numpy as np
 from keras import ops
 
-SCALING_TYPES = ("linear", "llama3")
+SCALING_TYPES = ("linear", "llama3", "longrope")
+# The keys each scaling needs besides "rope_type".
+_SCALING_KEYS = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "longrope": ("short_factor", "long_factor", "original_max_position_embeddings", "attention_factor"),
+}
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -30,7 +36,11 @@ class RotaryEmbedding(keras.layers.Layer):
             {"rope_type": "linear", "factor": f} divides every frequency by f (positions
             interpolated); {"rope_type": "llama3", "factor", "low_freq_factor",
             "high_freq_factor", "original_max_position_embeddings"} divides only the low
-            frequencies by f and blends the band between (Llama 3.1).
+            frequencies by f and blends the band between (Llama 3.1); {"rope_type": "longrope",
+            "short_factor", "long_factor" (R/2 divisors each), "original_max_position_embeddings" N,
+            "attention_factor" a} divides theta_i by short_factor[i], or by long_factor[i] in a call
+            whose sequence (its last position + 1) is longer than N, and multiplies cos and sin by a
+            (Phi-3, as transformers' dynamic longrope update).
 
     Call arguments:
         inputs: (B, T, H, Dh) queries or keys.
@@ -56,30 +66,61 @@ class RotaryEmbedding(keras.layers.Layer):
         self.rotary_dim = rotary_dim
         self.scaling = _check_scaling(scaling)
 
-    def inverse_frequencies(self, head_dim):
-        """theta_i for i < R / 2, float32 numpy (R / 2,), scaling applied."""
+    def inverse_frequencies(self, head_dim, long=False):
+        """theta_i for i < R / 2, float32 numpy (R / 2,), scaling applied; `long`: longrope's long factors
+        (the frequencies of a sequence longer than `long_after`; the same as the short ones otherwise)."""
         rotary_dim = self.rotary_dim or head_dim
         if rotary_dim > head_dim or rotary_dim % 2:
             raise ValueError(
                 f"`rotary_dim` must be even and at most the head size. Received: rotary_dim={rotary_dim}, "
                 f"head size={head_dim}"
             )
-        frequencies = 1.0 / self.max_wavelength ** (np.arange(0, rotary_dim, 2, dtype=np.float32) / rotary_dim)
+        exponents = np.arange(0, rotary_dim, 2, dtype=np.float32) / rotary_dim
+        if self.long_after is not None:
+            factors = self.scaling["long_factor" if long else "short_factor"]
+            if len(factors) != rotary_dim // 2:
+                raise ValueError(
+                    f"longrope's factors must number rotary_dim / 2 = {rotary_dim // 2}. "
+                    f"Received: {len(factors)} factors"
+                )
+            # As transformers: 1 / (factor_i * base ** (2 i / R)), in float32.
+            return (1.0 / (np.asarray(factors, np.float32) * self.max_wavelength**exponents)).astype(np.float32)
+        frequencies = 1.0 / self.max_wavelength**exponents
         return _scaled(frequencies.astype(np.float32), self.scaling)
 
-    def cos_sin(self, positions, head_dim):
-        """cos and sin (T, R) of positions (T,) int: each angle twice, for the rotate-half layout."""
+    @property
+    def long_after(self):
+        """longrope's `original_max_position_embeddings` N (a call whose last position + 1 exceeds N rotates with
+        the long factors), or None for the other scalings, whose frequencies never change."""
+        if self.scaling is None or self.scaling["rope_type"] != "longrope":
+            return None
+        return int(self.scaling["original_max_position_embeddings"])
+
+    @property
+    def attention_factor(self):
+        """What cos and sin are multiplied by: longrope's `attention_factor`, else 1.0."""
+        return 1.0 if self.long_after is None else float(self.scaling["attention_factor"])
+
+    def cos_sin(self, positions, head_dim, sequence_length=None):
+        """cos and sin (T, R) of positions (T,) int: each angle twice, for the rotate-half layout, times the
+        attention factor. `sequence_length` (scalar: the call's last position + 1) picks longrope's factors."""
         frequencies = ops.convert_to_tensor(self.inverse_frequencies(head_dim))
+        if self.long_after is not None:
+            long = ops.convert_to_tensor(self.inverse_frequencies(head_dim, long=True))
+            frequencies = ops.where(sequence_length > self.long_after, long, frequencies)  # (R/2,)
         angles = ops.cast(positions, "float32")[:, None] * frequencies[None, :]  # (T, 1) x (1, R/2) -> (T, R/2)
         angles = ops.concatenate([angles, angles], axis=-1)  # -> (T, R)
-        return ops.cos(angles), ops.sin(angles)
+        if self.attention_factor == 1.0:
+            return ops.cos(angles), ops.sin(angles)
+        return ops.cos(angles) * self.attention_factor, ops.sin(angles) * self.attention_factor
 
     def call(self, inputs, start_index=0):
         head_dim = inputs.shape[-1]
         rotary_dim = self.rotary_dim or head_dim
         length = ops.shape(inputs)[1]
-        positions = ops.arange(length, dtype="int32") + ops.cast(start_index, "int32")
-        cos, sin = self.cos_sin(positions, head_dim)
+        start = ops.cast(start_index, "int32")
+        positions = ops.arange(length, dtype="int32") + start
+        cos, sin = self.cos_sin(positions, head_dim, sequence_length=start + length)
         cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # (T, R) -> (1, T, 1, R)
         x = ops.cast(inputs, "float32")
         rotated, passed = x[..., :rotary_dim], x[..., rotary_dim:]
@@ -114,12 +155,12 @@ def _check_scaling(scaling):
         return None
     if kind not in SCALING_TYPES:
         raise ValueError(f"`scaling['rope_type']` must be one of {SCALING_TYPES}. Received: scaling={scaling!r}")
-    needed = ["factor"] + (
-        ["low_freq_factor", "high_freq_factor", "original_max_position_embeddings"] if kind == "llama3" else []
-    )
+    needed = list(_SCALING_KEYS[kind])
     missing = [key for key in needed if key not in scaling]
     if missing:
         raise ValueError(f"`scaling` of rope_type {kind!r} needs {missing}. Received: scaling={scaling!r}")
+    if kind == "longrope":
+        return _check_longrope(scaling, needed)
     if not scaling["factor"] > 0:
         raise ValueError(f"`scaling['factor']` must be positive. Received: factor={scaling['factor']}")
     if kind == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
@@ -130,6 +171,33 @@ def _check_scaling(scaling):
     out = {"rope_type": kind}
     out.update({key: scaling[key] for key in needed})
     return out
+
+
+def _check_longrope(scaling, needed):
+    """longrope's entries, checked: two lists of positive factors of one length, a positive original length and
+    attention factor."""
+    short, long = scaling["short_factor"], scaling["long_factor"]
+    for key in ("short_factor", "long_factor"):
+        factors = scaling[key]
+        if not isinstance(factors, (list, tuple)) or not factors or not all(float(f) > 0 for f in factors):
+            raise ValueError(f"`scaling['{key}']` must be a list of positive numbers. Received: {key}={factors!r}")
+    if len(short) != len(long):
+        raise ValueError(
+            "`scaling['short_factor']` and `scaling['long_factor']` must have one length. "
+            f"Received: {len(short)} and {len(long)} factors"
+        )
+    original = scaling["original_max_position_embeddings"]
+    if not isinstance(original, int) or original < 1:
+        raise ValueError(
+            f"`scaling['original_max_position_embeddings']` must be a positive int. Received: {original!r}"
+        )
+    if not scaling["attention_factor"] > 0:
+        raise ValueError(
+            f"`scaling['attention_factor']` must be positive. Received: attention_factor={scaling['attention_factor']}"
+        )
+    out = {key: scaling[key] for key in needed}
+    out.update(short_factor=[float(f) for f in short], long_factor=[float(f) for f in long])
+    return {"rope_type": "longrope", **out, "attention_factor": float(scaling["attention_factor"])}
 
 
 def _scaled(frequencies, scaling):

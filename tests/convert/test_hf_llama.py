@@ -399,7 +399,6 @@ REFUSED = [  # (model_type, config changes, what the message must name)
         r"layer_types with \['chunked_attention'\]",
     ),
     ("smollm3", {"no_rope_layers": [1]}, r"no_rope_layers=\[1\]"),
-    ("phi3", {}, r"model_type='phi3'"),
     ("gemma3", {}, r"model_type='gemma3'.*multimodal"),
     ("gemma3_text", {"hidden_activation": "gelu"}, r"hidden_activation='gelu'"),
     (
@@ -425,7 +424,6 @@ REFUSED = [  # (model_type, config changes, what the message must name)
         "relu",
         "qwen2-unknown-layer-type",
         "smollm3-short-no-rope-layers",
-        "phi3",
         "gemma3-multimodal",
         "gemma3-exact-gelu",
         "gemma3-yarn",
@@ -434,7 +432,7 @@ REFUSED = [  # (model_type, config changes, what the message must name)
     ],
 )
 def test_refused_options(tmp_path, model_type, changes, match):
-    config = _config({"phi3": "llama", "gemma3": "gemma3_text"}.get(model_type, model_type), **changes)
+    config = _config({"gemma3": "gemma3_text"}.get(model_type, model_type), **changes)
     config["model_type"] = model_type
     with pytest.raises(ValueError, match=match):
         _backbone_config(tmp_path, config)
@@ -445,7 +443,6 @@ def test_known_types_are_registered():
 
     assert all(FAMILIES[model_type] is hf_llama for model_type in ("llama", "mistral", "qwen2", "qwen3", "smollm3"))
     assert all(FAMILIES[model_type] is hf_gemma for model_type in ("gemma3_text", "gemma2", "gemma3"))
-    assert "phi3" not in FAMILIES  # fused projections and longrope: not converted yet
 
 
 def test_untied_head_missing_from_checkpoint(tmp_path, build):

@@ -61,7 +61,7 @@ def test_unsupported_model_type(copy):
     hf_models.edit_config(copy, model_type="falcon")
     converted = (
         r"\['bert', 'distilbert', 'gemma2', 'gemma3', 'gemma3_text', 'gpt2', 'llama', 'mistral', 'modernbert', "
-        r"'qwen2', 'qwen3', 'roberta', 'smollm3', 't5', "
+        r"'phi3', 'qwen2', 'qwen3', 'roberta', 'smollm3', 't5', "
         r"'xlm-roberta'\]"
     )
     with pytest.raises(ValueError, match=r"model_type='falcon'.*" + converted):

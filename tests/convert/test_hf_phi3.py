@@ -1,0 +1,315 @@
+"""Phi-3 / Phi-4-mini checkpoints (`model_type` "phi3") in the Hugging Face layout -> LlamaCausalLM, against
+`transformers`.
+
+The peer is one random Phi3ForCausalLM (eager attention, 2 query heads of 32 sharing 1 key/value head, fused
+qkv_proj and gate_up_proj) with every Phi quirk at once: half of each head rotating (partial_rotary_factor 0.5),
+longrope scaling whose original length (32) is shorter than the long test sequences (40 positions, and prompts of
+34 and 36 tokens that grow by 10), so that both the short and the long factors and the attention factor are
+exercised, and a sliding window (16) shorter than those sequences. Ours is loaded from its directory by
+`CausalLM.from_preset`, which must pick LlamaCausalLM. The original length is a multiple of the prefill's bucket
+(32), as Phi-4-mini's 4096 is: see convert/hf_phi3.py on the one case transformers' `generate` recomputes.
+
+Axes: B batch, T length, V vocabulary.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from keras_transformer.convert import hf_phi3
+from keras_transformer.models import Backbone, CausalLM, LlamaBackbone, LlamaCausalLM
+from keras_transformer.presets import load_config
+from keras_transformer.samplers import BeamSampler
+from keras_transformer.tokenizers import BytePairTokenizer
+from tests.conftest import to_numpy
+from tests.convert import hf_models
+from tests.convert.hf_export_cases import tensors
+from tests.export.helpers import bundle_generator
+
+ATOL = 1e-4
+NEW_TOKENS = 10
+ORIGINAL = 32  # original_max_position_embeddings
+LENGTHS = {"short": 12, "long": 40}  # sequence lengths of the logits tests, either side of ORIGINAL
+PROMPTS = {"short": (6, 3), "long": (36, 34)}  # prompt lengths: within ORIGINAL after 10 new tokens, or past it
+
+
+def build_phi3(directory, seed=0):
+    """A random Phi3ForCausalLM saved with a BPE tokenizer (`<s>` start, `<|endoftext|>` end and padding, as
+    Phi-3-mini's) -> the peer (eval mode)."""
+    tokenizer = BytePairTokenizer.train(hf_models.TEXTS, vocabulary_size=300)
+    backend = tokenizer.backend_tokenizer
+    backend.add_special_tokens(["<s>", "<|endoftext|>"])
+    bos, eos = backend.token_to_id("<s>"), backend.token_to_id("<|endoftext|>")
+    rng = np.random.default_rng(seed)
+    config = transformers.Phi3Config(
+        vocab_size=backend.get_vocab_size(with_added_tokens=True),
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+        original_max_position_embeddings=ORIGINAL,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+            "short_factor": rng.uniform(1.0, 2.0, 8).round(3).tolist(),
+            "long_factor": rng.uniform(2.0, 6.0, 8).round(3).tolist(),
+        },
+        sliding_window=16,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=eos,
+        attn_implementation="eager",
+    )
+    model = hf_models.randomize(transformers.Phi3ForCausalLM(config), seed)
+    model.save_pretrained(directory, safe_serialization=True)
+    hf_models.save_hf_tokenizer(tokenizer, directory, bos_token="<s>", eos_token="<|endoftext|>")
+    return model
+
+
+@pytest.fixture(scope="module")
+def phi3(tmp_path_factory):
+    """(directory, peer, ours), built once for the module."""
+    directory = tmp_path_factory.mktemp("phi3")
+    peer = build_phi3(directory)
+    return directory, peer, CausalLM.from_preset(directory)
+
+
+def _inputs(vocabulary_size, length, padded):
+    rng = np.random.default_rng(length)
+    token_ids = rng.integers(1, vocabulary_size, (3, length)).astype("int32")
+    lengths = np.array([length, length - 5, 3]) if padded else np.full(3, length)
+    padding_mask = np.arange(length)[None, :] < lengths[:, None]  # (B, T), right-padded
+    return {"token_ids": np.where(padding_mask, token_ids, 0).astype("int32"), "padding_mask": padding_mask}
+
+
+def _peer_logits(model, x):
+    with torch.no_grad():
+        return model(
+            input_ids=hf_models.to_torch(x["token_ids"]), attention_mask=hf_models.to_torch(x["padding_mask"])
+        ).logits.numpy()  # (B, T, V)
+
+
+def _prompts(vocabulary_size, regime):
+    rng = np.random.default_rng(1)
+    return [rng.integers(1, vocabulary_size, n).tolist() for n in PROMPTS[regime]]  # ragged: ours pads
+
+
+def _peer_generate(model, prompt, **kwargs):
+    """The peer's ids for one prompt alone (no padding), never stopping early."""
+    with torch.no_grad():
+        out = model.generate(
+            hf_models.to_torch([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=NEW_TOKENS,
+            eos_token_id=None,
+            pad_token_id=0,
+            do_sample=False,
+            **kwargs,
+        )
+    return out[0].tolist()
+
+
+# --- transformers agrees --------------------------------------------------------
+
+
+def test_converted_config(phi3):
+    """The quirks reach the backbone: the rotated dims, longrope's factors, original length and attention factor
+    (transformers' own), the window; the tokenizer has the checkpoint's tokens."""
+    directory, peer, lm = phi3
+    backbone, tokenizer, config = lm.backbone, lm.preprocessor.tokenizer, peer.config
+    assert type(lm) is LlamaCausalLM and isinstance(Backbone.from_preset(directory, load_weights=False), LlamaBackbone)
+    assert (backbone.num_key_value_heads, backbone.head_dim, backbone.rotary_dim) == (1, 32, 16)
+    assert backbone.sliding_window == 16 and backbone.max_sequence_length == 128
+    scaling = backbone.rope_scaling
+    assert scaling["short_factor"] == config.rope_parameters["short_factor"]
+    assert scaling["long_factor"] == config.rope_parameters["long_factor"]
+    assert scaling["original_max_position_embeddings"] == ORIGINAL
+    assert scaling["attention_factor"] == pytest.approx(peer.model.rotary_emb.attention_scaling, rel=1e-12)
+    assert scaling["attention_factor"] > 1.1  # max_position_embeddings / ORIGINAL = 4: a factor far from 1
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id) == (config.bos_token_id, config.eos_token_id)
+
+
+@pytest.mark.parametrize("regime", sorted(LENGTHS))
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+def test_logits_match(phi3, regime, padded):
+    """A sequence within the original length (short factors) and one past it (long factors), right-padded or not:
+    transformers picks the factors by the padded length, as ours does."""
+    _, peer, lm = phi3
+    x = _inputs(peer.config.vocab_size, LENGTHS[regime], padded)
+    expected = _peer_logits(peer, x)
+    real = x["padding_mask"]  # padded query positions are not compared
+    np.testing.assert_allclose(to_numpy(lm(x))[real], expected[real], atol=ATOL, rtol=0)
+    assert np.abs(expected[real]).max() > 1.0  # far from the tolerance: not a vacuous match
+
+
+def test_long_factors_change_the_logits(phi3):
+    """The long sequence's first 12 positions are not the short sequence's logits of the same tokens: the factors
+    changed with the length (in transformers and in ours alike, checked above)."""
+    _, peer, lm = phi3
+    x = _inputs(peer.config.vocab_size, LENGTHS["long"], padded=False)
+    head = {key: value[:, : LENGTHS["short"]] for key, value in x.items()}
+    assert np.abs(to_numpy(lm(x))[:, : LENGTHS["short"]] - to_numpy(lm(head))).max() > 0.1
+
+
+@pytest.mark.parametrize("regime", sorted(PROMPTS))
+def test_greedy_generation_matches(phi3, regime):
+    """Prompts whose generation stays within the original length, and prompts already past it."""
+    _, peer, lm = phi3
+    prompts = _prompts(peer.config.vocab_size, regime)
+    ours = lm.generate(prompts, max_new_tokens=NEW_TOKENS, stop_token_ids=None)
+    for prompt, row in zip(prompts, ours):
+        assert row == _peer_generate(peer, prompt)
+        assert len(set(row[len(prompt) :])) >= 2  # the continuation is not one repeated token
+
+
+def test_beam_generation_matches(phi3):
+    """Beam-4 past the original length, with our BeamSampler's defaults passed to the peer explicitly."""
+    _, peer, lm = phi3
+    prompts = _prompts(peer.config.vocab_size, "long")
+    sampler = BeamSampler(num_beams=4)
+    ours = lm.generate(prompts, max_new_tokens=NEW_TOKENS, stop_token_ids=None, sampler=sampler)
+    for prompt, row in zip(prompts, ours):
+        expected = _peer_generate(
+            peer,
+            prompt,
+            num_beams=sampler.num_beams,
+            length_penalty=sampler.length_penalty,
+            early_stopping=sampler.early_stopping,
+        )
+        assert row == expected
+
+
+def test_onnx_bundle_generates_our_tokens(tmp_path, phi3):
+    """The bundle's Keras-free runner (ONNX Runtime's rotary tables, longrope's picked in the graph) generates
+    our tokens, greedy, within and past the original length."""
+    _, peer, lm = phi3
+    bundle = lm.export(tmp_path / "bundle", format="onnx")
+    generator = bundle_generator(bundle)
+    for regime in sorted(PROMPTS):
+        prompts = _prompts(peer.config.vocab_size, regime)
+        ours = lm.generate(prompts, max_new_tokens=NEW_TOKENS, stop_token_ids=None)
+        theirs = generator.generate_ids(prompts, max_new_tokens=NEW_TOKENS, stop_token_ids=None)
+        assert [prompt + new for prompt, new in zip(prompts, theirs)] == ours, regime
+
+
+# --- back to the Hugging Face format ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def exported(phi3, tmp_path_factory):
+    """Ours exported with format="huggingface", and transformers' load of it."""
+    _, _, lm = phi3
+    out = lm.export(tmp_path_factory.mktemp("phi3_hf") / "out", format="huggingface")
+    return out, transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
+
+
+@pytest.mark.parametrize("regime", sorted(LENGTHS))
+def test_export_gives_transformers_our_logits(phi3, exported, regime):
+    _, _, lm = phi3
+    out, theirs = exported
+    assert type(theirs) is transformers.Phi3ForCausalLM
+    x = _inputs(lm.backbone.vocabulary_size, LENGTHS[regime], padded=True)
+    real = x["padding_mask"]
+    np.testing.assert_allclose(to_numpy(lm(x))[real], _peer_logits(theirs, x)[real], atol=ATOL, rtol=0)
+
+
+def test_export_is_the_original_checkpoint(phi3, exported):
+    """The fused tensors come back fused, bit for bit, and config.json says what the original's says (transformers
+    5's entries; transformers 4's spelling beside them)."""
+    directory, _, _ = phi3
+    out, _ = exported
+    original = tensors(directory)
+    assert sorted(tensors(out)) == sorted(original)
+    for key, tensor in tensors(out).items():
+        assert torch.equal(tensor, original[key]), key
+    ours, theirs = (json.loads((d / "config.json").read_text()) for d in (out, directory))
+    for key in ("rope_parameters", "original_max_position_embeddings", "sliding_window", "max_position_embeddings"):
+        assert ours[key] == theirs[key], key
+    scaling = {k: v for k, v in theirs["rope_parameters"].items() if k in ("short_factor", "long_factor")}
+    assert ours["rope_scaling"] == {"type": "longrope", **scaling}  # transformers 4's three fields
+    assert (ours["rope_theta"], ours["partial_rotary_factor"]) == (10000.0, 0.5)
+
+
+# --- config layouts and refusals (config.json alone) ------------------------------
+
+
+def _config(**changes):
+    """A Phi-3 config.json as transformers 5 writes it, with `changes` (None: null)."""
+    config = transformers.Phi3Config(
+        vocab_size=100,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=64,
+        original_max_position_embeddings=16,
+        rope_parameters={
+            "rope_type": "longrope",
+            "partial_rotary_factor": 0.75,
+            "short_factor": [1.0] * 12,
+            "long_factor": [4.0] * 12,
+        },
+    ).to_dict()
+    config.update(changes)
+    return config
+
+
+def _backbone_config(tmp_path, config):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return load_config(tmp_path)[1]["backbone"]["config"]
+
+
+def test_transformers_4_layout(tmp_path):
+    """transformers 4 wrote rope_theta, partial_rotary_factor and rope_scaling (type "longrope", or the old "su") at
+    the top level; 5 writes rope_parameters."""
+    new = _backbone_config(tmp_path / "new", _config())
+    parameters = _config()["rope_parameters"]
+    scaling = {"type": "su", "short_factor": parameters["short_factor"], "long_factor": parameters["long_factor"]}
+    old = _config(rope_parameters=None, rope_theta=10000.0, partial_rotary_factor=0.75, rope_scaling=scaling)
+    assert _backbone_config(tmp_path / "old", old) == new
+    assert new["rotary_dim"] == 24 and new["rope_scaling"]["rope_type"] == "longrope"
+    # sqrt(1 + ln(64 / 16) / ln(16)): transformers' default attention factor
+    assert new["rope_scaling"]["attention_factor"] == pytest.approx(np.sqrt(1 + np.log(4) / np.log(16)))
+
+
+def test_without_scaling_or_partial_rotary(tmp_path):
+    """Phi-3-mini-4k's layout: whole heads, no rope scaling, a window."""
+    backbone = _backbone_config(
+        tmp_path, _config(rope_parameters={"rope_type": "default", "rope_theta": 500.0}, sliding_window=8)
+    )
+    assert (backbone["rotary_dim"], backbone["rope_scaling"], backbone["rope_max_wavelength"]) == (None, None, 500.0)
+    assert backbone["sliding_window"] == 8
+
+
+REFUSED = [  # (config changes, what the message must name)
+    ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, r"rope_type='dynamic'"),
+    ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.3}}, r"partial_rotary_factor=0\.3"),
+    (
+        {"rope_parameters": {"rope_type": "longrope", "short_factor": [1.0] * 3, "long_factor": [1.0] * 16}},
+        r"short_factor=\[1\.0, 1\.0, 1\.0\]",
+    ),
+    ({"hidden_act": "gelu"}, r"hidden_act='gelu'"),
+    ({"attention_bias": True}, r"attention_bias=True"),
+    ({"resid_pdrop": 0.1}, r"resid_pdrop=0\.1"),
+]
+
+
+@pytest.mark.parametrize(
+    "changes, match", REFUSED, ids=["dynamic-rope", "odd-rotary-dims", "short-factors", "gelu", "bias", "dropouts"]
+)
+def test_refused_options(tmp_path, changes, match):
+    with pytest.raises(ValueError, match=match):
+        _backbone_config(tmp_path, _config(**changes))
+
+
+def test_registered():
+    from keras_transformer.convert.hugging_face import FAMILIES
+
+    assert FAMILIES["phi3"] is hf_phi3
