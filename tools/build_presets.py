@@ -9,6 +9,7 @@ tools/train_*.py, which add model.weights.h5 and metrics to the card.
 """
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -109,6 +110,37 @@ SMOLLM3_3B = dict(
     rope_layers=[(i + 1) % 4 != 0 for i in range(36)],  # every fourth layer without rotary positions (NoPE)
     tie_word_embeddings=True,
     norm_epsilon=1e-6,
+)
+# Phi-4-mini-instruct's longrope factors (config.json's rope_scaling): the long ones past 4096 positions.
+PHI4_MINI_LONG_FACTOR = [
+    1.0, 1.118320672, 1.250641126, 1.398617824, 1.564103225, 1.74916897, 1.956131817, 2.187582649, 2.446418898,
+    2.735880826, 3.059592084, 3.421605075, 3.826451687, 4.279200023, 4.785517845, 5.351743533, 5.984965424,
+    6.693110555, 7.485043894, 8.370679318, 9.36110372, 10.4687158, 11.70738129, 13.09260651, 14.64173252,
+    16.37415215, 18.31155283, 20.47818807, 22.90118105, 25.61086418, 28.64115884, 32.03, 32.1, 32.13, 32.23, 32.6,
+    32.61, 32.64, 32.66, 32.7, 32.71, 32.93, 32.97, 33.28, 33.49, 33.5, 44.16, 47.77,
+]  # fmt: skip
+PHI4_MINI = dict(
+    vocabulary_size=200064,
+    num_layers=32,
+    num_heads=24,
+    num_key_value_heads=8,
+    head_dim=128,
+    hidden_dim=3072,
+    intermediate_dim=8192,
+    max_sequence_length=131072,
+    rope_max_wavelength=10000.0,
+    rotary_dim=96,  # partial_rotary_factor 0.75
+    rope_scaling={
+        "rope_type": "longrope",
+        "short_factor": [1.0] * 48,
+        "long_factor": PHI4_MINI_LONG_FACTOR,
+        "original_max_position_embeddings": 4096,
+        # transformers' default: sqrt(1 + ln(131072 / 4096) / ln(4096))
+        "attention_factor": math.sqrt(1 + math.log(131072 / 4096) / math.log(4096)),
+    },
+    sliding_window=262144,
+    tie_word_embeddings=True,
+    norm_epsilon=1e-5,
 )
 GEMMA3_1B = dict(
     vocabulary_size=262144,
@@ -221,6 +253,18 @@ PRESETS = {
         "SmolLM3-3B shape (the real checkpoint: hf://HuggingFaceTB/SmolLM3-3B): 36 layers, d 2048, 16 heads "
         "(4 key/value), every fourth layer without rotary positions (NoPE), SwiGLU 11008, rope_theta 5e6, tied "
         "head, 128256 embedding rows (the tokenizer here has 49152).",
+    ),
+    "phi4_mini": (
+        "llama",
+        "BytePairTokenizer",
+        "LlamaBackbone",
+        PHI4_MINI,
+        "LlamaCausalLM",
+        "LlamaCausalLMPreprocessor",
+        {"sequence_length": 2048},
+        "Phi-4-mini shape (the real checkpoint: hf://microsoft/Phi-4-mini-instruct): 32 layers, d 3072, 24 heads "
+        "(8 key/value) of 128, three quarters of each head rotating (96 dims), longrope scaling past 4096 positions "
+        "(131072 in all), SwiGLU 8192, tied head, 200064 embedding rows (the tokenizer here has 49152).",
     ),
     "gemma3_1b": (
         "gemma",
@@ -338,6 +382,7 @@ TOKENIZER_SIZES = {
     "qwen2_0_5b": 49152,
     "qwen3_0_6b": 49152,
     "gemma3_1b": 49152,
+    "phi4_mini": 49152,
     "smollm3_3b": 49152,
     "modernbert_base": 49152,
 }

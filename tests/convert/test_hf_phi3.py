@@ -12,6 +12,7 @@ exercised, and a sliding window (16) shorter than those sequences. Ours is loade
 Axes: B batch, T length, V vocabulary.
 """
 
+import inspect
 import json
 
 import numpy as np
@@ -19,6 +20,8 @@ import pytest
 import torch
 import transformers
 
+import keras_transformer as kt
+from keras_transformer import presets
 from keras_transformer.convert import hf_phi3
 from keras_transformer.models import Backbone, CausalLM, LlamaBackbone, LlamaCausalLM
 from keras_transformer.presets import load_config
@@ -313,3 +316,74 @@ def test_registered():
     from keras_transformer.convert.hugging_face import FAMILIES
 
     assert FAMILIES["phi3"] is hf_phi3
+
+
+# --- the phi4_mini preset ---------------------------------------------------------
+
+# microsoft/Phi-4-mini-instruct's config.json as published (transformers 4's layout), without the entries that do not
+# describe the model (auto_map, transformers_version, torch_dtype, ...). Its long factors are the preset's.
+PHI4_MINI_INSTRUCT = {
+    "architectures": ["Phi3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 199999,
+    "embd_pdrop": 0.0,
+    "eos_token_id": 199999,
+    "full_attn_mod": 1,
+    "hidden_act": "silu",
+    "hidden_size": 3072,
+    "intermediate_size": 8192,
+    "interpolate_factor": 1,
+    "lm_head_bias": False,
+    "max_position_embeddings": 131072,
+    "mlp_bias": False,
+    "model_type": "phi3",
+    "num_attention_heads": 24,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "original_max_position_embeddings": 4096,
+    "pad_token_id": 199999,
+    "partial_rotary_factor": 0.75,
+    "resid_pdrop": 0.0,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {"long_factor": None, "short_factor": [1.0] * 48, "type": "longrope"},
+    "rope_theta": 10000.0,
+    "sliding_window": 262144,
+    "tie_word_embeddings": True,
+    "vocab_size": 200064,
+}
+
+
+def _published_config():
+    preset = presets.load_config("phi4_mini")[1]["backbone"]["config"]
+    config = json.loads(json.dumps(PHI4_MINI_INSTRUCT))
+    config["rope_scaling"]["long_factor"] = preset["rope_scaling"]["long_factor"]
+    return config, preset
+
+
+def test_preset_is_what_the_checkpoint_converts_to():
+    """The phi4_mini preset's backbone is the converted config.json of the checkpoint it names (every other
+    argument at its default), its attention factor transformers' own."""
+    config, preset = _published_config()
+    converted = hf_phi3.convert_config(config)["backbone"]["config"]
+    defaults = {
+        name: parameter.default
+        for name, parameter in inspect.signature(LlamaBackbone).parameters.items()
+        if parameter.default is not inspect.Parameter.empty
+    }
+    assert converted == {name: preset.get(name, defaults.get(name)) for name in converted}
+    assert len(preset["rope_scaling"]["long_factor"]) == 48 and preset["rotary_dim"] == 96
+    rotary = transformers.models.phi3.modeling_phi3.Phi3RotaryEmbedding(transformers.Phi3Config(**config))
+    assert preset["rope_scaling"]["attention_factor"] == pytest.approx(rotary.attention_scaling, rel=1e-12)
+
+
+def test_preset_parameter_count_is_the_checkpoints():
+    """3,836,021,760: transformers' Phi3ForCausalLM of the published config, built on the meta device (no memory),
+    counts what our registry says."""
+    config, _ = _published_config()
+    with torch.device("meta"):
+        model = transformers.Phi3ForCausalLM(transformers.Phi3Config(**config))
+    count = sum(parameter.numel() for parameter in model.parameters())  # the tied head counted once
+    row = {row["name"]: row for row in kt.list_presets()}["phi4_mini"]
+    assert row["parameter_count"] == count == 3_836_021_760
+    assert row["family"] == "llama"

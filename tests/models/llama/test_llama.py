@@ -142,6 +142,7 @@ def test_bad_arguments_name_the_argument():
         ("qwen2_0_5b", 494_032_768),
         ("qwen3_0_6b", 596_049_920),
         ("smollm3_3b", 3_075_098_624),
+        ("phi4_mini", 3_836_021_760),
     ],
 )
 def test_presets_are_registered_with_the_published_shapes(name, count):
