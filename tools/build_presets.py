@@ -37,6 +37,10 @@ BERT_BASE = dict(
     vocabulary_size=30522, num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072, max_sequence_length=512
 )
 DISTILBERT_BASE = dict(BERT_BASE, num_layers=6, num_segments=0)
+ROBERTA_BASE = dict(BERT_BASE, vocabulary_size=50265, num_segments=1, norm_epsilon=1e-5, position_offset=2)
+XLM_ROBERTA_BASE = dict(ROBERTA_BASE, vocabulary_size=250002)
+MINILM_L6 = dict(BERT_BASE, num_layers=6, hidden_dim=384, intermediate_dim=1536)
+BGE_SMALL = dict(BERT_BASE, hidden_dim=384, intermediate_dim=1536)
 MODERNBERT_BASE = dict(
     vocabulary_size=50368,
     num_layers=22,
@@ -320,6 +324,53 @@ PRESETS = {
         "DistilBERT-base shape (66M; the real checkpoint: hf://distilbert/distilbert-base-uncased): 6 layers, "
         "d 768, 12 heads, no token types, WordPiece 30522.",
     ),
+    "roberta_base": (
+        "bert",
+        "BytePairTokenizer",
+        "BertBackbone",
+        ROBERTA_BASE,
+        "BertMaskedLM",
+        "BertMaskedLMPreprocessor",
+        {"sequence_length": 512},
+        "RoBERTa-base shape (125M; the real checkpoint: hf://FacebookAI/roberta-base): 12 layers, d 768, 12 heads, "
+        "positions past the padding id, one token type; a byte-level BPE tokenizer in RoBERTa's layout (<s> <pad> "
+        "</s> <unk> as ids 0-3, <mask> last, <s> a </s></s> b </s>), 50265 embedding rows (the tokenizer here has "
+        "50261).",
+    ),
+    "xlm_roberta_base": (
+        "bert",
+        "UnigramTokenizer",
+        "BertBackbone",
+        XLM_ROBERTA_BASE,
+        "BertMaskedLM",
+        "BertMaskedLMPreprocessor",
+        {"sequence_length": 512},
+        "XLM-RoBERTa-base shape (278M; the real checkpoint: hf://FacebookAI/xlm-roberta-base): RoBERTa-base's layers "
+        "over 250002 embedding rows; a SentencePiece-style Unigram tokenizer in XLM-R's layout (<s> <pad> </s> <unk> "
+        "as ids 0-3, <mask> last; the tokenizer here has 32130 pieces).",
+    ),
+    "all_minilm_l6_v2": (
+        "bert",
+        "WordPieceTokenizer",
+        "BertBackbone",
+        MINILM_L6,
+        "BertTextEmbedder",
+        "BertTextClassifierPreprocessor",
+        {"sequence_length": 256},
+        "all-MiniLM-L6-v2 shape (23M; the real checkpoint: hf://sentence-transformers/all-MiniLM-L6-v2): a sentence "
+        "embedder, 6 layers, d 384, 12 heads, mean pooling, L2-normalised, 256 tokens, WordPiece 30522.",
+    ),
+    "bge_small": (
+        "bert",
+        "WordPieceTokenizer",
+        "BertBackbone",
+        BGE_SMALL,
+        "BertTextEmbedder",
+        "BertTextClassifierPreprocessor",
+        {"sequence_length": 512},
+        "BGE-small-en-v1.5 shape (33M; the real checkpoint: hf://BAAI/bge-small-en-v1.5): a sentence embedder, 12 "
+        "layers, d 384, 12 heads, the [CLS] state L2-normalised, WordPiece 30522.",
+    ),
     "modernbert_base": (
         "modernbert",
         "BytePairTokenizer",
@@ -388,6 +439,57 @@ TOKENIZER_SIZES = {
 }
 # Presets whose byte-level BPE gets BERT's special tokens after its vocabulary, as ModernBERT's tokenizer has them.
 ENCODER_BPE = ("modernbert_base",)
+# Presets whose tokenizer is another preset's, in the layout of the real checkpoint's (no training): the source, and
+# whether RoBERTa's specials are put around its vocabulary (else it is copied as it is).
+DERIVED_TOKENIZERS = {
+    "roberta_base": ("gpt_small", True),
+    "xlm_roberta_base": ("t5_small", True),
+    "all_minilm_l6_v2": ("bert_base", False),
+    "bge_small": ("bert_base", False),
+}
+# The task config of presets whose task has settings (the embedders' pooling, as their sentence-transformers folders).
+TASK_CONFIGS = {
+    "all_minilm_l6_v2": {"pooling": "mean", "normalize": True},
+    "bge_small": {"pooling": "cls", "normalize": True},
+}
+ROBERTA_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
+
+
+def with_roberta_specials(tokenizer):
+    """A byte-level BPE or Unigram tokenizer in RoBERTa's and XLM-R's layout: its own special tokens dropped,
+    <s> <pad> </s> <unk> as ids 0-3 before its vocabulary, <mask> (which takes the space before it) after it, and
+    the post-processor of roberta-base (RobertaProcessing) or xlm-roberta-base (the same template): <s> a </s> and
+    <s> a </s></s> b </s>."""
+    from tokenizers import AddedToken, Tokenizer, processors
+
+    data = json.loads(tokenizer.backend_tokenizer.to_str())
+    own = {token["content"] for token in data["added_tokens"]}
+    model, data["added_tokens"] = data["model"], []
+    if model["type"] == "BPE":
+        pieces = [token for token, _ in sorted(model["vocab"].items(), key=lambda item: item[1]) if token not in own]
+        model["vocab"] = {token: i for i, token in enumerate([*ROBERTA_SPECIALS, *pieces])}
+    else:  # Unigram: [piece, log probability] rows
+        model["vocab"] = [[token, 0.0] for token in ROBERTA_SPECIALS] + [r for r in model["vocab"] if r[0] not in own]
+        model["unk_id"] = ROBERTA_SPECIALS.index("<unk>")
+    backend = Tokenizer.from_str(json.dumps(data))
+    backend.add_special_tokens([AddedToken(token, normalized=False) for token in ROBERTA_SPECIALS])
+    backend.add_special_tokens([AddedToken("<mask>", lstrip=True, normalized=False)])
+    if model["type"] == "BPE":
+        backend.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    else:
+        backend.post_processor = processors.TemplateProcessing(
+            single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+        )
+    special = dict(bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>", mask_token="<mask>")
+    return type(tokenizer)(backend, cls_token="<s>", sep_token="</s>", **special)
+
+
+def derived_tokenizer(name):
+    from keras_transformer import tokenizers
+
+    source, roberta = DERIVED_TOKENIZERS[name]
+    tokenizer = tokenizers.Tokenizer.load(ZOO / source)
+    return with_roberta_specials(tokenizer) if roberta else tokenizer
 
 
 def with_encoder_specials(tokenizer):
@@ -449,7 +551,12 @@ def model_card(name, family, description, config, count):
         f"- family: {family}",
         f"- parameters: {count:,}" if count else "- parameters: (computed when the family is installed)",
         "- weights: none shipped; the model starts from random initialisation (train it with `fit`).",
-        "- tokenizer: trained on the Python standard library's source files (tools/build_presets.py).",
+        "- tokenizer: trained on the Python standard library's source files (tools/build_presets.py)"
+        + (
+            f", as {DERIVED_TOKENIZERS[name][0]}'s, in the real checkpoint's layout."
+            if name in DERIVED_TOKENIZERS
+            else "."
+        ),
         "",
         "## Config",
         "",
@@ -465,7 +572,9 @@ def build(name):
     family, tok_cls, bb_cls, bb_config, task_cls, pre_cls, pre_config, description = PRESETS[name]
     folder = ZOO / name
     folder.mkdir(parents=True, exist_ok=True)
-    if not (folder / "tokenizer.json").exists():  # training the 32k Unigram takes minutes: keep existing ones
+    if name in DERIVED_TOKENIZERS:
+        derived_tokenizer(name).save(folder)
+    elif not (folder / "tokenizer.json").exists():  # training the 32k Unigram takes minutes: keep existing ones
         tokenizer = train_tokenizer(tok_cls, TOKENIZER_SIZES.get(name, bb_config["vocabulary_size"]))
         (with_encoder_specials(tokenizer) if name in ENCODER_BPE else tokenizer).save(folder)
     count = parameter_count(bb_cls, bb_config)
@@ -475,7 +584,7 @@ def build(name):
         "description": description,
         "parameter_count": count,
         "backbone": {"class_name": bb_cls, "config": bb_config},
-        "task": {"class_name": task_cls, "config": {}},
+        "task": {"class_name": task_cls, "config": TASK_CONFIGS.get(name, {})},
         "preprocessor": {"class_name": pre_cls, "config": pre_config},
     }
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
