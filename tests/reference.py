@@ -229,6 +229,22 @@ def rotary(x, positions, max_wavelength=10000.0, rotary_dim=None, scaling=None):
     return np.concatenate([a * cos - b * sin, a * sin + b * cos, x[..., rotary_dim:]], axis=-1)
 
 
+def longrope_rotary(x, positions, max_wavelength, rotary_dim, scaling):
+    """`rotary` with Phi-3's longrope: theta_i divided by short_factor[i], or by long_factor[i] when the sequence
+    (the last position + 1) is longer than original_max_position_embeddings; the rotated dims (only) times the
+    attention factor, as transformers' cos and sin are."""
+    long = positions[-1] + 1 > scaling["original_max_position_embeddings"]
+    factors = np.asarray(scaling["long_factor" if long else "short_factor"], np.float64)
+    theta = rope_frequencies(rotary_dim, max_wavelength) / factors  # (R/2,)
+    x = _f64(x)
+    half = rotary_dim // 2
+    phi = np.asarray(positions, np.float64)[:, None] * theta  # (T, R/2)
+    cos, sin = np.cos(phi)[None, :, None, :], np.sin(phi)[None, :, None, :]  # (1, T, 1, R/2)
+    a, b = x[..., :half], x[..., half:rotary_dim]
+    turned = np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1) * scaling["attention_factor"]
+    return np.concatenate([turned, x[..., rotary_dim:]], axis=-1)
+
+
 def sliding_window_mask(query_positions, key_length, window):
     """(T, S) boolean: query at position p attends key k iff p - window < k <= p."""
     p = np.asarray(query_positions)[:, None]

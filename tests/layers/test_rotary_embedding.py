@@ -34,6 +34,37 @@ def test_matches_reference(scaling, rotary_dim):
         assert_close(layer(x, start_index=start), expected, atol=2e-4, rtol=1e-4, msg=f"start={start}")
 
 
+LONGROPE = {
+    "rope_type": "longrope",
+    "short_factor": [1.0, 1.2, 1.5, 2.0],
+    "long_factor": [1.0, 2.0, 4.0, 8.0],
+    "original_max_position_embeddings": 16,
+    "attention_factor": 1.25,
+}
+
+
+@pytest.mark.parametrize(
+    "start, length", [(0, 5), (11, 5), (12, 5), (30, 1)], ids=["short", "last-short", "long", "step"]
+)
+def test_longrope_matches_reference(start, length):
+    """The short factors while the call's last position + 1 is at most 16, the long ones past it (11 + 5 = 16: short;
+    12 + 5 = 17: long), the rotated dims times the attention factor, the other dims as they are."""
+    x = np.random.default_rng(5).standard_normal((2, length, 3, 12)).astype("float32")  # (B, T, H, Dh), R = 8
+    layer = RotaryEmbedding(max_wavelength=500.0, rotary_dim=8, scaling=LONGROPE)
+    positions = np.arange(start, start + length)
+    expected = reference.longrope_rotary(x, positions, 500.0, 8, LONGROPE)
+    assert_close(layer(x, start_index=start), expected, atol=2e-4, rtol=1e-4)
+    flipped = dict(LONGROPE, short_factor=LONGROPE["long_factor"], long_factor=LONGROPE["short_factor"])
+    unexpected = reference.longrope_rotary(x, positions, 500.0, 8, flipped)  # the other factors: far off
+    assert np.abs(to_numpy(layer(x, start_index=start)) - unexpected).max() > 1e-2
+
+
+def test_longrope_config_round_trip():
+    layer = RotaryEmbedding(500.0, rotary_dim=8, scaling=LONGROPE)
+    clone = RotaryEmbedding.from_config(layer.get_config())
+    assert clone.get_config() == layer.get_config() and clone.long_after == 16 and clone.attention_factor == 1.25
+
+
 def test_llama3_scaling_keeps_high_and_slows_low_frequencies():
     base = RotaryEmbedding(10000.0).inverse_frequencies(128)
     scaled = RotaryEmbedding(10000.0, scaling=LLAMA3).inverse_frequencies(128)
@@ -63,6 +94,11 @@ def test_rotated_dot_products_depend_on_distance_only():
         (dict(scaling={"rope_type": "yarn", "factor": 2.0}), "rope_type"),
         (dict(scaling={"rope_type": "llama3", "factor": 2.0}), "low_freq_factor"),
         (dict(scaling={"rope_type": "linear", "factor": 0.0}), "factor"),
+        (dict(scaling={"rope_type": "longrope", "short_factor": [1.0]}), "long_factor"),
+        (dict(scaling={**LONGROPE, "long_factor": [1.0, 2.0]}), "one length"),
+        (dict(scaling={**LONGROPE, "short_factor": [1.0, 0.0, 1.0, 1.0]}), "short_factor"),
+        (dict(scaling={**LONGROPE, "original_max_position_embeddings": 0}), "original_max_position_embeddings"),
+        (dict(scaling={**LONGROPE, "attention_factor": -1.0}), "attention_factor"),
     ],
 )
 def test_bad_arguments(kwargs, message):
