@@ -140,6 +140,19 @@ MODELS = {
         **kw,
     ),
     "llama_qk_norm_full": lambda **kw: _llama(query_key_norm="full", tie_word_embeddings=False, **kw),
+    # Phi-3's longrope on half of each head: short factors through position 7, long ones from the step at 8 on
+    "llama_longrope_partial": lambda **kw: _llama(
+        head_dim=8,
+        rotary_dim=4,
+        rope_scaling={
+            "rope_type": "longrope",
+            "short_factor": [1.5, 2.0],
+            "long_factor": [3.0, 9.0],
+            "original_max_position_embeddings": 8,
+            "attention_factor": 1.2,
+        },
+        **kw,
+    ),
     "gemma_post_norms_soft_caps": _gemma,
 }
 
