@@ -59,6 +59,19 @@ VARIANTS = {
         "rope_layers": [True, False],
     },
     "qk_norm_full": {"num_key_value_heads": 1, "query_key_norm": "full"},
+    # Phi-3's longrope on half of each head, past its original length (6) at every step and in the full pass
+    "partial_rotary_longrope": {
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "rotary_dim": 16,
+        "rope_scaling": {
+            "rope_type": "longrope",
+            "short_factor": [1.0] * 8,
+            "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0],
+            "original_max_position_embeddings": 6,
+            "attention_factor": 1.2,
+        },
+    },
     # Gemma: (1 + w) norms before and after each sub-layer, a local layer with its own rotary base, soft caps
     "gemma_post_norms_soft_caps": {
         "family": "gemma",
