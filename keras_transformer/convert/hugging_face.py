@@ -8,7 +8,8 @@ own preset format (the `keras-transformer convert` command).
 Supported model types: "gpt2" (GPT2Model, GPT2LMHeadModel), "bert", "roberta", "xlm-roberta", "distilbert"
 (BertModel, BertForMaskedLM, BertForPreTraining, RobertaModel, RobertaForMaskedLM, XLMRobertaModel,
 XLMRobertaForMaskedLM, DistilBertModel, DistilBertForMaskedLM; a sentence-transformers folder of one of them as a
-BertTextEmbedder), "modernbert" (ModernBertForMaskedLM, ModernBertModel), "t5" (T5ForConditionalGeneration, T5Model),
+BertTextEmbedder), "modernbert" (ModernBertForMaskedLM, ModernBertModel; a sentence-transformers folder as a
+ModernBertTextEmbedder), "t5" (T5ForConditionalGeneration, T5Model),
 and the Llama architecture
 "llama", "mistral", "qwen2", "qwen3", "smollm3" (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
 Qwen3ForCausalLM, SmolLM3ForCausalLM and their bare models; sharded safetensors included; a sentence-transformers

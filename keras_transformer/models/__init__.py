@@ -14,7 +14,12 @@ from keras_transformer.models.gemma import GemmaBackbone, GemmaCausalLM, GemmaCa
 from keras_transformer.models.gpt import GPTBackbone, GPTCausalLM, GPTCausalLMPreprocessor
 from keras_transformer.models.llama import LlamaBackbone, LlamaCausalLM, LlamaCausalLMPreprocessor, LlamaTextEmbedder
 from keras_transformer.models.masked_lm import MaskedLM
-from keras_transformer.models.modernbert import ModernBertBackbone, ModernBertMaskedLM, ModernBertMaskedLMPreprocessor
+from keras_transformer.models.modernbert import (
+    ModernBertBackbone,
+    ModernBertMaskedLM,
+    ModernBertMaskedLMPreprocessor,
+    ModernBertTextEmbedder,
+)
 from keras_transformer.models.packing import pack_documents
 from keras_transformer.models.preprocessor import Preprocessor
 from keras_transformer.models.seq2seq_lm import Seq2SeqLM
@@ -52,6 +57,7 @@ __all__ = [
     "ModernBertBackbone",
     "ModernBertMaskedLM",
     "ModernBertMaskedLMPreprocessor",
+    "ModernBertTextEmbedder",
     "MultipleNegativesRankingLoss",
     "Preprocessor",
     "Seq2SeqLM",
