@@ -15,6 +15,7 @@ Axes: B batch, T length, V vocabulary.
 import inspect
 import json
 
+import keras
 import numpy as np
 import pytest
 import torch
@@ -23,9 +24,9 @@ import transformers
 import keras_transformer as kt
 from keras_transformer import presets
 from keras_transformer.convert import hf_phi3
-from keras_transformer.models import Backbone, CausalLM, LlamaBackbone, LlamaCausalLM
+from keras_transformer.models import Backbone, CausalLM, LlamaBackbone, LlamaCausalLM, LlamaCausalLMPreprocessor
 from keras_transformer.presets import load_config
-from keras_transformer.samplers import BeamSampler
+from keras_transformer.samplers import BeamSampler, RandomSampler
 from keras_transformer.tokenizers import BytePairTokenizer
 from tests.conftest import to_numpy
 from tests.convert import hf_models
@@ -186,6 +187,29 @@ def test_beam_generation_matches(phi3):
             early_stopping=sampler.early_stopping,
         )
         assert row == expected
+
+
+def test_random_sampler_runs_the_same_step(phi3):
+    """Random sampling kept to the top token is transformers' greedy search, past the original length."""
+    _, peer, lm = phi3
+    prompts = _prompts(peer.config.vocab_size, "long")
+    ours = lm.generate(prompts, max_new_tokens=NEW_TOKENS, stop_token_ids=None, sampler=RandomSampler(top_k=1, seed=3))
+    assert ours == [_peer_generate(peer, prompt) for prompt in prompts]
+
+
+def test_fit_lowers_the_loss(phi3):
+    """A converted Phi-3 trains with `fit` on sequences past the original length (the long factors), its own copy."""
+    directory, _, _ = phi3
+    loaded = LlamaCausalLM.from_preset(directory)
+    preprocessor = LlamaCausalLMPreprocessor(
+        loaded.preprocessor.tokenizer, sequence_length=LENGTHS["long"], truncate=True
+    )
+    lm = LlamaCausalLM(loaded.backbone, preprocessor)
+    # XLA (TensorFlow) and torch.compile outlast three eager epochs on a CPU; JAX's jit is the fast way there.
+    lm.compile(optimizer=keras.optimizers.Adam(1e-2), jit_compile=keras.config.backend() == "jax")
+    texts = [" ".join(hf_models.TEXTS[:4])] * 4
+    losses = lm.fit(texts, batch_size=4, epochs=3, verbose=0).history["loss"]
+    assert losses[-1] < losses[0]
 
 
 def test_onnx_bundle_generates_our_tokens(tmp_path, phi3):
