@@ -17,6 +17,7 @@ import keras
 import numpy as np
 
 from keras_transformer import presets
+from keras_transformer.models.quantization import one_gc_collect
 
 DEFAULT_TARGET_NAMES = ("query", "value")  # the attention query and value projections
 FORMAT = "keras_transformer.lora/1"
@@ -145,21 +146,26 @@ def merge_lora(model):
     for layer in layers:
         if layer.quantization_mode is not None:
             raise ValueError(f"merge_lora works on float weights; layer {layer.path!r} is {layer.quantization_mode}.")
-    for layer in layers:
-        merged = keras.ops.convert_to_numpy(layer.kernel)  # kernel + (alpha / r) A @ B
-        layer._tracker.unlock()
-        del layer.lora_kernel_a  # Layer.__delattr__ untracks the variable
-        del layer.lora_kernel_b
-        layer._tracker.lock()
-        layer.lora_enabled = False
-        layer.lora_rank = None
-        layer._kernel.assign(merged.astype(layer._kernel.dtype))
-        for variable in (layer._kernel, layer.bias):
-            if variable is not None:
-                variable.trainable = True  # enable_lora froze them one by one; the layer setter does not reach them
+    with one_gc_collect():  # Keras collects garbage for every deleted variable (1 s each in a large process)
+        for layer in layers:
+            _merge(layer)
     for sublayer in model._flatten_layers():
         sublayer.trainable = True  # every layer and weight trains again
     model._lora_target_names = ()
+
+
+def _merge(layer):
+    merged = keras.ops.convert_to_numpy(layer.kernel)  # kernel + (alpha / r) A @ B
+    layer._tracker.unlock()
+    del layer.lora_kernel_a  # Layer.__delattr__ untracks the variable
+    del layer.lora_kernel_b
+    layer._tracker.lock()
+    layer.lora_enabled = False
+    layer.lora_rank = None
+    layer._kernel.assign(merged.astype(layer._kernel.dtype))
+    for variable in (layer._kernel, layer.bias):
+        if variable is not None:
+            variable.trainable = True  # enable_lora froze them one by one; the layer setter does not reach them
 
 
 def _given_target_names(model):

@@ -21,17 +21,17 @@ def quantize(model, mode, parent_quantize, config=None):
         raise ValueError(f"`mode` must be one of {MODES}. Received: mode={mode!r}")
     if not model.built:
         raise ValueError(f"Build the {type(model).__name__} (call it once) before quantizing it.")
-    with _one_gc_collect():
+    with one_gc_collect():
         parent_quantize(
             mode, config=config, filters=lambda layer: isinstance(layer, _TYPES) and layer.quantization_mode is None
         )
 
 
 @contextmanager
-def _one_gc_collect():
-    """Keras runs `gc.collect()` for every variable a quantized layer drops, and each one is slow in a
-    process holding TensorFlow and JAX (benchmarks/RESULTS.md, "Quantize: one gc.collect"): collect
-    once, at the end, instead."""
+def one_gc_collect():
+    """Keras runs `gc.collect()` for every variable a layer drops (`Layer.__delattr__`: quantizing, merging
+    LoRA), and each one is slow in a process holding TensorFlow and JAX (benchmarks/RESULTS.md, "Quantize: one
+    gc.collect"): collect once, at the end, instead."""
     collect = gc.collect
     gc.collect = lambda *args, **kwargs: 0
     try:
