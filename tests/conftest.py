@@ -4,6 +4,7 @@ The backend comes from KERAS_BACKEND (tensorflow, jax or torch); every test runs
 nothing here skips a backend.
 """
 
+import gc
 import os
 import random
 import tempfile
@@ -37,6 +38,11 @@ if keras.config.backend() == "torch":
     # torch's default two threads wait on each other at every op (eager steps measured up to 10x
     # slower in CPU time than with one). Results do not depend on it.
     torch.set_num_threads(1)
+
+# The backends' modules, imported above, hold millions of objects that live as long as the process: moved out of
+# the collector's reach, so that its full collections walk only what the tests create (PyTorch, tests/models/t5 and
+# test_quantize: 15% less CPU time; JAX's test_quantize 13%).
+gc.freeze()
 
 
 def pytest_report_header(config):
