@@ -40,6 +40,9 @@ BACKENDS = ("tensorflow", "jax", "torch")
 # Every document's run is slow (the tour trains and exports; export/README.md exports three times;
 # docs/distribution.md trains on a simulated mesh): `make test-fast` keeps only the compile check.
 SLOW = set(DOCS)
+# README.md runs on every backend (the tour a new user pastes, on the backend they chose); the other documents
+# each on one backend per `make test`, in turn, among those they claim (tests/turns.py).
+EVERY_BACKEND = {"README.md"}
 
 _FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 _COMMENT = re.compile(r"<!--\s*docs-test\s+(setup|skip|backends|env)\s*:?\s*(.*?)-->", re.S)
@@ -98,6 +101,8 @@ if __name__ != "__main__":  # the runner's process imports nothing a document di
     import keras
     import pytest
 
+    from tests import turns
+
     @pytest.mark.parametrize("doc", [pytest.param(doc, marks=pytest.mark.slow) if doc in SLOW else doc for doc in DOCS])
     def test_document_runs_as_printed(doc, tmp_path):
         found, settings = blocks((ROOT / doc).read_text(encoding="utf-8"))
@@ -105,6 +110,8 @@ if __name__ != "__main__":  # the runner's process imports nothing a document di
         backend = keras.config.backend()
         if backend not in settings["backends"]:
             pytest.skip(f"{doc} claims only {', '.join(settings['backends'])} (docs-test backends)")
+        if doc not in EVERY_BACKEND:
+            turns.skip_unless_its_turn(doc, _turns(), "The document")
         env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3", **settings["env"]}
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         completed = subprocess.run(
@@ -121,6 +128,10 @@ if __name__ != "__main__":  # the runner's process imports nothing a document di
         ran = re.findall(r"^ran block at line (\d+)$", completed.stdout, re.M)
         expected = [str(block["line"]) for block in found if not block["skip"]]
         assert ran == expected, completed.stdout  # every block not marked skip ran (those are listed below)
+
+    def _turns():
+        claims = {doc: blocks((ROOT / doc).read_text(encoding="utf-8"))[1]["backends"] for doc in DOCS}
+        return turns.dealt([doc for doc in DOCS if doc not in EVERY_BACKEND], claims)
 
     def _blocks_not_run():
         for doc in DOCS:

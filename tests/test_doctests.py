@@ -6,7 +6,8 @@ imports them, export/runtime/ on `sys.path`), `doctest.DocTestFinder` collects i
 `doctest.DocTestRunner` runs each docstring in a copy of the module's globals (ELLIPSIS, NORMALIZE_WHITESPACE),
 in a temporary working directory that must stay empty (an example that saves writes under `tempfile.mkdtemp()`,
 which the test points into pytest's `tmp_path`). A failure shows the runner's report: the example, what it
-printed, what the docstring shows. Modules whose examples train, generate or export are marked slow.
+printed, what the docstring shows. Modules whose examples train, generate or export are marked slow, and run on
+one backend per `make test`, in turn (tests/turns.py).
 
 An example that cannot run here (the Hugging Face Hub, several devices, an exported bundle) ends with
 `# doctest: +SKIP`, under a comment line that says why:
@@ -29,6 +30,8 @@ from pathlib import Path
 
 import keras
 import pytest
+
+from tests import turns
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME = ROOT / "export" / "runtime"
@@ -71,6 +74,10 @@ SLOW = {
     for name, examples in EXAMPLES.items()
     if any(_COMPILES.search(example.source) for example in examples if not example.options.get(doctest.SKIP))
 }
+
+
+# The slow modules' examples run on one backend per `make test`, in turn (tests/turns.py); the others on every one.
+TURNS = turns.dealt(SLOW)
 
 
 def _import(name):
@@ -134,6 +141,8 @@ def run_examples(tests):
     "name", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW else name for name in sorted(SOURCES)]
 )
 def test_docstring_examples_run(name, tmp_path, monkeypatch):
+    if name in TURNS:
+        turns.skip_unless_its_turn(name, TURNS, "The docstring examples of")
     try:
         module = _import(name)
     except ModuleNotFoundError as error:

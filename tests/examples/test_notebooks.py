@@ -25,6 +25,8 @@ import keras
 import numpy as np
 import pytest
 
+from tests import turns
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
@@ -47,11 +49,9 @@ NOTEBOOKS = {
     "08_llama_chat": ["logits_vs_transformers.png", "perplexity.png"],
     "09_lora_quantize": ["size_speed_perplexity.png"],
 }
-# `make test` executes each notebook on one of the three backends, in turn (the notebooks cost a minute or more
-# each; all nine on every backend put the suite past CI's time): every backend executes three of them, and every
-# notebook runs in every `make test`. KT_NOTEBOOKS_EVERY_BACKEND=1 executes all nine on the backend under test.
-BACKENDS = ("tensorflow", "jax", "torch")
-RUN_ON = {name: BACKENDS[index % len(BACKENDS)] for index, name in enumerate(sorted(NOTEBOOKS))}
+# `make test` executes each notebook on one of the three backends, in turn (tests/turns.py): a minute or more
+# each. KT_DOCS_EVERY_BACKEND=1 executes all nine on the backend under test.
+RUN_ON = turns.dealt(NOTEBOOKS)
 MAX_OUTPUT_BYTES = 200_000  # one output of a cell, as stored (a PNG is base64: 4/3 of its bytes)
 MAX_NOTEBOOK_BYTES = 1_000_000
 MAX_README_IMAGE_BYTES = 100_000
@@ -214,9 +214,7 @@ def _outputs_text(notebook):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(NOTEBOOKS))
 def test_notebook_runs_and_writes_its_plots(name, kernel_spec_dir, tmp_path):
-    backend = keras.config.backend()
-    if RUN_ON[name] != backend and os.environ.get("KT_NOTEBOOKS_EVERY_BACKEND") != "1":
-        pytest.skip(f"{name} is executed under {RUN_ON[name]} in make test (each notebook on one backend, in turn)")
+    turns.skip_unless_its_turn(name, RUN_ON, "The notebook")
     notebook = _make_notebooks().build(EXAMPLES / f"{name}.py")
     env = {**os.environ, "KT_EXAMPLES_OUT": str(tmp_path), "TF_CPP_MIN_LOG_LEVEL": "3"}
     # One OpenMP thread: on a shared 2-core machine PyTorch's spinning worker threads otherwise
