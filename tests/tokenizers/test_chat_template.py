@@ -13,6 +13,7 @@ import pytest
 import torch
 import transformers
 
+from keras_transformer.convert.checkpoint import load_tokenizer
 from keras_transformer.models import GPTCausalLM
 from keras_transformer.tokenizers import BytePairTokenizer, Tokenizer, chat_template
 from tests.tokenizers import chat_models
@@ -189,6 +190,105 @@ def test_template_read_from_tokenizer_config(tmp_path):
     config_path.write_text(json.dumps({**config, "chat_template": [{"name": "tool_use", "template": "x"}]}))
     with pytest.raises(ValueError, match='named "default"'):
         GPTCausalLM.from_preset(tmp_path)
+
+
+# --- published templates (Qwen3, Gemma 3, Phi-4-mini): rendering and ids only --------------------------
+
+
+@pytest.fixture(scope="module", params=sorted(chat_models.PUBLISHED))
+def published(request, tmp_path_factory):
+    """(style, our tokenizer as a checkpoint's is read, transformers' tokenizer), both from the same directory."""
+    directory = tmp_path_factory.mktemp(request.param)
+    chat_models.chat_tokenizer(directory, request.param)
+    return request.param, load_tokenizer(directory, {}, {}), transformers.AutoTokenizer.from_pretrained(directory)
+
+
+def _same_as_transformers(tokenizer, hf_tokenizer, messages, add_generation_prompt, **options):
+    """Asserts our text and ids equal transformers' for these messages and template options; returns the text."""
+    ours = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **options)
+    theirs = hf_tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt, **options
+    )
+    assert ours == theirs, (messages, add_generation_prompt, options)
+    ids = chat_models.hf_ids(hf_tokenizer, messages, add_generation_prompt=add_generation_prompt, **options)
+    assert tokenizer.tokenize(ours) == ids
+    return ours
+
+
+def test_published_templates_render_and_ids_match_transformers(published):
+    """Single turn, a system message and several turns, earlier reasoning; with and without the generation prompt,
+    and Qwen3's `enable_thinking` unset, on and off."""
+    style, tokenizer, hf_tokenizer = published
+    assert tokenizer.chat_template == chat_models.PUBLISHED[style][0]
+    switches = [{}, {"enable_thinking": True}, {"enable_thinking": False}] if style == "qwen3" else [{}]
+    for conversation in CONVERSATIONS:
+        for add_generation_prompt in (True, False):
+            for options in switches:
+                _same_as_transformers(tokenizer, hf_tokenizer, conversation, add_generation_prompt, **options)
+    system_first = tokenizer.apply_chat_template(CONVERSATIONS[1], add_generation_prompt=True)
+    opening, _ = PUBLISHED_TURNS[style]
+    assert system_first.endswith(opening)
+    if style == "gemma3":  # the system message folded into the first user turn, after the one <bos>
+        assert system_first.startswith("<bos><start_of_turn>user\nYou write small Python functions.\n\nthe quick")
+        assert tokenizer.tokenize(system_first).count(tokenizer.bos_token_id) == 1
+    if style == "phi4_mini":  # without a generation prompt the chat is closed by the end token
+        assert tokenizer.apply_chat_template(CONVERSATIONS[0]).endswith("<|end|><|endoftext|>")
+
+
+# style -> (the generation prompt, a conversation using the template's own features: tools, reasoning, images)
+PUBLISHED_TURNS = {
+    "qwen3": ("<|im_start|>assistant\n", [
+        {"role": "system", "content": "You write small Python functions."},
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": "", "reasoning_content": "I should call the tool.",
+         "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "content": "22°C, sunny"},
+        {"role": "tool", "content": "Humidité 40 %"},
+        {"role": "assistant", "content": "<think>\nboth answers in\n</think>\n\nSunny, 22°C.",
+         "tool_calls": [{"function": {"name": "get_weather", "arguments": '{"city": "Lyon"}'}}]},
+    ]),
+    "gemma3": ("<start_of_turn>model\n", [
+        {"role": "system", "content": [{"type": "text", "text": "Describe images. "}]},
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "  What is this?  "}]},
+    ]),
+    "phi4_mini": ("<|assistant|>", [
+        {"role": "system", "content": "You call tools.", "tools": json.dumps([t["function"] for t in TOOLS])},
+        {"role": "user", "content": "What is the weather in Paris?"},
+    ]),
+}  # fmt: skip
+
+
+def test_published_templates_tools_thinking_and_parts_render_and_ids(published):
+    """Each template's own features: Qwen3's tools (`tojson`, non-ASCII kept), tool calls (arguments as a dict and
+    as a string), tool responses and reasoning; Gemma 3's content parts; Phi-4-mini's tools in the system message."""
+    style, tokenizer, hf_tokenizer = published
+    _, conversation = PUBLISHED_TURNS[style]
+    options = {"tools": TOOLS} if style == "qwen3" else {}
+    for add_generation_prompt in (True, False):
+        for thinking in ({}, {"enable_thinking": False}) if style == "qwen3" else ({},):
+            text = _same_as_transformers(
+                tokenizer, hf_tokenizer, conversation, add_generation_prompt, **options, **thinking
+            )
+    if style == "qwen3":
+        assert "Météo" in text and '"arguments": {"city": "Paris"}' in text and '"arguments": {"city": "Lyon"}' in text
+        assert "<think>\nboth answers in\n</think>\n\nSunny" in text  # after the last user turn: kept
+        assert "I should call the tool." in text
+    elif style == "gemma3":
+        assert "<start_of_turn>user\nDescribe images. \n\n<start_of_image>What is this?<end_of_turn>" in text
+    else:
+        assert '<|system|>You call tools.<|tool|>[{"name": "get_weather"' in text
+
+
+def test_published_templates_refusals_match_transformers(published):
+    """What a template refuses, transformers refuses too: ours is a ValueError carrying the template's message."""
+    style, tokenizer, hf_tokenizer = published
+    if style != "gemma3":
+        return
+    messages = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    with pytest.raises(jinja2.TemplateError, match="must alternate"):
+        hf_tokenizer.apply_chat_template(messages, tokenize=False)
+    with pytest.raises(ValueError, match="must alternate"):
+        tokenizer.apply_chat_template(messages)
 
 
 # --- errors -------------------------------------------------------------------
