@@ -68,10 +68,15 @@ class CausalLM(LanguageModel):
     def default_weighted_metrics(self):
         return [keras.metrics.SparseCategoricalAccuracy(name="accuracy"), Perplexity()]
 
-    def _generate(self, inputs, options):
+    def _generate(self, inputs, options, chat_template_kwargs=None):
         """`generate` (see `LanguageModel.generate`), with chat messages rendered by the template."""
         chat = as_conversations(inputs)  # (single, conversations), or None for prompts and ids
-        prompts = inputs if chat is None else self._chat_prompts(chat[1])
+        if chat is None and chat_template_kwargs is not None:
+            raise ValueError(
+                "`chat_template_kwargs` applies to chat messages; these inputs are prompts or token ids. Received: "
+                f"chat_template_kwargs={chat_template_kwargs!r} with inputs of type {type(inputs).__name__}"
+            )
+        prompts = inputs if chat is None else self._chat_prompts(chat[1], chat_template_kwargs or {})
         outputs = super()._generate(prompts, options)
         if chat is None:
             return outputs
@@ -80,15 +85,16 @@ class CausalLM(LanguageModel):
         replies = replies[0] if chat[0] else replies
         return {**outputs, "outputs": replies} if return_dict else replies
 
-    def _chat_prompts(self, conversations):
-        """Conversations -> prompt id lists: the template's text, tokenized with no special token added."""
+    def _chat_prompts(self, conversations, template_variables):
+        """Conversations -> prompt id lists: the template's text (with `template_variables`, e.g.
+        `enable_thinking`), tokenized with no special token added."""
         if self.preprocessor is None:
             raise ValueError(
                 "Chat messages need a task with a preprocessor (its tokenizer holds the chat template); "
                 "pass token ids instead."
             )
         tokenizer = self.preprocessor.tokenizer
-        texts = tokenizer.apply_chat_template(conversations, add_generation_prompt=True)
+        texts = tokenizer.apply_chat_template(conversations, add_generation_prompt=True, **template_variables)
         # The template writes the start token itself when the model wants one: the preprocessor's
         # own BOS would double it.
         return tokenizer.tokenize(texts)

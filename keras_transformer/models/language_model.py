@@ -47,6 +47,7 @@ class LanguageModel(Task):
         streamer=None,
         return_dict=False,
         output_logits=False,
+        chat_template_kwargs=None,
     ):
         """Continue prompts (a causal LM) or transduce sources (an encoder-decoder LM), one token
         at a time, with a key/value cache.
@@ -93,6 +94,9 @@ class LanguageModel(Task):
             output_logits: bool, with `return_dict`: "logits" holds, per row, the raw
                 logits (N, V) of each of its N generated tokens (not with beam search).
                 The loop then keeps a (B, L, V) buffer: mind large vocabularies.
+            chat_template_kwargs: None, or a dict of other variables the chat template reads, for chat
+                messages only, as `transformers`' `apply_chat_template(..., **kwargs)` (and a server's
+                `chat_template_kwargs`): e.g. `{"enable_thinking": False}` for Qwen3, `{"tools": [...]}`.
 
         Returns:
             prompt + continuation for each prompt, in the form of `inputs` (for chat
@@ -125,8 +129,27 @@ class LanguageModel(Task):
             return_dict=return_dict,
             output_logits=output_logits,
         )
-        return self._generate(inputs, options)
+        if chat_template_kwargs is None:
+            return self._generate(inputs, options)
+        if not isinstance(chat_template_kwargs, dict) or not all(isinstance(k, str) for k in chat_template_kwargs):
+            raise ValueError(
+                "`chat_template_kwargs` must be None or a dict of template variables (string keys). Received: "
+                f"chat_template_kwargs of type {type(chat_template_kwargs).__name__}"
+            )
+        reserved = sorted({"messages", "add_generation_prompt"} & set(chat_template_kwargs))
+        if reserved:
+            raise ValueError(
+                "`chat_template_kwargs` cannot set the variables `generate` sets itself (the messages, and the "
+                f"assistant's turn opened). Received: chat_template_kwargs with {reserved}"
+            )
+        return self._generate(inputs, options, chat_template_kwargs=chat_template_kwargs)
 
-    def _generate(self, inputs, options):
-        """`generate` with its keyword arguments as a `decoding.GenerateOptions`."""
+    def _generate(self, inputs, options, chat_template_kwargs=None):
+        """`generate` with its keyword arguments as a `decoding.GenerateOptions` (and the chat template's
+        variables, which only a causal LM given chat messages reads)."""
+        if chat_template_kwargs is not None:
+            raise ValueError(
+                f"`chat_template_kwargs` applies to chat messages, which {type(self).__name__} does not take. "
+                f"Received: chat_template_kwargs={chat_template_kwargs!r}"
+            )
         return decoding.generate_with(self, inputs, options)

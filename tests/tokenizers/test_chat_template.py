@@ -97,6 +97,12 @@ def test_tools_and_template_options_match_transformers(checkpoint):
             )
             assert ours == theirs and ours.endswith("<think>\n\n</think>\n\n") is not enable_thinking
         assert "add two numbers" not in ours  # an earlier turn's reasoning is dropped
+        # generate(messages, chat_template_kwargs=...) renders with them: the reply continues the switched prompt.
+        options = {"enable_thinking": False}
+        prompt = chat_models.hf_ids(hf_tokenizer, CONVERSATIONS[2][:3], **options)
+        reply = lm.generate(CONVERSATIONS[2][:3], max_new_tokens=3, stop_token_ids=None, chat_template_kwargs=options)
+        continued = lm.generate(prompt, max_new_tokens=3, stop_token_ids=None)
+        assert reply == tokenizer.detokenize(continued[len(prompt) :])
         return
     if style == "chatml":
         ours = tokenizer.apply_chat_template(TOOL_CONVERSATION, add_generation_prompt=True, tools=TOOLS)
@@ -348,6 +354,15 @@ def test_malformed_messages_name_the_entry(checkpoint, messages, match):
 def test_template_errors_are_value_errors(checkpoint):
     style, *_, lm = checkpoint
     tokenizer = lm.preprocessor.tokenizer
+    # generate's chat_template_kwargs: a dict, not the variables generate sets, and for messages only.
+    for kwargs, match in (
+        (["enable_thinking"], "must be None or a dict.*list"),
+        ({"add_generation_prompt": False}, r"Received: chat_template_kwargs with \['add_generation_prompt'\]"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            lm.generate(CONVERSATIONS[0], max_new_tokens=2, chat_template_kwargs=kwargs)
+    with pytest.raises(ValueError, match="applies to chat messages.*inputs of type str"):
+        lm.generate("def add(", max_new_tokens=2, chat_template_kwargs={"enable_thinking": False})
     if style == "llama3":  # the template's own raise_exception
         with pytest.raises(ValueError, match="roles must alternate"):
             lm.generate([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], max_new_tokens=2)
