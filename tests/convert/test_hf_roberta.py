@@ -13,7 +13,7 @@ import pytest
 import torch
 import transformers
 
-from keras_transformer.models import BertMaskedLM, MaskedLM
+from keras_transformer.models import BertMaskedLM, BertTextClassifierPreprocessor, MaskedLM
 from tests.conftest import to_numpy
 from tests.convert import hf_models
 
@@ -55,6 +55,22 @@ def test_tokenizer_matches_transformers(case):
     tokenizer = ours.preprocessor.tokenizer
     for text in TEXTS:
         assert [tokenizer.cls_token_id, *tokenizer.tokenize(text), tokenizer.sep_token_id] == theirs(text)["input_ids"]
+
+
+@pytest.mark.parametrize("length", [32, 12])
+def test_text_pairs_are_packed_as_transformers_packs_them(case, length):
+    """<s> a </s></s> b </s> with segment ids 0, from the tokenizer's own pair template (not BERT's [CLS] a [SEP]
+    b [SEP] with segment ids 1, which RoBERTa's one token-type row cannot take); cut longest first at 12."""
+    _, directory, _, ours = case
+    texts, pairs = TEXTS[1:], ["the dog", "def add(a, b):"]
+    preprocessor = BertTextClassifierPreprocessor(ours.preprocessor.tokenizer, sequence_length=length, truncate=True)
+    x, _, _ = preprocessor((texts, pairs), predict=True)
+    reference = transformers.AutoTokenizer.from_pretrained(directory)(
+        texts, pairs, padding="max_length", truncation="longest_first", max_length=length
+    )
+    np.testing.assert_array_equal(x["token_ids"], reference["input_ids"])
+    np.testing.assert_array_equal(x["padding_mask"], reference["attention_mask"])
+    assert not x["segment_ids"].any()
 
 
 def test_hugging_face_export_round_trip(case, tmp_path):

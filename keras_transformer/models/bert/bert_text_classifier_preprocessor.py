@@ -13,7 +13,8 @@ from keras_transformer.models.text_classifier import check_labels
 
 @presets.register_preprocessor
 class BertTextClassifierPreprocessor(Preprocessor):
-    """Pack `[CLS] a [SEP]` (single texts) or `[CLS] a [SEP] b [SEP]` (pairs), segment ids 0 then 1.
+    """Pack `[CLS] a [SEP]` (single texts) or `[CLS] a [SEP] b [SEP]` (pairs), segment ids 0 then 1; a tokenizer
+    with its own pair template packs pairs as it says (RoBERTa's `<s> a </s></s> b </s>`, segment ids 0).
 
     Args:
         tokenizer: a `WordPieceTokenizer` (any `Tokenizer` with `[CLS]`, `[SEP]`
