@@ -82,23 +82,31 @@ class Generator:
         length_penalty=1.0,
         early_stopping=False,
         stop_token_ids="auto",
+        chat_template_kwargs=None,
     ):
         """Prompts (a string or a list of strings) or chat messages -> generated texts.
 
         Causal LMs return each prompt followed by its continuation; seq2seq LMs return
         the target, cut at the end token. Chat messages (a conversation, a list of
         `{"role", "content"}` dicts, or a list of conversations; causal LMs with a chat
-        template) return the reply only. Special tokens are dropped. See `generate_ids`
-        for the arguments.
+        template) return the reply only, the template rendered with `chat_template_kwargs`
+        (None or a dict of its other variables, e.g. `{"enable_thinking": False}`). Special
+        tokens are dropped. See `generate_ids` for the other arguments.
         """
         if self.tokenizer is None:
             raise ValueError("This bundle has no tokenizer.json: use `generate_ids` with token ids.")
+        variables = chat_template.check_template_kwargs(chat_template_kwargs)
         chat = chat_template.as_conversations(prompts)
+        if chat is None and variables:
+            raise ValueError(
+                "`chat_template_kwargs` applies to chat messages; these are prompts. Received: "
+                f"chat_template_kwargs={chat_template_kwargs!r}"
+            )
         if chat is not None:
             if self.kind != "decoder":
                 raise ValueError("Chat messages need a causal LM bundle; this one holds a seq2seq LM.")
             single = chat[0]
-            texts = self.apply_chat_template(chat[1], add_generation_prompt=True)
+            texts = self.apply_chat_template(chat[1], add_generation_prompt=True, **variables)
             # The template writes the special tokens (a start token too, if the model wants one).
             prompt_ids = [self.tokenizer.encode(text, add_special_tokens=False).ids for text in texts]
         else:

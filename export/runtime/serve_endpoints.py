@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from bundle_files import chat_template
 from serve_streaming import completion_response
 from serve_validation import ApiError, check_messages, field, json_body, prompt_ids_of, sampling_options
 
@@ -80,7 +81,11 @@ async def chat_completions(request, service):
     messages = field(body, "messages", list, required=True, check=bool, rule="a non-empty list")
     check_messages(messages)
     try:
-        text = service.generator.apply_chat_template(messages, add_generation_prompt=True)
+        variables = chat_template.check_template_kwargs(body.get("chat_template_kwargs"))
+    except ValueError as error:
+        raise ApiError(str(error), "chat_template_kwargs") from error
+    try:
+        text = service.generator.apply_chat_template(messages, add_generation_prompt=True, **variables)
     except ValueError as error:
         raise ApiError(str(error), "messages") from error
     prompt_ids = [service.generator.tokenizer.encode(text, add_special_tokens=False).ids]

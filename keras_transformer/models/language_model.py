@@ -6,6 +6,7 @@ its documentation. The decoding itself is `keras_transformer.decoding.generate`.
 
 from keras_transformer import decoding, samplers
 from keras_transformer.models.task import Task
+from keras_transformer.tokenizers import chat_template
 
 
 class LanguageModel(Task):
@@ -131,18 +132,8 @@ class LanguageModel(Task):
         )
         if chat_template_kwargs is None:
             return self._generate(inputs, options)
-        if not isinstance(chat_template_kwargs, dict) or not all(isinstance(k, str) for k in chat_template_kwargs):
-            raise ValueError(
-                "`chat_template_kwargs` must be None or a dict of template variables (string keys). Received: "
-                f"chat_template_kwargs of type {type(chat_template_kwargs).__name__}"
-            )
-        reserved = sorted({"messages", "add_generation_prompt"} & set(chat_template_kwargs))
-        if reserved:
-            raise ValueError(
-                "`chat_template_kwargs` cannot set the variables `generate` sets itself (the messages, and the "
-                f"assistant's turn opened). Received: chat_template_kwargs with {reserved}"
-            )
-        return self._generate(inputs, options, chat_template_kwargs=chat_template_kwargs)
+        variables = chat_template.check_template_kwargs(chat_template_kwargs)
+        return self._generate(inputs, options, chat_template_kwargs=variables)
 
     def _generate(self, inputs, options, chat_template_kwargs=None):
         """`generate` with its keyword arguments as a `decoding.GenerateOptions` (and the chat template's

@@ -80,6 +80,27 @@ def apply(template, messages, add_generation_prompt=False, variables=None):
     return rendered[0] if single else rendered
 
 
+def check_template_kwargs(variables):
+    """`variables` (`generate`'s and a server request's `chat_template_kwargs`), checked: None or a dict of the
+    template's other variables (string keys; e.g. Qwen3's `enable_thinking`, `tools`), as `transformers`'
+    `apply_chat_template(..., **kwargs)`. The messages and the generation prompt are not among them: a
+    ValueError naming the argument."""
+    if variables is None:
+        return {}
+    if not isinstance(variables, dict) or not all(isinstance(key, str) for key in variables):
+        raise ValueError(
+            "`chat_template_kwargs` must be None or a dict of template variables (string keys). Received: "
+            f"chat_template_kwargs of type {type(variables).__name__}: {_short(variables)}"
+        )
+    reserved = sorted({"messages", "add_generation_prompt"} & set(variables))
+    if reserved:
+        raise ValueError(
+            "`chat_template_kwargs` cannot set the variables generation sets itself (the messages, and the "
+            f"assistant's turn opened). Received: chat_template_kwargs with {reserved}"
+        )
+    return dict(variables)
+
+
 def as_conversations(inputs):
     """Chat inputs -> (single, conversations), or None when `inputs` are not messages.
 

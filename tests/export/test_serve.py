@@ -28,6 +28,7 @@ openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
 
 TEMPLATE = (
+    "{% if greeting is defined %}{{ greeting }}\n{% endif %}"
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
 )
@@ -386,6 +387,33 @@ def test_chat_completions_with_the_openai_client(client, generator):
         model="tiny_gpt", messages=messages, max_tokens=10, temperature=0, stream=True
     )
     assert "".join(chunk.choices[0].delta.content or "" for chunk in stream) == expected
+
+
+def test_chat_template_kwargs_reach_the_template(server, client, generator):
+    """`chat_template_kwargs` in the request body (vLLM's field) renders the template with those variables, as the
+    runtime's `generate(..., chat_template_kwargs=...)` does; a variable generation sets itself is a 400."""
+    messages, variables = [{"role": "user", "content": "def add"}], {"greeting": "hello"}
+    prompt = generator.apply_chat_template(messages, add_generation_prompt=True, **variables)
+    assert prompt.startswith("hello\n")
+    expected = generator.generate(messages, max_new_tokens=6, chat_template_kwargs=variables)
+    answer = client.chat.completions.create(
+        model="tiny_gpt", messages=messages, max_tokens=6, temperature=0, extra_body={"chat_template_kwargs": variables}
+    )
+    assert answer.choices[0].message.content == expected
+    assert answer.usage.prompt_tokens == len(generator.tokenizer.encode(prompt, add_special_tokens=False).ids)
+    assert (
+        answer.usage.prompt_tokens
+        > client.chat.completions.create(
+            model="tiny_gpt", messages=messages, max_tokens=1, temperature=0
+        ).usage.prompt_tokens
+    )
+    for bad in ({"add_generation_prompt": False}, ["greeting"]):
+        status, body, _ = server.post(
+            "/v1/chat/completions", {"model": "tiny_gpt", "messages": messages, "chat_template_kwargs": bad}
+        )
+        assert status == 400 and body["error"]["param"] == "chat_template_kwargs", body
+    with pytest.raises(ValueError, match="chat_template_kwargs"):
+        generator.generate("def add", chat_template_kwargs=variables)  # prompts, not messages
 
 
 def test_sampling_options_match_the_runtime(client, generator):
