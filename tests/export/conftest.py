@@ -32,6 +32,7 @@ _BUILDERS = {
     "gpt": helpers.tiny_gpt,
     "llama": helpers.tiny_llama,
     "gemma": helpers.tiny_gemma,
+    "phi3": helpers.tiny_phi3,
     "bert": helpers.tiny_bert_classifier,
     "t5": helpers.tiny_t5,
     "transformer": helpers.tiny_transformer,

@@ -146,6 +146,31 @@ def tiny_gemma(seed=0):
     return randomize(GemmaCausalLM(backbone, GemmaCausalLMPreprocessor(tokenizer, sequence_length=32)), seed)
 
 
+def tiny_phi3(seed=0):
+    """Phi-3 / Phi-4-mini's layout: half of each head rotating, longrope with an original length (1) that every
+    prompt passes (its long factors and attention factor in every call; a generation that crosses the original
+    length differs from the full forward pass by design, see convert/hf_phi3.py), tied head."""
+    tokenizer = BytePairTokenizer.train(CORPUS, vocabulary_size=300)
+    backbone = LlamaBackbone(
+        tokenizer.vocabulary_size,
+        num_layers=2,
+        num_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=32,
+        intermediate_dim=32,
+        max_sequence_length=48,
+        rotary_dim=4,
+        rope_scaling={
+            "rope_type": "longrope",
+            "short_factor": [1.0, 1.5],
+            "long_factor": [2.0, 5.0],
+            "original_max_position_embeddings": 1,
+            "attention_factor": 1.2,
+        },
+    )
+    return randomize(LlamaCausalLM(backbone, LlamaCausalLMPreprocessor(tokenizer, sequence_length=32)), seed)
+
+
 # Shared by `make test`'s three pytest processes (one per backend): tokenizers and exports (tests/export/conftest.py).
 TEST_CACHE = Path(tempfile.gettempdir()) / "keras_transformer_test_exports"
 

@@ -26,8 +26,8 @@ from tests.export.helpers import (
 )
 
 pytestmark = pytest.mark.slow
-FAMILIES = ["gpt", "llama", "gemma", "t5", "transformer"]
-DECODERS = ("gpt", "llama", "gemma")  # decoder-only: prompts, not sources
+FAMILIES = ["gpt", "llama", "gemma", "phi3", "t5", "transformer"]
+DECODERS = ("gpt", "llama", "gemma", "phi3")  # decoder-only: prompts, not sources
 RUNTIMES = ["keras", "saved_model", "bundle"]
 NEW = 8
 SAMPLERS = {
