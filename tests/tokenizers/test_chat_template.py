@@ -2,7 +2,8 @@
 
 The peer is `transformers` on the same local checkpoint (a small random GPT-2 whose tokenizer has
 a ChatML or a Llama-3 template, see `chat_models.py`): the rendered strings, the token ids and the
-greedy continuations must be the same.
+greedy continuations must be the same. The published templates of Qwen3, Gemma 3 and Phi-4-mini
+(`chat_models.PUBLISHED`) are checked on a tokenizer alone: text and ids, thinking, tools and errors.
 """
 
 import json
