@@ -55,21 +55,7 @@ def llama_config(task):
         {"rope_type": "default", "rope_theta": theta} if not b.rope_scaling else {**b.rope_scaling, "rope_theta": theta}
     )
     layer_types = _layer_types(b)
-    settings = dict(
-        vocab_size=b.vocabulary_size,
-        hidden_size=b.hidden_dim,
-        intermediate_size=b.intermediate_dim,
-        num_hidden_layers=b.num_layers,
-        num_attention_heads=b.num_heads,
-        num_key_value_heads=b.num_key_value_heads or b.num_heads,
-        head_dim=head_dim,
-        max_position_embeddings=b.max_sequence_length,
-        rms_norm_eps=b.norm_epsilon,
-        rope_parameters=rope,
-        hidden_act="silu",
-        attention_dropout=b.dropout,
-        tie_word_embeddings=bool(b.tie_word_embeddings),
-    )
+    settings = {**_decoder_settings(b), "head_dim": head_dim, "rope_parameters": rope, "hidden_act": "silu"}
     windows = dict(use_sliding_window=window is not None, sliding_window=window, layer_types=layer_types)
     norm, rope_layers = b.query_key_norm, b.rope_layers
     if norm is not None or rope_layers is not None:
@@ -86,6 +72,23 @@ def llama_config(task):
         f"mlp_bias={b.mlp_bias}, sliding_window={window}, layer_types={layer_types}",
         "no Hugging Face class has this mix (Llama: biases on all four attention projections or none, mlp_bias, "
         "no window; Qwen2: query/key/value biases, optional window; Mistral: no biases, a window on every layer)",
+    )
+
+
+def _decoder_settings(b):
+    """The config entries every rotary decoder's Hugging Face config spells alike (Llama, Qwen, Mistral, Phi-3,
+    Gemma), from backbone `b`."""
+    return dict(
+        vocab_size=b.vocabulary_size,
+        hidden_size=b.hidden_dim,
+        intermediate_size=b.intermediate_dim,
+        num_hidden_layers=b.num_layers,
+        num_attention_heads=b.num_heads,
+        num_key_value_heads=b.num_key_value_heads or b.num_heads,
+        max_position_embeddings=b.max_sequence_length,
+        rms_norm_eps=b.norm_epsilon,
+        attention_dropout=b.dropout,
+        tie_word_embeddings=bool(b.tie_word_embeddings),
     )
 
 
@@ -171,20 +174,11 @@ def phi3_config(task):
             rope["attention_factor"] = attention_factor
         settings["original_max_position_embeddings"] = original
     settings.update(
-        vocab_size=b.vocabulary_size,
-        hidden_size=b.hidden_dim,
-        intermediate_size=b.intermediate_dim,
-        num_hidden_layers=b.num_layers,
-        num_attention_heads=b.num_heads,
-        num_key_value_heads=b.num_key_value_heads or b.num_heads,
-        max_position_embeddings=b.max_sequence_length,
-        rms_norm_eps=b.norm_epsilon,
+        _decoder_settings(b),
         rope_parameters=rope,
         hidden_act="silu",
-        attention_dropout=b.dropout,
         resid_pdrop=b.dropout,
         sliding_window=b.sliding_window,
-        tie_word_embeddings=bool(b.tie_word_embeddings),
     )
     return "Phi3Config", "Phi3ForCausalLM", settings
 
@@ -200,15 +194,8 @@ def gemma_config(task):
     if b.rope_scaling:
         full = {**{k: v for k, v in b.rope_scaling.items()}, "rope_theta": float(b.rope_max_wavelength)}
     settings = dict(
-        vocab_size=b.vocabulary_size,
-        hidden_size=b.hidden_dim,
-        intermediate_size=b.intermediate_dim,
-        num_hidden_layers=b.num_layers,
-        num_attention_heads=b.num_heads,
-        num_key_value_heads=b.num_key_value_heads or b.num_heads,
+        _decoder_settings(b),
         head_dim=head_dim,
-        max_position_embeddings=b.max_sequence_length,
-        rms_norm_eps=b.norm_epsilon,
         hidden_activation="gelu_pytorch_tanh",
         query_pre_attn_scalar=int(scalar) if float(scalar).is_integer() else scalar,
         # transformers wants a window even where no layer slides.
@@ -217,8 +204,6 @@ def gemma_config(task):
         attn_logit_softcapping=b.attention_logit_soft_cap,
         final_logit_softcapping=b.final_logit_soft_cap,
         attention_bias=bool(b.attention_bias),
-        attention_dropout=b.dropout,
-        tie_word_embeddings=bool(b.tie_word_embeddings),
     )
     if b.query_key_norm == "head":
         rope = {"full_attention": full, "sliding_attention": {"rope_type": "default", "rope_theta": float(local)}}
