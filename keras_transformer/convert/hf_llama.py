@@ -44,16 +44,21 @@ _WINDOW_BY_LAYER_TYPE = ("qwen2", "qwen3", "smollm3")
 _REQUIRED = {"add_cross_attention": False, "is_encoder_decoder": False}
 
 
+def check_activation(hf_config):
+    """A ValueError naming `hidden_act` unless it is silu (swish), the one gate LlamaBackbone's feed-forward has."""
+    if hf_config.get("hidden_act", "silu") not in ("silu", "swish"):
+        raise ValueError(
+            f"Unsupported {hf_config.get('model_type')} config option hidden_act={hf_config['hidden_act']!r}: "
+            "keras_transformer's LlamaBackbone gates its feed-forward with silu only."
+        )
+
+
 def convert_config(hf_config, path=None):
     """config.json of a Llama, Mistral or Qwen2 checkpoint -> the preset entries (backbone, task, preprocessor)."""
     check_options(hf_config, _REQUIRED)
     model_type = hf_config["model_type"]
     defaults = _DEFAULTS[model_type]
-    if hf_config.get("hidden_act", "silu") not in ("silu", "swish"):
-        raise ValueError(
-            f"Unsupported {model_type} config option hidden_act={hf_config['hidden_act']!r}: "
-            "keras_transformer's LlamaBackbone gates its feed-forward with silu only."
-        )
+    check_activation(hf_config)
     hidden_dim = hf_config.get("hidden_size", 4096)
     num_heads = hf_config.get("num_attention_heads", 32)
     max_length = hf_config.get("max_position_embeddings", defaults["max_position_embeddings"])

@@ -52,11 +52,7 @@ tokenizer = hf_llama.tokenizer  # Phi-3's `<s>`, or Phi-4-mini's `<|endoftext|>`
 def convert_config(hf_config, path=None):
     """config.json of a Phi-3 checkpoint -> the preset entries (backbone, task, preprocessor)."""
     check_options(hf_config, _REQUIRED)
-    if hf_config.get("hidden_act", "silu") not in ("silu", "swish"):
-        raise ValueError(
-            f"Unsupported phi3 config option hidden_act={hf_config['hidden_act']!r}: keras_transformer's "
-            "LlamaBackbone gates its feed-forward with silu only."
-        )
+    hf_llama.check_activation(hf_config)
     hidden_dim = hf_config.get("hidden_size", 3072)
     num_heads = hf_config.get("num_attention_heads", 32)
     head_dim = hf_config.get("head_dim") or hidden_dim // num_heads
