@@ -154,7 +154,9 @@ def test_generate_messages_matches_prompt_ids_and_transformers(checkpoint):
 
 def test_generate_a_batch_of_conversations(checkpoint):
     """Conversations of different lengths share a batch; each reply is the one it gets alone; return_dict too."""
-    *_, lm = checkpoint
+    style, *_, lm = checkpoint
+    if style != "chatml":  # each alone, the batch and a beam compile several loops: one template is enough
+        pytest.skip("batching does not depend on the template: the chatml checkpoint checks it")
     alone = [lm.generate(c, max_new_tokens=5, stop_token_ids=None) for c in CONVERSATIONS]
     assert lm.generate(CONVERSATIONS, max_new_tokens=5, stop_token_ids=None) == alone
     result = lm.generate(CONVERSATIONS, max_new_tokens=5, stop_token_ids=None, return_dict=True)
