@@ -1,5 +1,6 @@
 """`generate`'s signature is written once, by `LanguageModel`: no task overrides it, and the decoding function
-it calls (`decoding.generate`, a floor below the models) takes the same arguments with the same defaults."""
+it calls (`decoding.generate`, a floor below the models) takes the same arguments with the same defaults, but for
+the chat template's variables, which the task reads before decoding."""
 
 import inspect
 
@@ -22,6 +23,9 @@ def test_the_decoding_function_takes_the_same_arguments():
     def arguments(function, skip):
         return [(p.name, p.default, p.kind) for p in list(inspect.signature(function).parameters.values())[skip:]]
 
-    # LanguageModel.generate(self, inputs, ...) and decoding.generate(task, inputs, ...)
-    assert arguments(LanguageModel.generate, 1) == arguments(decoding.generate, 1)
+    # LanguageModel.generate(self, inputs, ..., chat_template_kwargs) and decoding.generate(task, inputs, ...): the
+    # chat template's variables are read above the floor (a causal LM renders chat messages to ids before decoding)
+    model_arguments = arguments(LanguageModel.generate, 1)
+    assert model_arguments[-1] == ("chat_template_kwargs", None, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    assert model_arguments[:-1] == arguments(decoding.generate, 1)
     assert len(arguments(decoding.generate, 1)) == 10  # inputs and the nine options
