@@ -383,6 +383,31 @@ def feed_forward(weights, x, activation="relu"):
     return _dense(hidden, weights["output_kernel"], weights.get("output_bias"))
 
 
+def mixture_of_experts(weights, x, top_k, normalize_top_k=True, activation="silu"):
+    """Sparse MoE, token by token: softmax(x W_router) over E experts; the top k kept (renormalised to sum to one
+    when `normalize_top_k`); sum_k w_k (act(x Wg_e) * (x Wu_e)) Wd_e; plus a shared gated expert
+    (`shared_*` weights), scaled by sigmoid(x w_shared_gate) when that weight is given."""
+    act = ACTIVATIONS[activation]
+    flat = _f64(x).reshape(-1, x.shape[-1])  # (N, D)
+    probabilities = softmax(flat @ _f64(weights["router_kernel"]))  # (N, E)
+    out = np.zeros_like(flat)
+    for n, row in enumerate(flat):
+        chosen = np.argsort(-probabilities[n], kind="stable")[:top_k]
+        kept = probabilities[n, chosen]
+        if normalize_top_k:
+            kept = kept / kept.sum()
+        for expert, weight in zip(chosen, kept):
+            hidden = act(row @ _f64(weights["gate_kernel"][expert])) * (row @ _f64(weights["up_kernel"][expert]))
+            out[n] += weight * (hidden @ _f64(weights["down_kernel"][expert]))
+    if "shared_gate_kernel" in weights or "shared_up_kernel" in weights:
+        shared = act(flat @ _f64(weights["shared_gate_kernel"])) * (flat @ _f64(weights["shared_up_kernel"]))
+        shared = shared @ _f64(weights["shared_down_kernel"])
+        if "shared_expert_gate_kernel" in weights:
+            shared = shared / (1.0 + np.exp(-(flat @ _f64(weights["shared_expert_gate_kernel"]))))
+        out += shared
+    return out.reshape(x.shape)
+
+
 # ----------------------------------------------------------------------------- blocks
 
 

@@ -2,6 +2,7 @@
 
 from keras_transformer.layers.feed_forward import FeedForward
 from keras_transformer.layers.kv_cache import KVCache
+from keras_transformer.layers.mixture_of_experts import MixtureOfExperts
 from keras_transformer.layers.multi_head_attention import MultiHeadAttention
 from keras_transformer.layers.positional_embedding import PositionalEmbedding
 from keras_transformer.layers.relative_position_bias import RelativePositionBias
@@ -12,6 +13,7 @@ from keras_transformer.layers.transformer_encoder_block import TransformerEncode
 __all__ = [
     "FeedForward",
     "KVCache",
+    "MixtureOfExperts",
     "MultiHeadAttention",
     "PositionalEmbedding",
     "RelativePositionBias",

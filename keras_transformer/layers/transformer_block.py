@@ -7,6 +7,7 @@ import keras
 from keras import ops
 
 from keras_transformer.layers.feed_forward import FeedForward
+from keras_transformer.layers.mixture_of_experts import MixtureOfExperts
 from keras_transformer.layers.multi_head_attention import MultiHeadAttention
 from keras_transformer.layers.rms_normalization import rms_norm
 
@@ -28,6 +29,8 @@ class TransformerBlock(keras.layers.Layer):
     `attention_logit_soft_cap` (see `MultiHeadAttention`'s `logit_soft_cap`). `post_norm` (pre-norm blocks
     only) adds a norm of each sub-layer's output before the residual sum (Gemma 2 and 3):
     x = x + Dropout(Norm_post(Sublayer(Norm(x)))).
+    `mixture_of_experts` (None, or a dict of `MixtureOfExperts` arguments) makes the feed-forward sub-layer a
+    sparse mixture of experts (Mixtral, Qwen3-MoE, OLMoE) instead of one `FeedForward` of `intermediate_dim`.
     """
 
     _post_norms = False  # whether the block implements `post_norm` (the decoder block does)
@@ -53,6 +56,7 @@ class TransformerBlock(keras.layers.Layer):
         query_key_norm=None,
         post_norm=False,
         attention_logit_soft_cap=None,
+        mixture_of_experts=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -87,6 +91,7 @@ class TransformerBlock(keras.layers.Layer):
         self.query_key_norm = query_key_norm
         self.post_norm = post_norm
         self.attention_logit_soft_cap = attention_logit_soft_cap
+        self.mixture_of_experts = None if mixture_of_experts is None else dict(mixture_of_experts)
         # Sub-layers are created here so that bad arguments fail eagerly.
         self._attention_kwargs = dict(
             num_heads=num_heads,
@@ -99,14 +104,17 @@ class TransformerBlock(keras.layers.Layer):
             kernel_initializer=kernel_initializer,
             dtype=self.dtype_policy,
         )
-        self.feed_forward = FeedForward(
-            intermediate_dim,
-            activation=activation,
-            use_bias=use_bias,
-            kernel_initializer=kernel_initializer,
-            dtype=self.dtype_policy,
-            name="feed_forward",
-        )
+        if mixture_of_experts is None:
+            self.feed_forward = FeedForward(
+                intermediate_dim,
+                activation=activation,
+                use_bias=use_bias,
+                kernel_initializer=kernel_initializer,
+                dtype=self.dtype_policy,
+                name="feed_forward",
+            )
+        else:
+            self.feed_forward = _mixture_of_experts(mixture_of_experts, kernel_initializer, self.dtype_policy)
         self.feed_forward_norm = self._norm("feed_forward_norm")
         if post_norm:
             self.feed_forward_post_norm = self._norm("feed_forward_post_norm")
@@ -144,10 +152,22 @@ class TransformerBlock(keras.layers.Layer):
         x = residual + self.dropout_layer(output, training=training)
         return x if self.norm_first else ops.cast(norm(x), self.compute_dtype)
 
-    def _feed_forward_sublayer(self, x, training):
-        h = self.feed_forward(self._pre(x, self.feed_forward_norm), training=training)
+    def _feed_forward_sublayer(self, x, training, return_router_logits=False):
+        """The feed-forward sub-layer's output; with `return_router_logits` (mixtures of experts only), also the
+        router's logits (B * T, E)."""
+        if return_router_logits and self.mixture_of_experts is None:
+            raise ValueError(
+                f"`return_router_logits` needs a mixture-of-experts feed-forward; {self.name!r} has a dense one. "
+                "Received: return_router_logits=True"
+            )
+        inputs = self._pre(x, self.feed_forward_norm)
+        if return_router_logits:
+            h, router_logits = self.feed_forward(inputs, return_router_logits=True, training=training)
+        else:
+            h, router_logits = self.feed_forward(inputs, training=training), None
         post_norm = self.feed_forward_post_norm if self.post_norm else None
-        return self._post(x, h, self.feed_forward_norm, training, post_norm)
+        x = self._post(x, h, self.feed_forward_norm, training, post_norm)
+        return (x, router_logits) if return_router_logits else x
 
     def compute_output_shape(self, inputs_shape, *args, **kwargs):
         return inputs_shape
@@ -175,9 +195,25 @@ class TransformerBlock(keras.layers.Layer):
                 "query_key_norm": self.query_key_norm,
                 "post_norm": self.post_norm,
                 "attention_logit_soft_cap": self.attention_logit_soft_cap,
+                "mixture_of_experts": self.mixture_of_experts,
             }
         )
         return config
+
+
+def _mixture_of_experts(options, kernel_initializer, dtype_policy):
+    """The `MixtureOfExperts` of a block's `mixture_of_experts` dict; an argument the layer lacks is an error."""
+    if not isinstance(options, dict):
+        raise ValueError(
+            "`mixture_of_experts` must be None or a dict of `MixtureOfExperts` arguments. "
+            f"Received: mixture_of_experts={options!r}"
+        )
+    known = ("num_experts", "top_k", "intermediate_dim", "activation", "normalize_top_k", "shared_intermediate_dim")
+    known += ("shared_expert_gate",)
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(f"`mixture_of_experts` takes the keys {known}. Received: mixture_of_experts with {unknown}")
+    return MixtureOfExperts(**options, kernel_initializer=kernel_initializer, dtype=dtype_policy, name="feed_forward")
 
 
 def combine_masks(padding_mask, attention_mask):

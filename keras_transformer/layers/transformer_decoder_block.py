@@ -39,12 +39,15 @@ class TransformerDecoderBlock(TransformerBlock):
         use_causal_mask: bool, True for decoders.
         return_attention_scores: bool, also return the self-attention
             probabilities (B, H, T, S_self) (and cross (B, H, T, S_enc)).
+        return_router_logits: bool (a block with `mixture_of_experts` only), also return
+            the feed-forward router's logits (B * T, E) float32.
         training: bool.
 
     Returns:
         (B, T, D). With a self-attention cache: `(outputs, self_cache)`, plus
         `cross_cache` when `use_cross_attention`. With
-        `return_attention_scores`, a dict of scores is appended last.
+        `return_attention_scores`, a dict of scores is appended, then with
+        `return_router_logits` the router's logits.
 
     Example:
     >>> block = TransformerDecoderBlock(num_heads=2, intermediate_dim=32, norm_first=True)
@@ -94,6 +97,7 @@ class TransformerDecoderBlock(TransformerBlock):
         cross_attention_cache=None,
         use_causal_mask=True,
         return_attention_scores=False,
+        return_router_logits=False,
         training=None,
     ):
         if self.use_cross_attention and encoder_outputs is None and cross_attention_cache is None:
@@ -133,7 +137,9 @@ class TransformerDecoderBlock(TransformerBlock):
             h, _, scores["cross_attention"] = _unpack(h, cross_attention_cache is not None, return_attention_scores)
             x = self._post(x, h, self.cross_attention_norm, training)
 
-        x = self._feed_forward_sublayer(x, training)
+        x = self._feed_forward_sublayer(x, training, return_router_logits)
+        if return_router_logits:
+            x, router_logits = x
 
         outputs = (x,)
         if self_attention_cache is not None:
@@ -142,6 +148,8 @@ class TransformerDecoderBlock(TransformerBlock):
                 outputs += (cross_attention_cache,)
         if return_attention_scores:
             outputs += (scores,)
+        if return_router_logits:
+            outputs += (router_logits,)
         return outputs[0] if len(outputs) == 1 else outputs
 
     def get_config(self):

@@ -1,0 +1,250 @@
+"""Sparse mixture-of-experts feed-forward: a router picks k of E gated experts per token, and only those run.
+
+Axes: B batch, T sequence length, N = B * T tokens, D model width, E experts, k experts per token,
+A = N * k assignments (token, expert), I one expert's intermediate width, P padded assignment rows,
+G blocks of P (each of one expert), b rows per block.
+
+How the tokens reach their experts, with static shapes on every backend (`keras.ops` has no grouped matrix
+product; JAX's `ragged_dot` is one on accelerators, but on the CPU it is lowered to a dense product over every
+expert): the A assignments are sorted by expert; each expert's run is padded to a multiple of b rows and cut into
+blocks of b rows; each block gathers its one expert's weights and runs a (b, D) x (D, I) product. The number of
+blocks is bounded by ceil((A + min(E, A) * (b - 1)) / b), so the work is the active experts' (A rows) plus at most
+b - 1 padding rows per expert, never E / k times it. At one token (a batch-1 decoding step) b is 1: the step reads
+the k chosen experts' weights and no other. The results are gathered back to the assignments and summed per token
+with the router weights. Every move is a gather (no float scatter), so gradients are gathers and scatter-adds on
+every backend.
+"""
+
+import keras
+from keras import ops
+
+from keras_transformer.layers.feed_forward import FeedForward
+
+_ROWS_PER_EXPERT_BLOCK = 4  # b is about A / (4 E): the padding then costs at most a quarter of the real rows
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MixtureOfExperts(keras.layers.Layer):
+    """A sparse mixture of gated (SwiGLU-style) experts, as Mixtral, Qwen-MoE, Qwen3-MoE and OLMoE define it.
+
+    The router is a linear map to E logits; its softmax over the E experts (in float32) gives each token's
+    probabilities, of which the top k are kept, renormalised to sum to one when `normalize_top_k` (Mixtral, whose
+    softmax over the top-k logits is the same; Qwen3-MoE's `norm_topk_prob`) or left as they are (OLMoE). Each
+    token's output is the weighted sum of its k experts' outputs, act(x W_gate) * (x W_up) W_down; no token is
+    dropped (no capacity). An optional shared expert (Qwen2-MoE) runs on every token, scaled by
+    sigmoid(x w_gate) when `shared_expert_gate`.
+
+    Args:
+        num_experts: int E >= 1.
+        top_k: int k in [1, E], experts per token.
+        intermediate_dim: int I, one expert's inner width.
+        activation: the experts' gate activation: "silu" (SwiGLU) or "gelu" / "gelu_approximate" / "relu".
+        normalize_top_k: bool, renormalise the k kept probabilities to sum to one.
+        shared_intermediate_dim: None, or the inner width of a shared gated expert that every token runs.
+        shared_expert_gate: bool, scale the shared expert's output by a learned sigmoid gate (Qwen2-MoE).
+        kernel_initializer: initializer of the router, the experts and the shared expert.
+
+    Call arguments:
+        inputs: (B, T, D).
+        return_router_logits: bool, also return the router's logits (B * T, E), in float32 (for the
+            load-balancing loss, `router_losses.load_balancing_loss`).
+        training: bool (unused: the experts have no dropout).
+
+    Returns:
+        (B, T, D); with `return_router_logits`, `(outputs, router_logits)`.
+
+    Example:
+    >>> moe = MixtureOfExperts(num_experts=4, top_k=2, intermediate_dim=8)
+    >>> keras.ops.shape(moe(keras.random.normal((2, 3, 16))))
+    (2, 3, 16)
+    """
+
+    def __init__(
+        self,
+        num_experts,
+        top_k,
+        intermediate_dim,
+        activation="silu",
+        normalize_top_k=True,
+        shared_intermediate_dim=None,
+        shared_expert_gate=False,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        for name, value in (("num_experts", num_experts), ("top_k", top_k), ("intermediate_dim", intermediate_dim)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
+        if top_k > num_experts:
+            raise ValueError(
+                f"`top_k` must be at most `num_experts` ({num_experts}): a token picks k of the E experts. "
+                f"Received: top_k={top_k}"
+            )
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"`activation` must be one of {tuple(_ACTIVATIONS)}. Received: activation={activation!r}")
+        if shared_intermediate_dim is not None and (
+            not isinstance(shared_intermediate_dim, int) or shared_intermediate_dim < 1
+        ):
+            raise ValueError(
+                "`shared_intermediate_dim` must be None or a positive int. "
+                f"Received: shared_intermediate_dim={shared_intermediate_dim!r}"
+            )
+        if shared_expert_gate and shared_intermediate_dim is None:
+            raise ValueError(
+                "`shared_expert_gate` gates the shared expert: it needs `shared_intermediate_dim`. "
+                "Received: shared_expert_gate=True, shared_intermediate_dim=None"
+            )
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.intermediate_dim = intermediate_dim
+        self.activation = activation
+        self.normalize_top_k = bool(normalize_top_k)
+        self.shared_intermediate_dim = shared_intermediate_dim
+        self.shared_expert_gate = bool(shared_expert_gate)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self._activation_fn = _ACTIVATIONS[activation]
+
+    def build(self, inputs_shape):
+        hidden_dim = inputs_shape[-1]
+        experts, inner = self.num_experts, self.intermediate_dim
+        self.router = keras.layers.Dense(
+            experts, use_bias=False, kernel_initializer=self.kernel_initializer, dtype=self.dtype_policy, name="router"
+        )
+        self.router.build(inputs_shape)
+        # The experts' weights, stacked: (E, D, I), (E, D, I), (E, I, D).
+        self.gate_kernel = self.add_weight((experts, hidden_dim, inner), self.kernel_initializer, name="gate_kernel")
+        self.up_kernel = self.add_weight((experts, hidden_dim, inner), self.kernel_initializer, name="up_kernel")
+        self.down_kernel = self.add_weight((experts, inner, hidden_dim), self.kernel_initializer, name="down_kernel")
+        if self.shared_intermediate_dim is not None:
+            self.shared_expert = FeedForward(
+                self.shared_intermediate_dim,
+                activation=_GATED[self.activation],
+                use_bias=False,
+                kernel_initializer=self.kernel_initializer,
+                dtype=self.dtype_policy,
+                name="shared_expert",
+            )
+            self.shared_expert.build(inputs_shape)
+            if self.shared_expert_gate:
+                self.shared_gate = keras.layers.Dense(
+                    1, use_bias=False, kernel_initializer=self.kernel_initializer, dtype=self.dtype_policy,
+                    name="shared_gate",
+                )  # fmt: skip
+                self.shared_gate.build(inputs_shape)
+        self.built = True
+
+    def route(self, x):
+        """x (N, D) -> (router logits (N, E) float32, the k kept weights (N, k) float32, their experts (N, k))."""
+        logits = ops.cast(self.router(x), "float32")  # (N, D) -> (N, E)
+        probabilities = ops.softmax(logits, axis=-1)
+        weights, experts = ops.top_k(probabilities, self.top_k)  # (N, k), (N, k)
+        if self.normalize_top_k:
+            weights = weights / ops.sum(weights, axis=-1, keepdims=True)
+        return logits, weights, experts
+
+    def call(self, inputs, return_router_logits=False, training=None):
+        hidden_dim = ops.shape(inputs)[-1]
+        x = ops.reshape(inputs, (-1, hidden_dim))  # (B, T, D) -> (N, D)
+        logits, weights, experts = self.route(x)
+        y = self.experts_output(x, weights, experts)  # (N, D)
+        if self.shared_intermediate_dim is not None:
+            shared = self.shared_expert(x)
+            if self.shared_expert_gate:
+                shared = ops.sigmoid(self.shared_gate(x)) * shared  # (N, 1) * (N, D)
+            y = y + shared
+        y = ops.reshape(y, ops.shape(inputs))  # (N, D) -> (B, T, D)
+        return (y, logits) if return_router_logits else y
+
+    def experts_output(self, x, weights, experts):
+        """x (N, D), the router's kept weights (N, k) and experts (N, k) -> sum_k w_k expert_k(x) (N, D).
+
+        Only the chosen experts run (see the module's docstring for the blocks)."""
+        num_tokens = ops.shape(x)[0]
+        k, num_experts = self.top_k, self.num_experts
+        num_assignments = num_tokens * k  # A
+        rows, blocks = expert_blocks(num_assignments, num_experts)  # b, G
+        flat_experts = ops.reshape(ops.cast(experts, "int32"), (-1,))  # (N, k) -> (A,), token-major
+        order = ops.argsort(flat_experts)  # (A,): the assignments sorted by expert
+        sorted_experts = ops.take(flat_experts, order)
+        sorted_tokens = ops.cast(order // k, "int32")  # (A,): each sorted assignment's token
+        counts = ops.sum(ops.one_hot(flat_experts, num_experts, dtype="int32"), axis=0)  # (E,)
+        padded = (counts + rows - 1) // rows * rows  # (E,): each expert's rows, a multiple of b
+        starts = ops.cumsum(counts) - counts  # (E,): first sorted assignment of each expert
+        padded_ends = ops.cumsum(padded)  # (E,)
+        padded_starts = padded_ends - padded
+        # The padded row of each sorted assignment: its expert's first row plus its rank within the expert.
+        position = ops.arange(num_assignments, dtype="int32")
+        destination = ops.take(padded_starts, sorted_experts) + position - ops.take(starts, sorted_experts)  # (A,)
+        # Which sorted assignment fills each padded row, -1 for padding (destinations are distinct).
+        source = ops.scatter(destination[:, None], position + 1, (blocks * rows,)) - 1  # (P,)
+        row_tokens = ops.take(sorted_tokens, ops.maximum(source, 0))  # (P,)
+        x_rows = ops.where((source >= 0)[:, None], ops.take(x, row_tokens, axis=0), 0)  # (P, D), padding rows 0
+        # Each block's expert: the expert whose padded rows hold the block's first row.
+        block_starts = ops.arange(blocks, dtype="int32") * rows  # (G,)
+        block_experts = ops.sum(ops.cast(padded_ends[None, :] <= block_starts[:, None], "int32"), axis=1)
+        block_experts = ops.minimum(block_experts, num_experts - 1)  # (G,); blocks past the last hold padding only
+        x_blocks = ops.reshape(x_rows, (blocks, rows, -1))  # (P, D) -> (G, b, D)
+        gate = ops.take(self.gate_kernel, block_experts, axis=0)  # (E, D, I) -> (G, D, I)
+        up = ops.take(self.up_kernel, block_experts, axis=0)
+        down = ops.take(self.down_kernel, block_experts, axis=0)  # (G, I, D)
+        h = self._activation_fn(ops.matmul(x_blocks, gate)) * ops.matmul(x_blocks, up)  # (G, b, I)
+        out_rows = ops.reshape(ops.matmul(h, down), (blocks * rows, -1))  # (G, b, D) -> (P, D)
+        out_sorted = ops.take(out_rows, destination, axis=0)  # (A, D), in sorted order
+        out = ops.take(out_sorted, ops.argsort(order), axis=0)  # (A, D), token-major again
+        out = ops.reshape(out, (num_tokens, k, -1))  # (A, D) -> (N, k, D)
+        return ops.sum(out * ops.cast(weights, out.dtype)[:, :, None], axis=1)  # (N, D)
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def compute_output_spec(self, inputs, return_router_logits=False, training=None):
+        outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+        if not return_router_logits:
+            return outputs
+        tokens = None if None in inputs.shape[:-1] else _product(inputs.shape[:-1])
+        return outputs, keras.KerasTensor((tokens, self.num_experts), dtype="float32")
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_experts": self.num_experts,
+                "top_k": self.top_k,
+                "intermediate_dim": self.intermediate_dim,
+                "activation": self.activation,
+                "normalize_top_k": self.normalize_top_k,
+                "shared_intermediate_dim": self.shared_intermediate_dim,
+                "shared_expert_gate": self.shared_expert_gate,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            }
+        )
+        return config
+
+
+def expert_blocks(num_assignments, num_experts):
+    """(b, G): rows per block and the number of blocks for A assignments over E experts (ints, or scalar tensors
+    where A is only known when the graph runs). b is about A / (4 E), at least 1; G bounds the blocks every
+    routing can fill: sum over experts of ceil(count / b) <= ceil((A + min(E, A) * (b - 1)) / b)."""
+    if isinstance(num_assignments, int):
+        rows = max(1, num_assignments // (_ROWS_PER_EXPERT_BLOCK * num_experts))
+        used = min(num_experts, num_assignments)
+        return rows, (num_assignments + used * (rows - 1) + rows - 1) // rows
+    rows = ops.maximum(num_assignments // (_ROWS_PER_EXPERT_BLOCK * num_experts), 1)
+    used = ops.minimum(num_assignments, num_experts)
+    return rows, (num_assignments + used * (rows - 1) + rows - 1) // rows
+
+
+def _product(values):
+    result = 1
+    for value in values:
+        result *= value
+    return result
+
+
+_ACTIVATIONS = {
+    "silu": keras.activations.silu,
+    "gelu": lambda x: keras.activations.gelu(x, approximate=False),
+    "gelu_approximate": lambda x: keras.activations.gelu(x, approximate=True),
+    "relu": keras.activations.relu,
+}
+_GATED = {"silu": "gated-silu", "gelu": "gated-gelu_exact", "gelu_approximate": "gated-gelu", "relu": "gated-relu"}

@@ -1,0 +1,229 @@
+"""MixtureOfExperts against the numpy reference, its sparsity counted in the backend's own graph, and its config.
+
+Axes: B batch, T sequence length, N tokens, D model width, E experts, k experts per token, I expert width.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_transformer.layers import MixtureOfExperts, TransformerDecoderBlock
+from keras_transformer.layers.mixture_of_experts import expert_blocks
+from tests import reference
+from tests.conftest import to_numpy
+from tests.layers.helpers import assert_close, randomize_weights, save_and_load, wrap_in_model
+
+D, I = 8, 12
+
+
+def _built(rng, x, **kwargs):
+    layer = MixtureOfExperts(kernel_initializer="zeros", **kwargs)
+    layer(x)
+    randomize_weights(layer, rng, std=0.5)
+    return layer
+
+
+def _weights(layer):
+    weights = {
+        "router_kernel": to_numpy(layer.router.kernel),
+        "gate_kernel": to_numpy(layer.gate_kernel),
+        "up_kernel": to_numpy(layer.up_kernel),
+        "down_kernel": to_numpy(layer.down_kernel),
+    }
+    if layer.shared_intermediate_dim is not None:
+        shared = layer.shared_expert
+        weights["shared_gate_kernel"] = to_numpy(shared.gate_dense.kernel)
+        weights["shared_up_kernel"] = to_numpy(shared.intermediate_dense.kernel)
+        weights["shared_down_kernel"] = to_numpy(shared.output_dense.kernel)
+        if layer.shared_expert_gate:
+            weights["shared_expert_gate_kernel"] = to_numpy(layer.shared_gate.kernel)
+    return weights
+
+
+@pytest.mark.parametrize(
+    "shape, experts, k, normalize",
+    [
+        ((1, 1, D), 16, 2, True),  # a batch-1 decoding step: one block per assignment
+        ((2, 5, D), 4, 2, True),
+        ((2, 5, D), 8, 1, False),  # OLMoE's norm_topk_prob=False, k = 1
+        ((3, 40, D), 4, 4, True),  # k = E: every expert, in blocks of several rows
+        ((4, 64, D), 16, 2, False),  # blocks of 4 rows, some experts empty or padded
+    ],
+)
+def test_matches_reference(shape, experts, k, normalize, rng):
+    x = rng.standard_normal(shape).astype("float32")
+    layer = _built(rng, x, num_experts=experts, top_k=k, intermediate_dim=I, normalize_top_k=normalize)
+    expected = reference.mixture_of_experts(_weights(layer), x, k, normalize)
+    assert_close(layer(x), expected)
+    outputs, logits = layer(x, return_router_logits=True)
+    assert_close(outputs, expected)
+    assert_close(logits, x.reshape(-1, D) @ _weights(layer)["router_kernel"])
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_shared_expert(gated, rng):
+    x = rng.standard_normal((2, 6, D)).astype("float32")
+    layer = _built(
+        rng, x, num_experts=4, top_k=2, intermediate_dim=I, shared_intermediate_dim=6, shared_expert_gate=gated
+    )
+    assert_close(layer(x), reference.mixture_of_experts(_weights(layer), x, 2))
+
+
+def test_gradients_reach_only_the_chosen_experts(rng):
+    """One token with k = 2 of E = 6: the loss's gradient is nonzero on exactly the two chosen experts' weights
+    (the unchosen ones are not computed, so their gradient is exactly zero), and matches finite differences."""
+    x = rng.standard_normal((1, 1, D)).astype("float32")
+    layer = _built(rng, x, num_experts=6, top_k=2, intermediate_dim=I)
+    chosen = set(np.argsort(-reference.softmax(x.reshape(1, D) @ _weights(layer)["router_kernel"])[0])[:2])
+    gradients = _gradient(layer, x, layer.gate_kernel)
+    nonzero = {e for e in range(6) if np.abs(gradients[e]).max() > 0}
+    assert nonzero == chosen
+
+
+def _gradient(layer, x, variable):
+    """d sum(layer(x)) / d variable, on the backend in use."""
+    backend = keras.config.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            loss = keras.ops.sum(layer(x))
+        return to_numpy(tape.gradient(loss, variable.value))
+    if backend == "jax":
+        import jax
+
+        index = [v.path for v in layer.trainable_variables].index(variable.path)
+        values = [v.value for v in layer.trainable_variables]
+
+        def loss(values):
+            return keras.ops.sum(layer.stateless_call(values, [], x)[0])
+
+        return np.asarray(jax.grad(loss)(values)[index])
+    import torch
+
+    value = variable.value
+    value.grad = None
+    keras.ops.sum(layer(x)).backward()
+    gradient = value.grad.detach().cpu().numpy()
+    value.grad = None
+    assert isinstance(value, torch.nn.Parameter)
+    return gradient
+
+
+def _expert_flops(layer, x):
+    """Floating-point operations of every matrix product of one call, counted by the backend in its own graph."""
+    backend = keras.config.backend()
+    if backend == "jax":
+        import jax
+
+        values = [v.value for v in layer.trainable_variables]
+        jaxpr = jax.make_jaxpr(lambda values, x: layer.stateless_call(values, [], x)[0])(values, x)
+        return sum(_dot_flops(eqn) for eqn in _equations(jaxpr.jaxpr) if eqn.primitive.name == "dot_general")
+    if backend == "torch":
+        from torch.utils.flop_counter import FlopCounterMode
+
+        with FlopCounterMode(display=False) as counter:
+            layer(x)
+        return counter.get_total_flops()
+    import tensorflow as tf
+
+    graph = tf.function(lambda x: layer(x)).get_concrete_function(tf.TensorSpec(x.shape, "float32")).graph
+    flops = 0
+    for op in graph.get_operations():
+        if op.type in ("MatMul", "BatchMatMulV2", "BatchMatMulV3"):
+            a, b = (tuple(t.shape) for t in op.inputs)
+            out = tuple(op.outputs[0].shape)
+            assert None not in out, f"a product of unknown shape: {op.name} {out}"
+            inner = a[-1] if not op.get_attr("adj_x" if "Batch" in op.type else "transpose_a") else a[-2]
+            flops += 2 * int(np.prod(out)) * inner
+    return flops
+
+
+def _equations(jaxpr):
+    """Every equation of a jaxpr, those of its sub-jaxprs (jit, custom derivatives) included."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for param in eqn.params.values():
+            inner = getattr(param, "jaxpr", param)
+            if hasattr(inner, "eqns"):
+                yield from _equations(inner)
+
+
+def _dot_flops(eqn):
+    """2 x output size x contracted size of a `dot_general`."""
+    (contracting, _), _ = eqn.params["dimension_numbers"]
+    lhs = eqn.invars[0].aval.shape
+    return 2 * int(np.prod(eqn.outvars[0].aval.shape)) * int(np.prod([lhs[axis] for axis in contracting]))
+
+
+@pytest.mark.parametrize("tokens", [1, 8])
+def test_dispatch_is_sparse(tokens, rng):
+    """The products a call computes, counted in the backend's graph (JAX's jaxpr dot_generals, PyTorch's
+    FlopCounterMode, the TensorFlow graph's MatMul shapes): the chosen experts' (N k rows, plus the bounded
+    padding of the blocks) and the router's, far below every expert on every token."""
+    experts, k, d, inner = 16, 2, 32, 64
+    x = rng.standard_normal((1, tokens, d)).astype("float32")
+    layer = MixtureOfExperts(experts, k, inner)
+    layer(x)
+    router = 2 * tokens * d * experts
+    per_row = 3 * 2 * d * inner  # gate, up and down products of one row
+    rows, blocks = expert_blocks(tokens * k, experts)
+    flops = _expert_flops(layer, x)
+    assert flops == router + blocks * rows * per_row
+    assert flops < 0.25 * tokens * experts * per_row  # dense all-expert compute would be 1.0 of this
+    if tokens == 1:
+        assert (rows, blocks) == (1, k)  # a decoding step reads k experts' weights
+
+
+def test_in_a_decoder_block_with_router_logits(rng):
+    x = rng.standard_normal((2, 4, D)).astype("float32")
+    moe = dict(num_experts=4, top_k=2, intermediate_dim=I)
+    block = TransformerDecoderBlock(2, 16, norm_first=True, norm_type="rms_norm", mixture_of_experts=moe)
+    y, logits = block(x, return_router_logits=True)
+    assert tuple(logits.shape) == (8, 4)
+    assert_close(y, to_numpy(block(x)))
+    assert isinstance(block.feed_forward, MixtureOfExperts)
+    dense = TransformerDecoderBlock(2, 16)
+    with pytest.raises(ValueError, match="return_router_logits"):
+        dense(x, return_router_logits=True)
+    restored = TransformerDecoderBlock.from_config(block.get_config())
+    assert restored.get_config()["mixture_of_experts"] == moe
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(num_experts=4, top_k=5, intermediate_dim=8), "top_k=5"),
+        (dict(num_experts=0, top_k=1, intermediate_dim=8), "num_experts=0"),
+        (dict(num_experts=4, top_k=2, intermediate_dim=8, activation="tanh"), "activation='tanh'"),
+        (dict(num_experts=4, top_k=2, intermediate_dim=8, shared_expert_gate=True), "shared_expert_gate"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        MixtureOfExperts(**kwargs)
+
+
+def test_block_refuses_unknown_options():
+    with pytest.raises(ValueError, match="router_jitter"):
+        TransformerDecoderBlock(
+            2, 16, mixture_of_experts=dict(num_experts=4, top_k=2, intermediate_dim=8, router_jitter=0.1)
+        )
+
+
+def test_config_round_trip_and_saving(rng, tmp_path):
+    x = rng.standard_normal((2, 3, D)).astype("float32")
+    layer = _built(
+        rng,
+        x,
+        num_experts=4,
+        top_k=2,
+        intermediate_dim=I,
+        normalize_top_k=False,
+        shared_intermediate_dim=4,
+        shared_expert_gate=True,
+    )
+    restored = MixtureOfExperts.from_config(layer.get_config())
+    assert restored.get_config() == layer.get_config()
+    model = wrap_in_model(layer, {"x": (x.shape[1:], "float32")}, lambda layer, inputs: layer(inputs["x"]))
+    assert_close(save_and_load(model, tmp_path)(x), to_numpy(layer(x)))
