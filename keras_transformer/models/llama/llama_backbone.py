@@ -4,7 +4,8 @@ The layout of Llama 2/3, Qwen2, Qwen3, Mistral, SmolLM2 and SmolLM3: token embed
 positions), pre-norm decoder blocks whose self-attention rotates queries and keys (RoPE), a gated
 SiLU feed-forward, RMS norms, a final RMS norm. Per-layer options: a window on some layers only
 (`layer_types`), layers without rotary positions (`rope_layers`, SmolLM3's NoPE layers); and RMS
-norms of the queries and keys (`query_key_norm`, Qwen3).
+norms of the queries and keys (`query_key_norm`, Qwen3); sparse mixture-of-experts feed-forwards
+(`mixture_of_experts`, on the layers `moe_layers` names: Mixtral, Qwen3-MoE, OLMoE).
 
 Axes: B batch, T sequence length, L layers, S_max cache length, Hkv key/value heads,
 Dh head size, D model width, V vocabulary.
@@ -37,6 +38,8 @@ CONFIG = (
     "layer_types",
     "rope_layers",
     "query_key_norm",
+    "mixture_of_experts",
+    "moe_layers",
     "tie_word_embeddings",
     "norm_epsilon",
     "dropout",
@@ -73,6 +76,11 @@ class LlamaBackbone(Backbone):
             has no rotary positions (SmolLM3's `no_rope_layers`, where 0 marks such a layer).
         query_key_norm: None, "head" or "full": RMS norms of the queries and keys before the rotation,
             per head (Qwen3) or over all heads; see `MultiHeadAttention`.
+        mixture_of_experts: None, or a dict of `MixtureOfExperts` arguments (num_experts, top_k,
+            intermediate_dim, normalize_top_k, ...): the feed-forward of the layers `moe_layers` names is that
+            sparse mixture of experts instead of one SwiGLU of `intermediate_dim`.
+        moe_layers: None (every layer, with `mixture_of_experts`) or a list of L bools, True for a layer
+            whose feed-forward is the mixture of experts (Qwen3-MoE's `decoder_sparse_step` / `mlp_only_layers`).
         tie_word_embeddings: bool, the output head is the transposed token embedding.
         norm_epsilon: float, the RMS norms' epsilon.
         dropout: float, dropout on attention and sub-layer outputs.
@@ -110,6 +118,8 @@ class LlamaBackbone(Backbone):
         layer_types=None,
         rope_layers=None,
         query_key_norm=None,
+        mixture_of_experts=None,
+        moe_layers=None,
         tie_word_embeddings=True,
         norm_epsilon=1e-6,
         dropout=0.0,
@@ -121,6 +131,14 @@ class LlamaBackbone(Backbone):
         config["layer_types"] = check_layer_list("layer_types", layer_types, num_layers, LAYER_TYPES)
         rope_layers = check_layer_list("rope_layers", rope_layers, num_layers, (True, False))
         config["rope_layers"] = None if rope_layers is None else [bool(rotates) for rotates in rope_layers]
+        if moe_layers is not None and mixture_of_experts is None:
+            raise ValueError(
+                "`moe_layers` names the layers of the mixture of experts: it needs `mixture_of_experts`. "
+                f"Received: moe_layers={moe_layers!r}, mixture_of_experts=None"
+            )
+        moe_layers = check_layer_list("moe_layers", moe_layers, num_layers, (True, False))
+        config["moe_layers"] = None if moe_layers is None else [bool(sparse) for sparse in moe_layers]
+        config["mixture_of_experts"] = None if mixture_of_experts is None else dict(mixture_of_experts)
         # === Layers ===
         self.token_embedding = keras.layers.ReversibleEmbedding(
             vocabulary_size,
@@ -187,17 +205,19 @@ class LlamaBackbone(Backbone):
 
 def _decoder_blocks(config, dtype):
     """Llama's blocks, `transformer_layer_{i}`: causal, pre-norm RMS norms, SwiGLU, N(0, 0.02) kernels; layer i
-    windowed unless `layer_types[i]` is "full_attention", rotating unless `rope_layers[i]` is False."""
+    windowed unless `layer_types[i]` is "full_attention", rotating unless `rope_layers[i]` is False, its
+    feed-forward the mixture of experts (when there is one) unless `moe_layers[i]` is False."""
     rotary = {
         "max_wavelength": config["rope_max_wavelength"],
         "rotary_dim": config["rotary_dim"],
         "scaling": config["rope_scaling"],
     }
-    layer_types, rope_layers = config["layer_types"], config["rope_layers"]
+    layer_types, rope_layers, moe_layers = config["layer_types"], config["rope_layers"], config["moe_layers"]
     blocks = []
     for i in range(config["num_layers"]):
         full = layer_types is not None and layer_types[i] == "full_attention"
         rotates = rope_layers is None or rope_layers[i]
+        sparse = moe_layers is None or moe_layers[i]
         blocks.append(
             TransformerDecoderBlock(
                 config["num_heads"],
@@ -215,6 +235,7 @@ def _decoder_blocks(config, dtype):
                 rotary_embedding=rotary if rotates else None,
                 sliding_window=None if full else config["sliding_window"],
                 query_key_norm=config["query_key_norm"],
+                mixture_of_experts=config["mixture_of_experts"] if sparse else None,
                 kernel_initializer=keras.initializers.RandomNormal(stddev=0.02),
                 dtype=dtype,
                 name=f"transformer_layer_{i}",
