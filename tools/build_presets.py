@@ -146,6 +146,54 @@ PHI4_MINI = dict(
     tie_word_embeddings=True,
     norm_epsilon=1e-5,
 )
+# The mixture-of-experts shapes, from their published config.json (tests/convert/test_hf_moe.py holds them).
+QWEN3_30B_A3B = dict(
+    vocabulary_size=151936,
+    num_layers=48,
+    num_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    hidden_dim=2048,
+    intermediate_dim=6144,
+    max_sequence_length=40960,
+    rope_max_wavelength=1000000.0,
+    query_key_norm="head",
+    mixture_of_experts={"num_experts": 128, "top_k": 8, "intermediate_dim": 768, "normalize_top_k": True},
+    attention_output_bias=False,
+    tie_word_embeddings=False,
+    norm_epsilon=1e-6,
+)
+MIXTRAL_8X7B = dict(
+    vocabulary_size=32000,
+    num_layers=32,
+    num_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    hidden_dim=4096,
+    intermediate_dim=14336,
+    max_sequence_length=32768,
+    rope_max_wavelength=1000000.0,
+    mixture_of_experts={"num_experts": 8, "top_k": 2, "intermediate_dim": 14336, "normalize_top_k": True},
+    attention_output_bias=False,
+    tie_word_embeddings=False,
+    norm_epsilon=1e-5,
+)
+OLMOE_1B_7B = dict(
+    vocabulary_size=50304,
+    num_layers=16,
+    num_heads=16,
+    num_key_value_heads=16,
+    head_dim=128,
+    hidden_dim=2048,
+    intermediate_dim=1024,
+    max_sequence_length=4096,
+    rope_max_wavelength=10000.0,
+    query_key_norm="full",
+    mixture_of_experts={"num_experts": 64, "top_k": 8, "intermediate_dim": 1024, "normalize_top_k": False},
+    attention_output_bias=False,
+    tie_word_embeddings=False,
+    norm_epsilon=1e-5,
+)
 GEMMA3_1B = dict(
     vocabulary_size=262144,
     num_layers=26,
@@ -269,6 +317,43 @@ PRESETS = {
         "Phi-4-mini shape (the real checkpoint: hf://microsoft/Phi-4-mini-instruct): 32 layers, d 3072, 24 heads "
         "(8 key/value) of 128, three quarters of each head rotating (96 dims), longrope scaling past 4096 positions "
         "(131072 in all), SwiGLU 8192, tied head, 200064 embedding rows (the tokenizer here has 49152).",
+    ),
+    "qwen3_30b_a3b": (
+        "llama",
+        "BytePairTokenizer",
+        "LlamaBackbone",
+        QWEN3_30B_A3B,
+        "LlamaCausalLM",
+        "LlamaCausalLMPreprocessor",
+        {"sequence_length": 2048},
+        "Qwen3-30B-A3B shape (the real checkpoint: hf://Qwen/Qwen3-30B-A3B): 48 layers, d 2048, 32 heads (4 "
+        "key/value) of 128, RMS-normed queries and keys per head, a mixture of 128 SwiGLU experts of 768 on every "
+        "layer, 8 per token (renormalised), rope_theta 1e6, untied head, 151936 embedding rows (the tokenizer here "
+        "has 49152).",
+    ),
+    "mixtral_8x7b": (
+        "llama",
+        "BytePairTokenizer",
+        "LlamaBackbone",
+        MIXTRAL_8X7B,
+        "LlamaCausalLM",
+        "LlamaCausalLMPreprocessor",
+        {"sequence_length": 2048},
+        "Mixtral-8x7B shape (the real checkpoint: hf://mistralai/Mixtral-8x7B-v0.1): 32 layers, d 4096, 32 heads (8 "
+        "key/value) of 128, a mixture of 8 SwiGLU experts of 14336 on every layer, 2 per token (renormalised), "
+        "rope_theta 1e6, no sliding window, untied head, 32000 embedding rows (the tokenizer here has 8000).",
+    ),
+    "olmoe_1b_7b": (
+        "llama",
+        "BytePairTokenizer",
+        "LlamaBackbone",
+        OLMOE_1B_7B,
+        "LlamaCausalLM",
+        "LlamaCausalLMPreprocessor",
+        {"sequence_length": 2048},
+        "OLMoE-1B-7B shape (the real checkpoint: hf://allenai/OLMoE-1B-7B-0924): 16 layers, d 2048, 16 heads of 128, "
+        "RMS-normed queries and keys over all heads, a mixture of 64 SwiGLU experts of 1024 on every layer, 8 per "
+        "token (not renormalised), untied head, 50304 embedding rows (the tokenizer here has 49152).",
     ),
     "gemma3_1b": (
         "gemma",
@@ -434,6 +519,9 @@ TOKENIZER_SIZES = {
     "qwen3_0_6b": 49152,
     "gemma3_1b": 49152,
     "phi4_mini": 49152,
+    "qwen3_30b_a3b": 49152,
+    "mixtral_8x7b": 8000,
+    "olmoe_1b_7b": 49152,
     "smollm3_3b": 49152,
     "modernbert_base": 49152,
 }
@@ -524,13 +612,16 @@ def train_tokenizer(class_name, vocabulary_size, cache={}):
 
 def parameter_count(backbone_class, config):
     """The backbone's parameters, from two small builds of it (one layer and two) where the config has
-    `num_layers` (a 3B model is never built: every layer has the same parameters)."""
+    `num_layers` (a 3B model is never built: every layer has the same parameters); a mixture of experts (7-47B
+    parameters, 0.6-1.5B in one layer) is counted from its config alone (`llama_parameter_counts`)."""
     import keras_transformer as kt
 
     try:
         cls = getattr(kt.models, backbone_class)
     except AttributeError:
         return None
+    if config.get("mixture_of_experts") is not None:
+        return llama_parameter_counts(config)[0]
     if "num_layers" not in config or backbone_class.startswith(("T5", "Transformer")):
         return int(cls(**config).count_params())
 
@@ -542,6 +633,35 @@ def parameter_count(backbone_class, config):
     return one + (config["num_layers"] - 1) * (two - one)
 
 
+def llama_parameter_counts(config):
+    """(all parameters, the parameters one token uses) of a LlamaBackbone config, from the config alone: a token
+    runs k of a mixture's E experts (the router, the attention, the norms, a shared expert and the embeddings all).
+    Axes: V vocabulary, D width, H heads, Hkv key/value heads, Dh head size, F dense inner width, E experts, k
+    experts per token, I one expert's inner width, S the shared expert's inner width."""
+    V, D, L, H = config["vocabulary_size"], config["hidden_dim"], config["num_layers"], config["num_heads"]
+    Hkv = config.get("num_key_value_heads") or H
+    Dh = config.get("head_dim") or D // H
+    qkv_bias = bool(config.get("attention_bias", False))
+    output_bias = config.get("attention_output_bias")
+    output_bias = qkv_bias if output_bias is None else bool(output_bias)
+    attention = D * (H + 2 * Hkv) * Dh + H * Dh * D + qkv_bias * (H + 2 * Hkv) * Dh + output_bias * D
+    attention += {None: 0, "head": 2 * Dh, "full": (H + Hkv) * Dh}[config.get("query_key_norm")]
+    F = config["intermediate_dim"]
+    dense = 3 * D * F + bool(config.get("mlp_bias", False)) * (2 * F + D)
+    moe = config.get("mixture_of_experts")
+    sparse_layers = 0 if moe is None else sum(config.get("moe_layers") or [True] * L)
+    total = V * D * (1 if config.get("tie_word_embeddings", True) else 2) + D  # embeddings, final norm
+    total += L * (attention + 2 * D) + (L - sparse_layers) * dense
+    active = total
+    if moe is not None:
+        E, k, I = moe["num_experts"], moe["top_k"], moe["intermediate_dim"]
+        S = moe.get("shared_intermediate_dim") or 0
+        shared = 3 * D * S + (D if moe.get("shared_expert_gate") else 0) + D * E  # and the router
+        total += sparse_layers * (shared + 3 * E * D * I)
+        active += sparse_layers * (shared + 3 * k * D * I)
+    return total, active
+
+
 def model_card(name, family, description, config, count):
     lines = [
         f"# {name}",
@@ -550,6 +670,11 @@ def model_card(name, family, description, config, count):
         "",
         f"- family: {family}",
         f"- parameters: {count:,}" if count else "- parameters: (computed when the family is installed)",
+        *(
+            [f"- active parameters per token: {llama_parameter_counts(config)[1]:,} (counted from the config)"]
+            if config.get("mixture_of_experts")
+            else []
+        ),
         "- weights: none shipped; the model starts from random initialisation (train it with `fit`).",
         "- tokenizer: trained on the Python standard library's source files (tools/build_presets.py)"
         + (
@@ -583,6 +708,11 @@ def build(name):
         "family": family,
         "description": description,
         "parameter_count": count,
+        **(
+            {"active_parameter_count": llama_parameter_counts(bb_config)[1]}
+            if "mixture_of_experts" in bb_config
+            else {}
+        ),
         "backbone": {"class_name": bb_cls, "config": bb_config},
         "task": {"class_name": task_cls, "config": TASK_CONFIGS.get(name, {})},
         "preprocessor": {"class_name": pre_cls, "config": pre_config},

@@ -17,7 +17,8 @@ and `torch` are therefore needed to export, not to train or to convert in.
 
 Supported tasks: GPTCausalLM (GPT2LMHeadModel), LlamaCausalLM (LlamaForCausalLM, Qwen2ForCausalLM,
 Qwen3ForCausalLM, SmolLM3ForCausalLM or MistralForCausalLM, by which biases, windows, query/key norms and
-rotary layers it has), BertMaskedLM (BertForMaskedLM, or RobertaForMaskedLM for RoBERTa and XLM-R),
+rotary layers it has; Phi3ForCausalLM; a mixture of experts as Qwen3MoeForCausalLM, MixtralForCausalLM,
+OlmoeForCausalLM or Qwen2MoeForCausalLM), BertMaskedLM (BertForMaskedLM, or RobertaForMaskedLM for RoBERTa and XLM-R),
 BertClassifier (BertForSequenceClassification), T5Seq2SeqLM (T5ForConditionalGeneration).
 
 Example:
@@ -204,7 +205,8 @@ def _add_transformers4_keys(directory, task, family):
     """config.json also in the spelling transformers 4 reads (vLLM, SGLang and TGI may pin it), each entry
     equal to what transformers 5 wrote and read back by 5 as the same model:
     - `torch_dtype` beside `dtype` (releases before 4.56 read only `torch_dtype`);
-    - the Llama architecture: `rope_theta` and `rope_scaling` beside `rope_parameters` (4 reads only those);
+    - the Llama architecture: `rope_theta` and `rope_scaling` beside `rope_parameters` (4 reads only those), and
+      Qwen3-MoE's `num_experts` beside `num_local_experts`;
     - T5 v1.1 (its own, unscaled head): tie_word_embeddings=false, as its checkpoints say. transformers 5
       writes true with scale_decoder_outputs=false, which 4 reads as v1.0's tied, scaled head.
     """
@@ -217,6 +219,8 @@ def _add_transformers4_keys(directory, task, family):
         scaling = dict(config["rope_parameters"])
         config["rope_theta"] = scaling.pop("rope_theta")
         config["rope_scaling"] = None if scaling["rope_type"] == "default" else scaling
+        if config["model_type"] == "qwen3_moe":  # 5 writes num_local_experts; 4 (and the Hub) num_experts
+            config["num_experts"] = config["num_local_experts"]
     if family is modernbert_config:
         config.update(_modernbert_hub_keys(config))
     if family is gemma_config:

@@ -98,13 +98,15 @@ def convert_config(hf_config, path=None):
     }
 
 
-def _rope(hf_config):
+def _rope(hf_config, defaults=None):
     """(rope_theta, our `rope_scaling` or None) from either config layout.
 
     transformers 4 writes `rope_theta` and `rope_scaling` at the top level; transformers 5 writes
     one `rope_parameters` dict holding `rope_theta`, `rope_type` and the scaling's own keys.
+    `defaults`: the type's `rope_theta` and `max_position_embeddings` (hf_moe.py's types), else `_DEFAULTS`'.
     """
     model_type = hf_config["model_type"]
+    defaults = defaults or _DEFAULTS[model_type]
     key = "rope_parameters" if hf_config.get("rope_parameters") is not None else "rope_scaling"
     parameters = dict(hf_config.get(key) or {})
     if parameters and all(isinstance(value, dict) for value in parameters.values()):
@@ -112,7 +114,7 @@ def _rope(hf_config):
             f"Unsupported {model_type} config option {key}={parameters!r}: rotary parameters per layer "
             "type are not implemented by keras_transformer's LlamaBackbone (one rotary embedding for all layers)."
         )
-    theta = parameters.get("rope_theta", hf_config.get("rope_theta", _DEFAULTS[model_type]["rope_theta"]))
+    theta = parameters.get("rope_theta", hf_config.get("rope_theta", defaults["rope_theta"]))
     partial = parameters.get("partial_rotary_factor", hf_config.get("partial_rotary_factor", 1.0))
     if partial != 1.0:
         # transformers' Llama, Mistral and Qwen2 rotate whole heads whatever this says (their default
@@ -137,7 +139,7 @@ def _rope(hf_config):
             # transformers falls back to the model's positions, as here.
             original_max_position_embeddings=parameters.get(
                 "original_max_position_embeddings",
-                hf_config.get("max_position_embeddings", _DEFAULTS[model_type]["max_position_embeddings"]),
+                hf_config.get("max_position_embeddings", defaults["max_position_embeddings"]),
             ),
         )
     missing = [name for name, value in scaling.items() if value is None]
@@ -229,8 +231,9 @@ def tokenizer(path, hf_config):
     return load_tokenizer(path, hf_config, SPECIAL_TOKENS, pad_with_eos=True)
 
 
-def load_weights(model, weights, hf_config):
-    """Assign the checkpoint's weights to a LlamaBackbone or a LlamaCausalLM."""
+def load_weights(model, weights, hf_config, load_experts=None):
+    """Assign the checkpoint's weights to a LlamaBackbone or a LlamaCausalLM. `load_experts(moe, name, weights)`
+    assigns a block's `MixtureOfExperts` from the tensors under `name` (hf_moe.py's checkpoints)."""
     backbone = getattr(model, "backbone", model)
     prefix = "model." if weights.has("model.embed_tokens.weight") else ""
     D, H = backbone.hidden_dim, backbone.num_heads
@@ -259,12 +262,15 @@ def load_weights(model, weights, hf_config):
             put(attention.query_norm.scale, p + "self_attn.q_norm.weight")
             put(attention.key_norm.scale, p + "self_attn.k_norm.weight")
         put(block.self_attention_norm.scale, p + "input_layernorm.weight")
+        put(block.feed_forward_norm.scale, p + "post_attention_layernorm.weight")
         feed_forward = block.feed_forward
+        if block.mixture_of_experts is not None:
+            load_experts(feed_forward, prefix + p, weights)
+            continue
         F = backbone.intermediate_dim
         linear(feed_forward.gate_dense, p + "mlp.gate_proj", (D, F), (F,))  # (F, D) -> (D, F)
         linear(feed_forward.intermediate_dense, p + "mlp.up_proj", (D, F), (F,))
         linear(feed_forward.output_dense, p + "mlp.down_proj", (F, D), (D,))  # (D, F) -> (F, D)
-        put(block.feed_forward_norm.scale, p + "post_attention_layernorm.weight")
     put(backbone.layer_norm.scale, "norm.weight")
     load_head(model, weights, prefix)
 

@@ -15,7 +15,9 @@ and the Llama architecture
 Qwen3ForCausalLM, SmolLM3ForCausalLM and their bare models; sharded safetensors included; a sentence-transformers
 folder of one of them, e.g. Qwen3-Embedding, as a LlamaTextEmbedder), and Gemma "gemma3_text",
 "gemma2" (Gemma3ForCausalLM, Gemma2ForCausalLM; a multimodal "gemma3" is refused), and "phi3" (Phi3ForCausalLM,
-Phi3Model: Phi-3 and Phi-4-mini, as a LlamaCausalLM). Every config
+Phi3Model: Phi-3 and Phi-4-mini, as a LlamaCausalLM), and the mixtures of experts "qwen3_moe", "mixtral", "olmoe",
+"qwen2_moe" (Qwen3MoeForCausalLM, MixtralForCausalLM, OlmoeForCausalLM, Qwen2MoeForCausalLM and their bare models, as
+a LlamaCausalLM with `mixture_of_experts`). Every config
 option that changes the computation is mapped or refused with a ValueError naming it.
 
 Example, with a Hugging Face folder written here by `export(..., format="huggingface")`:
@@ -35,7 +37,7 @@ from pathlib import Path
 
 from keras_transformer import presets
 from keras_transformer.convert import hf_bert, hf_gemma, hf_generation, hf_gpt2, hf_llama, hf_modernbert, hf_phi3
-from keras_transformer.convert import hf_t5
+from keras_transformer.convert import hf_moe, hf_t5
 from keras_transformer.convert import sentence_transformers
 from keras_transformer.convert.checkpoint import CheckpointWeights
 from keras_transformer.models.backbone import Backbone
@@ -46,7 +48,7 @@ from keras_transformer.models.text_embedder import TextEmbedder
 # model_type -> its converter module; a module converting several types lists them in MODEL_TYPES.
 FAMILIES = {
     model_type: module
-    for module in (hf_gpt2, hf_bert, hf_modernbert, hf_t5, hf_llama, hf_phi3, hf_gemma)
+    for module in (hf_gpt2, hf_bert, hf_modernbert, hf_t5, hf_llama, hf_phi3, hf_gemma, hf_moe)
     for model_type in getattr(module, "MODEL_TYPES", None) or (module.MODEL_TYPE,)
 }
 

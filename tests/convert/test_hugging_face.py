@@ -60,8 +60,8 @@ def _write_config(directory, config):
 def test_unsupported_model_type(copy):
     hf_models.edit_config(copy, model_type="falcon")
     converted = (
-        r"\['bert', 'distilbert', 'gemma2', 'gemma3', 'gemma3_text', 'gpt2', 'llama', 'mistral', 'modernbert', "
-        r"'phi3', 'qwen2', 'qwen3', 'roberta', 'smollm3', 't5', "
+        r"\['bert', 'distilbert', 'gemma2', 'gemma3', 'gemma3_text', 'gpt2', 'llama', 'mistral', 'mixtral', "
+        r"'modernbert', 'olmoe', 'phi3', 'qwen2', 'qwen2_moe', 'qwen3', 'qwen3_moe', 'roberta', 'smollm3', 't5', "
         r"'xlm-roberta'\]"
     )
     with pytest.raises(ValueError, match=r"model_type='falcon'.*" + converted):

@@ -143,6 +143,9 @@ def test_bad_arguments_name_the_argument():
         ("qwen3_0_6b", 596_049_920),
         ("smollm3_3b", 3_075_098_624),
         ("phi4_mini", 3_836_021_760),
+        ("qwen3_30b_a3b", 30_532_122_624),
+        ("mixtral_8x7b", 46_702_792_704),
+        ("olmoe_1b_7b", 6_919_161_856),
     ],
 )
 def test_presets_are_registered_with_the_published_shapes(name, count):

@@ -1,0 +1,199 @@
+"""Hugging Face mixture-of-experts checkpoints (`model_type` "qwen3_moe", "mixtral", "olmoe", "qwen2_moe":
+Qwen3MoeForCausalLM, MixtralForCausalLM, OlmoeForCausalLM, Qwen2MoeForCausalLM and their bare models) -> LlamaBackbone
+/ LlamaCausalLM with `mixture_of_experts` (MixtureOfExperts) on the layers `moe_layers` names.
+
+Axes: D model width, E experts, I one expert's inner width, F a dense layer's inner width.
+
+Their attention is Llama's with each type's options: Qwen3-MoE's RMS norms per head (q_norm / k_norm, our
+`query_key_norm="head"`) and its `head_dim`; OLMoE's norms over all heads' queries and keys (`"full"`); Qwen2-MoE's
+query/key/value biases (`qkv_bias`); Mixtral's `sliding_window` on every layer, and Qwen3-MoE's with
+`use_sliding_window`. Their feed-forwards are routed to k of E SwiGLU experts (`num_experts_per_tok` of
+`num_experts` / `num_local_experts`) by a softmax over the E router logits, the k kept weights renormalised to sum to
+one by Mixtral always and by the others with `norm_topk_prob`. Qwen3-MoE and Qwen2-MoE keep dense feed-forwards
+(`intermediate_size`) on the layers `mlp_only_layers` names and on those that `decoder_sparse_step` skips; their
+experts are `moe_intermediate_size` wide. Qwen2-MoE adds a shared expert on every token
+(`shared_expert_intermediate_size`), scaled by a sigmoid gate.
+
+Options we do not implement are refused with the option's name: Mixtral's `router_jitter_noise` (training-time
+noise on the router's inputs), OLMoE's `clip_qkv`, `output_router_logits` (transformers then adds its
+load-balancing loss to the training loss), Qwen2-MoE's sliding window (a per-layer pattern of its own).
+
+The experts' tensors come in two layouts, both read here:
+- per expert, as every checkpoint on the Hub and transformers 5's `save_pretrained` (which converts back to it)
+  store them: `mlp.experts.{i}.gate_proj` / `up_proj` (I, D) and `down_proj` (D, I), or Mixtral's
+  `block_sparse_moe.experts.{i}.w1` (gate) / `w3` (up) / `w2` (down) and `block_sparse_moe.gate`;
+- fused, as transformers 5 holds them in memory (its `state_dict()`, which the Hugging Face export fills):
+  `mlp.experts.gate_up_proj` (E, 2 I, D), the gate's I rows first, and `mlp.experts.down_proj` (E, D, I).
+"""
+
+import numpy as np
+
+from keras_transformer.convert import hf_llama
+from keras_transformer.convert.options import check_options
+
+MODEL_TYPES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe")
+KNOWN_UNUSED = hf_llama.KNOWN_UNUSED
+HEAD_TENSORS = hf_llama.HEAD_TENSORS
+tokenizer = hf_llama.tokenizer
+
+# Defaults of transformers' config classes (5.x), where config.json may leave them out.
+_DEFAULTS = {
+    "qwen3_moe": {"max_position_embeddings": 32768, "rope_theta": 10000.0, "sliding_window": 4096, "num_experts": 128},
+    "mixtral": {"max_position_embeddings": 131072, "rope_theta": 1000000.0, "sliding_window": None, "num_experts": 8},
+    "olmoe": {"max_position_embeddings": 4096, "rope_theta": 10000.0, "num_experts": 64},
+    "qwen2_moe": {"max_position_embeddings": 32768, "rope_theta": 10000.0, "num_experts": 60},
+}
+_TOP_K = {"qwen3_moe": 8, "mixtral": 2, "olmoe": 8, "qwen2_moe": 4}
+# Options whose other values change the computation in ways we do not implement.
+_COMMON = {"add_cross_attention": False, "is_encoder_decoder": False, "output_router_logits": False}
+_REQUIRED = {
+    "qwen3_moe": _COMMON,
+    "mixtral": {**_COMMON, "router_jitter_noise": 0.0},
+    "olmoe": {**_COMMON, "clip_qkv": None},
+    "qwen2_moe": {**_COMMON, "use_sliding_window": False},
+}
+# The experts' tensor names (gate, up, down) in the per-expert layout.
+_EXPERT_NAMES = {"mixtral": ("w1", "w3", "w2")}
+_NAMES = ("gate_proj", "up_proj", "down_proj")
+
+
+def convert_config(hf_config, path=None):
+    """config.json of a Qwen3-MoE, Mixtral, OLMoE or Qwen2-MoE checkpoint -> the preset entries."""
+    model_type = hf_config["model_type"]
+    check_options(hf_config, _REQUIRED[model_type])
+    hf_llama.check_activation(hf_config)
+    defaults = _DEFAULTS[model_type]
+    hidden_dim = hf_config.get("hidden_size", 4096)
+    num_heads = hf_config.get("num_attention_heads", 32)
+    head_dim = hf_config.get("head_dim") or hidden_dim // num_heads
+    if model_type == "olmoe" and head_dim * num_heads != hidden_dim:
+        raise ValueError(
+            f"Unsupported olmoe config option head_dim={head_dim}: OLMoE's query and key norms span hidden_size "
+            f"({hidden_dim}) values, so head_dim must be hidden_size / num_attention_heads = {hidden_dim // num_heads}."
+        )
+    max_length = hf_config.get("max_position_embeddings", defaults["max_position_embeddings"])
+    theta, scaling = hf_llama._rope(hf_config, defaults)
+    attention_bias, output_bias = _attention_biases(hf_config)
+    mixture, moe_layers = _experts(hf_config)
+    backbone = {
+        "vocabulary_size": hf_config.get("vocab_size", 32000),
+        "num_layers": hf_config.get("num_hidden_layers", 32),
+        "num_heads": num_heads,
+        "hidden_dim": hidden_dim,
+        "intermediate_dim": hf_config.get("intermediate_size", 11008),
+        "num_key_value_heads": hf_config.get("num_key_value_heads") or num_heads,
+        "head_dim": head_dim,
+        "max_sequence_length": max_length,
+        "rope_max_wavelength": theta,
+        "rope_scaling": scaling,
+        "attention_bias": attention_bias,
+        "attention_output_bias": output_bias,
+        "mlp_bias": False,
+        "sliding_window": _sliding_window(hf_config),
+        "layer_types": None,
+        "rope_layers": None,
+        "query_key_norm": {"qwen3_moe": "head", "olmoe": "full"}.get(model_type),
+        "mixture_of_experts": mixture,
+        "moe_layers": moe_layers,
+        "tie_word_embeddings": bool(hf_config.get("tie_word_embeddings", False)),
+        "norm_epsilon": hf_config.get("rms_norm_eps", 1e-6),
+        "dropout": float(hf_config.get("attention_dropout", 0.0) or 0.0),
+    }
+    return {
+        "family": "llama",
+        "backbone": {"class_name": "LlamaBackbone", "config": backbone},
+        "task": {"class_name": "LlamaCausalLM", "config": {}},
+        "preprocessor": {
+            "class_name": "LlamaCausalLMPreprocessor",
+            "config": {"sequence_length": min(max_length, hf_llama.MAX_PRESET_SEQUENCE_LENGTH)},
+        },
+    }
+
+
+def _attention_biases(hf_config):
+    """(query/key/value bias, output bias): Qwen3-MoE's and OLMoE's `attention_bias` covers all four projections,
+    Qwen2-MoE's `qkv_bias` (true by default) the first three, Mixtral has none."""
+    model_type = hf_config["model_type"]
+    if model_type == "qwen2_moe":
+        return bool(hf_config.get("qkv_bias", True)), False
+    if model_type == "mixtral":
+        return False, False
+    bias = bool(hf_config.get("attention_bias", False))
+    return bias, bias
+
+
+def _sliding_window(hf_config):
+    """Mixtral windows every layer by `sliding_window` (None: none); Qwen3-MoE every layer when `use_sliding_window`."""
+    model_type = hf_config["model_type"]
+    if model_type == "mixtral":
+        return hf_config.get("sliding_window")
+    if model_type == "qwen3_moe" and hf_config.get("use_sliding_window", False):
+        return hf_config.get("sliding_window", _DEFAULTS[model_type]["sliding_window"])
+    return None
+
+
+def _experts(hf_config):
+    """(the `mixture_of_experts` dict, `moe_layers`: None where every layer is sparse), or (None, None) for a
+    checkpoint without experts (Qwen's num_experts=0)."""
+    model_type = hf_config["model_type"]
+    default = _DEFAULTS[model_type]["num_experts"]
+    num_experts = hf_config.get("num_experts", hf_config.get("num_local_experts", default))
+    num_layers = hf_config.get("num_hidden_layers", 32)
+    moe_layers = [True] * num_layers
+    if model_type in ("qwen3_moe", "qwen2_moe"):
+        dense = set(hf_config.get("mlp_only_layers") or [])
+        step = hf_config.get("decoder_sparse_step", 1)
+        moe_layers = [i not in dense and num_experts > 0 and (i + 1) % step == 0 for i in range(num_layers)]
+    if not any(moe_layers):
+        return None, None
+    top_k = hf_config.get("num_experts_per_tok", _TOP_K[model_type])
+    if top_k > num_experts:
+        raise ValueError(
+            f"Unsupported {model_type} config option num_experts_per_tok={top_k}: more than its {num_experts} experts."
+        )
+    intermediate = "moe_intermediate_size" if model_type in ("qwen3_moe", "qwen2_moe") else "intermediate_size"
+    mixture = {
+        "num_experts": num_experts,
+        "top_k": top_k,
+        "intermediate_dim": hf_config.get(intermediate, {"qwen3_moe": 768, "qwen2_moe": 1408}.get(model_type, 14336)),
+        "normalize_top_k": model_type == "mixtral" or bool(hf_config.get("norm_topk_prob", False)),
+    }
+    if model_type == "qwen2_moe":
+        mixture.update(
+            shared_intermediate_dim=hf_config.get("shared_expert_intermediate_size", 5632), shared_expert_gate=True
+        )
+    return mixture, None if all(moe_layers) else moe_layers
+
+
+def load_weights(model, weights, hf_config):
+    """Assign the checkpoint's weights to a LlamaBackbone or a LlamaCausalLM with a mixture of experts: the
+    attention, norms, dense layers and head as Llama's (hf_llama.py), the experts here."""
+    hf_llama.load_weights(model, weights, hf_config, load_experts=_load_experts)
+
+
+def _load_experts(moe, name, weights):
+    """A `MixtureOfExperts` from the tensors of the block under `name` ("model.layers.{i}."): its router, its
+    stacked experts (per expert or fused) and Qwen2-MoE's shared expert and gate."""
+    block = name + ("block_sparse_moe." if weights.has(name + "block_sparse_moe.gate.weight") else "mlp.")
+    weights.assign(moe.router.kernel, weights.get(block + "gate.weight").T, block + "gate.weight")  # (E, D) -> (D, E)
+    experts = block + "experts."
+    if weights.has(experts + "gate_up_proj"):
+        gate_up = weights.get(experts + "gate_up_proj")  # (E, 2 I, D), the gate's rows first
+        inner = gate_up.shape[1] // 2
+        weights.assign(moe.gate_kernel, gate_up[:, :inner].transpose(0, 2, 1), experts + "gate_up_proj")  # (E, D, I)
+        weights.assign(moe.up_kernel, gate_up[:, inner:].transpose(0, 2, 1), experts + "gate_up_proj")
+        down = weights.get(experts + "down_proj")  # (E, D, I) -> (E, I, D)
+        weights.assign(moe.down_kernel, down.transpose(0, 2, 1), experts + "down_proj")
+    else:
+        names = _EXPERT_NAMES.get("mixtral" if "block_sparse_moe" in block else None, _NAMES)
+        for kernel, tensor in zip((moe.gate_kernel, moe.up_kernel, moe.down_kernel), names):
+            # E torch Linears, (I, D) or (D, I) each -> one stacked (E, D, I) or (E, I, D) kernel
+            stacked = np.stack([weights.get(f"{experts}{i}.{tensor}.weight").T for i in range(moe.num_experts)])
+            weights.assign(kernel, stacked, f"{experts}{{0..{moe.num_experts - 1}}}.{tensor}.weight")
+    if moe.shared_intermediate_dim is not None:  # Qwen2-MoE
+        shared = moe.shared_expert
+        for dense, tensor in zip((shared.gate_dense, shared.intermediate_dense, shared.output_dense), _NAMES):
+            source = f"{block}shared_expert.{tensor}.weight"
+            weights.assign(dense.kernel, weights.get(source).T, source)  # (out, in) -> (in, out)
+        source = block + "shared_expert_gate.weight"
+        weights.assign(moe.shared_gate.kernel, weights.get(source).T, source)  # (1, D) -> (D, 1)
