@@ -11,6 +11,7 @@ runtime's kernel to the Keras layer's numbers.
 import keras
 
 from keras_transformer.layers.feed_forward import FeedForward
+from keras_transformer.layers.mixture_of_experts import MixtureOfExperts
 from keras_transformer.layers.positional_embedding import PositionalEmbedding
 from keras_transformer.layers.relative_position_bias import RelativePositionBias
 from keras_transformer.layers.rms_normalization import RMSNormalization
@@ -26,6 +27,7 @@ KERNEL_NAMES = {
     keras.layers.Dropout: "dropout",
     RelativePositionBias: "relative_position_bias",
     FeedForward: "feed_forward",
+    MixtureOfExperts: "mixture_of_experts",
     TransformerDecoderBlock: "decoder_block",
 }
 

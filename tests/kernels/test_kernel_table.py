@@ -18,7 +18,13 @@ from onnx import TensorProto, helper
 from keras_transformer.export.decode_graph import OPSET_IMPORTS, OnnxKernels, _Builder
 from keras_transformer.kernels import kernel_table, onnx_kernels, torch_kernels
 from keras_transformer.kernels.onnx_values import Value
-from keras_transformer.layers import FeedForward, PositionalEmbedding, RelativePositionBias, TransformerDecoderBlock
+from keras_transformer.layers import (
+    FeedForward,
+    MixtureOfExperts,
+    PositionalEmbedding,
+    RelativePositionBias,
+    TransformerDecoderBlock,
+)
 from keras_transformer.layers.rms_normalization import RMSNormalization
 
 RUNTIMES = {"torch": torch_kernels._KERNELS, "onnx": onnx_kernels.KERNELS}
@@ -110,6 +116,20 @@ def _feed_forward():
     return Case(FeedForward(48, activation="gated-gelu"), {"x": _x()}, lambda call, v, onnx: call(v["x"]))
 
 
+def _mixture_of_experts():
+    # B rows of one token, each through its top 2 of 4 experts, OLMoE's unnormalised weights, and Qwen2-MoE's gated
+    # shared expert (the whole-step tests hold Mixtral's renormalised top-k, and longer inputs, to Keras).
+    layer = MixtureOfExperts(
+        num_experts=4,
+        top_k=2,
+        intermediate_dim=12,
+        normalize_top_k=False,
+        shared_intermediate_dim=8,
+        shared_expert_gate=True,
+    )
+    return Case(layer, {"x": _x()}, lambda call, v, onnx: call(v["x"]))
+
+
 def _decoder_block():
     # A pre-norm block's step: the new token attends the POSITION cached keys/values and its own.
     block = TransformerDecoderBlock(num_heads=2, intermediate_dim=48, norm_first=True)
@@ -138,6 +158,7 @@ CASES = {
     keras.layers.Dropout: _dropout,
     RelativePositionBias: _relative_position_bias,
     FeedForward: _feed_forward,
+    MixtureOfExperts: _mixture_of_experts,
     TransformerDecoderBlock: _decoder_block,
 }
 

@@ -154,6 +154,15 @@ MODELS = {
         **kw,
     ),
     "gemma_post_norms_soft_caps": _gemma,
+    # a dense layer, then a sparse mixture of experts (Mixtral's renormalised top 2 of 4, Qwen2-MoE's gated shared
+    # expert): a step's 3 rows make 6 assignments for 4 experts, the prefill's 15 tokens 30 (the sorted paths)
+    "llama_moe": lambda **kw: _llama(
+        mixture_of_experts=dict(
+            num_experts=4, top_k=2, intermediate_dim=12, shared_intermediate_dim=8, shared_expert_gate=True
+        ),
+        moe_layers=[False, True],
+        **kw,
+    ),
 }
 
 
@@ -204,6 +213,7 @@ def _cases():
             "llama_untied_window_partial",
             "llama_qk_norm_layer_types",
             "gemma_post_norms_soft_caps",
+            "llama_moe",
         )
         for dtype in ("bfloat16", "mixed_bfloat16")
         for static in (False, True)
@@ -211,7 +221,7 @@ def _cases():
     # int8 weights (Keras's int8 layers: inputs quantized per row, integer products), fused q/k/v and gate/up
     cases += [
         (name, "int8", static)
-        for name in ("gpt", "t5_untied_gated", "llama_untied_window_partial", "transformer_post_norm")
+        for name in ("gpt", "t5_untied_gated", "llama_untied_window_partial", "transformer_post_norm", "llama_moe")
         for static in (False, True)
     ]
     # int4 weights: Keras's default groups of inputs (a zero point and a scale each: a float kernel), fused
@@ -333,6 +343,42 @@ def _with_dtype(name, dtype):
     task = MODELS[name](dtype=dtype)
     task.backbone.set_weights(reference.backbone.get_weights())
     return task
+
+
+@torch_only
+def test_moe_generation_through_keras_eager_and_compiled_kernels(monkeypatch):
+    """The mixture-of-experts family's beam search through Keras's layers, the eager kernels and the compiled
+    step (one graph: Dynamo's "eager" backend, as tests/decoding/test_torch_compiled.py runs it): the same tokens.
+    4 beams' 8 rows make 16 assignments for 4 experts, the prefill 16 (per-expert runs eagerly, blocks compiled;
+    test_mixture_of_experts_kernels.py compiles the per-assignment gathers)."""
+    import torch._dynamo
+
+    from keras_transformer.decoding import compile as compile_lib
+    from keras_transformer.samplers import BeamSampler
+
+    keras.utils.set_random_seed(3)
+    task = MODELS["llama_moe"]()
+    rng = np.random.default_rng(0)
+    for variable in task.weights:  # large weights: choices far from ties, which round-off could flip
+        variable.assign(rng.normal(0.0, 0.3, variable.shape).astype("float32") + (variable.path.endswith("scale")))
+    prompts = [list(rng.integers(1, VOCABULARY, 5)), list(rng.integers(1, VOCABULARY, 3))]
+    monkeypatch.setenv(compile_lib.TORCH_COMPILE_BACKEND_ENV, "eager")
+
+    def generate(mode):
+        monkeypatch.setenv(compile_lib.TORCH_COMPILE_ENV, "1" if mode == "compiled" else "0")
+        out = task.generate(prompts, max_new_tokens=9, sampler=BeamSampler(num_beams=4))
+        return [np.asarray(x).tolist() for x in out]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(torch_kernels, "supports", lambda task: False)
+        through_keras = generate("eager")
+    eager = generate("eager")
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = generate("compiled")
+    assert eager == through_keras and compiled == through_keras
+    counters = torch._dynamo.utils.counters
+    assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"], dict(counters["graph_break"])
 
 
 @torch_only
