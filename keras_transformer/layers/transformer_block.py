@@ -172,6 +172,15 @@ class TransformerBlock(keras.layers.Layer):
     def compute_output_shape(self, inputs_shape, *args, **kwargs):
         return inputs_shape
 
+    def compute_output_spec(self, inputs, *args, return_router_logits=False, **kwargs):
+        # `compute_output_shape` gives the hidden states only; a functional graph that asks for the router's
+        # logits (a backbone's router losses) gets them appended, with the mixture of experts' own spec.
+        outputs = super().compute_output_spec(inputs, *args, **kwargs)
+        if not return_router_logits:
+            return outputs
+        _, router_logits = self.feed_forward.compute_output_spec(inputs, return_router_logits=True)
+        return (*outputs, router_logits) if isinstance(outputs, tuple) else (outputs, router_logits)
+
     def get_config(self):
         config = super().get_config()
         config.update(
