@@ -1,6 +1,7 @@
 """Data and model parallelism with Keras 3's distribution API (`keras.distribution`, JAX only).
 
-Axes: V vocabulary, D model width, H heads (Hkv key/value heads), Dh head size, F feed-forward width.
+Axes: V vocabulary, D model width, H heads (Hkv key/value heads), Dh head size, F feed-forward width,
+E experts, I one expert's width (a mixture of experts).
 
 The layout is Megatron-LM's tensor parallelism (Shoeybi et al. 2019), written as
 regular expressions over `variable.path` for a `keras.distribution.LayoutMap`:
@@ -13,8 +14,14 @@ regular expressions over `variable.path` for a `keras.distribution.LayoutMap`:
                  output kernel        (F, D)     -> (model, None)         row parallel: one all-reduce
     token embedding                   (V, D)     -> (model, None)         vocabulary parallel, when V
                                                  or (None, model)         divides by the model axis size
+    mixture of experts: stacked experts' gate/up (E, D, I) -> (None, None, model)  column parallel in every expert
+                        stacked experts' down    (E, I, D) -> (None, model, None)  row parallel: one all-reduce
+                        shared expert            as the feed-forward above
 
-Everything else (norms, position tables, output biases, task heads) is replicated.
+Everything else (norms, position tables, output biases, task heads, a mixture of experts' router) is replicated.
+The experts are split inside each expert (along I, Megatron's feed-forward split), not across experts:
+`MixtureOfExperts` gathers each block's one expert's weights along E, a gather that stays on the device
+when E is not split, and every device then runs every active expert's slice, as the dense feed-forward does.
 With heads split, each device runs whole attention heads and whole feed-forward
 columns: a block needs only two all-reduces (after attention, after the feed-forward).
 The token embedding is split along the vocabulary, as Megatron does, because our
@@ -34,6 +41,7 @@ import keras
 # (regex over variable paths, what the split dimension is, layout with "model" for the model axis)
 _ATTENTION = r"(?:.*/)?[^/]*attention/"
 _FEED_FORWARD = r"(?:.*/)?feed_forward/"
+_SHARED_EXPERT = _FEED_FORWARD + r"shared_expert/"
 _RULES = (
     (_ATTENTION + r"(?:query|key|value)/kernel", "attention heads", (None, "model", None)),
     (_ATTENTION + r"(?:query|key|value)/bias", "attention heads", ("model", None)),
@@ -41,6 +49,18 @@ _RULES = (
     (_FEED_FORWARD + r"(?:intermediate|gate)/kernel", "feed-forward width (intermediate_dim)", (None, "model")),
     (_FEED_FORWARD + r"(?:intermediate|gate)/bias", "feed-forward width (intermediate_dim)", ("model",)),
     (_FEED_FORWARD + r"output/kernel", "feed-forward width (intermediate_dim)", ("model", None)),
+    (
+        _FEED_FORWARD + r"(?:gate|up)_kernel",
+        "expert width (mixture_of_experts intermediate_dim)",
+        (None, None, "model"),
+    ),
+    (_FEED_FORWARD + r"down_kernel", "expert width (mixture_of_experts intermediate_dim)", (None, "model", None)),
+    (
+        _SHARED_EXPERT + r"(?:intermediate|gate)/kernel",
+        "shared expert width (shared_intermediate_dim)",
+        (None, "model"),
+    ),
+    (_SHARED_EXPERT + r"output/kernel", "shared expert width (shared_intermediate_dim)", ("model", None)),
 )
 _TOKEN_EMBEDDING = r"(?:.*/)?token_embedding/embeddings"
 

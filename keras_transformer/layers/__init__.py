@@ -7,6 +7,7 @@ from keras_transformer.layers.multi_head_attention import MultiHeadAttention
 from keras_transformer.layers.positional_embedding import PositionalEmbedding
 from keras_transformer.layers.relative_position_bias import RelativePositionBias
 from keras_transformer.layers.rotary_embedding import RotaryEmbedding
+from keras_transformer.layers.router_losses import RouterLosses
 from keras_transformer.layers.transformer_decoder_block import TransformerDecoderBlock
 from keras_transformer.layers.transformer_encoder_block import TransformerEncoderBlock
 
@@ -18,6 +19,7 @@ __all__ = [
     "PositionalEmbedding",
     "RelativePositionBias",
     "RotaryEmbedding",
+    "RouterLosses",
     "TransformerDecoderBlock",
     "TransformerEncoderBlock",
 ]

@@ -10,6 +10,7 @@ from keras_transformer.models.bert import (
     BertTextEmbedder,
 )
 from keras_transformer.models.causal_lm import CausalLM
+from keras_transformer.models.expert_load import ExpertLoad
 from keras_transformer.models.gemma import GemmaBackbone, GemmaCausalLM, GemmaCausalLMPreprocessor
 from keras_transformer.models.gpt import GPTBackbone, GPTCausalLM, GPTCausalLMPreprocessor
 from keras_transformer.models.llama import LlamaBackbone, LlamaCausalLM, LlamaCausalLMPreprocessor, LlamaTextEmbedder
@@ -43,6 +44,7 @@ __all__ = [
     "BertTextClassifierPreprocessor",
     "BertTextEmbedder",
     "CausalLM",
+    "ExpertLoad",
     "GemmaBackbone",
     "GemmaCausalLM",
     "GemmaCausalLMPreprocessor",

@@ -28,7 +28,7 @@ class CompiledTestStep(CompiledStep):
     def _step(self, values, x, y, sample_weight):
         model = self.model
         variables, _ = self._vars
-        with keras.StatelessScope(state_mapping=list(zip(variables, values))) as scope:
+        with keras.StatelessScope(state_mapping=list(zip(variables, values)), collect_losses=True) as scope:
             y_pred = model(x, training=False)
             loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
             batch_size = next(i for i in keras.tree.flatten(x) if i is not None).shape[0]

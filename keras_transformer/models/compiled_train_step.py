@@ -35,7 +35,9 @@ class CompiledTrainStep(CompiledStep):
         model = self.model
         variables, num_trainable = self._vars
         trainable = values[:num_trainable]
-        with keras.StatelessScope(state_mapping=list(zip(variables, values))) as scope:
+        # collect_losses: the layers' `add_loss` terms (a mixture of experts' router losses) reach `model.losses`,
+        # which `_compute_loss` adds to the task's loss as Keras's own steps do.
+        with keras.StatelessScope(state_mapping=list(zip(variables, values)), collect_losses=True) as scope:
             y_pred = model(x, training=True)
             loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
             batch_size = next(i for i in keras.tree.flatten(x) if i is not None).shape[0]

@@ -6,18 +6,26 @@ kernel + (alpha / r) A @ B. This module picks the layers by name, freezes everyt
 (embeddings and norms included), writes and reads the factors alone, and folds them into
 the kernels.
 
+A mixture of experts' stacked experts (E, D, I) are neither Dense nor EinsumDense: they get no factors and
+stay frozen, and `enable_lora` says so in a warning. Its router is a Dense named "router", a target like
+any other projection.
+
 A LoRA file is safetensors: tensors `lora.{i}.a` / `lora.{i}.b` for the i-th LoRA layer in
 the backbone's layer order, and metadata {"format", "rank", "target_names", "layers"}.
 """
 
 import json
+import logging
 import os
 
 import keras
 import numpy as np
 
 from keras_transformer import presets
+from keras_transformer.layers.mixture_of_experts import MixtureOfExperts
 from keras_transformer.models.quantization import one_gc_collect
+
+_log = logging.getLogger("keras_transformer")
 
 DEFAULT_TARGET_NAMES = ("query", "value")  # the attention query and value projections
 FORMAT = "keras_transformer.lora/1"
@@ -66,6 +74,15 @@ def enable_lora(model, rank, target_names=None):
             if layer.bias is not None:
                 layer.bias.trainable = False  # only the LoRA factors train
     model._lora_target_names = tuple(dict.fromkeys(names))
+    mixtures = [layer for layer in model._flatten_layers() if isinstance(layer, MixtureOfExperts)]
+    if mixtures:
+        _log.warning(
+            "keras_transformer: enable_lora(%d) gives the stacked experts of %d mixture-of-experts layer(s) "
+            "(%s, ...) no LoRA factors: they stay frozen (only Dense and EinsumDense layers get LoRA)",
+            rank,
+            len(mixtures),
+            mixtures[0].path,
+        )
 
 
 def lora_rank(model):

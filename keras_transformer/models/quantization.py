@@ -3,15 +3,24 @@
 Only `Dense` and `EinsumDense` layers are quantized (attention projections, feed-forward and
 dense heads): they hold most of the weights and Keras dequantizes them inside `call`. Embedding
 tables stay float, since decoding reads the tied head's table directly (`Task.decode_head`).
+
+A mixture of experts (`MixtureOfExperts`) keeps its stacked experts (E, D, I) float: they are neither Dense
+nor EinsumDense, and `quantize` says so in a warning naming them. Its router (a Dense of D x E) stays float
+too, as the usual recipes for quantized MoE checkpoints keep the gate: it is a negligible share of the weights,
+and int8 noise in its logits would change which experts a token picks, not only by how much.
 """
 
 import gc
+import logging
 from contextlib import contextmanager
 
 import keras
 
+from keras_transformer.layers.mixture_of_experts import MixtureOfExperts
+
 MODES = ("int8", "int4")
 _TYPES = (keras.layers.Dense, keras.layers.EinsumDense)
+_log = logging.getLogger("keras_transformer")
 
 
 def quantize(model, mode, parent_quantize, config=None):
@@ -21,9 +30,23 @@ def quantize(model, mode, parent_quantize, config=None):
         raise ValueError(f"`mode` must be one of {MODES}. Received: mode={mode!r}")
     if not model.built:
         raise ValueError(f"Build the {type(model).__name__} (call it once) before quantizing it.")
+    mixtures = [layer for layer in model._flatten_layers() if isinstance(layer, MixtureOfExperts)]
+    routers = {id(layer.router) for layer in mixtures}
+    if mixtures:
+        _log.warning(
+            "keras_transformer: quantize(%r) leaves the stacked experts and the router of %d mixture-of-experts "
+            "layer(s) float (%s, ...): only Dense and EinsumDense layers are quantized",
+            mode,
+            len(mixtures),
+            mixtures[0].path,
+        )
     with one_gc_collect():
         parent_quantize(
-            mode, config=config, filters=lambda layer: isinstance(layer, _TYPES) and layer.quantization_mode is None
+            mode,
+            config=config,
+            filters=lambda layer: (
+                isinstance(layer, _TYPES) and layer.quantization_mode is None and id(layer) not in routers
+            ),
         )
 
 

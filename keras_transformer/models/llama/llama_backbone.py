@@ -15,6 +15,7 @@ import keras
 
 from keras_transformer.layers import TransformerDecoderBlock
 from keras_transformer.layers.kv_cache import layer_cache_of, like_cache
+from keras_transformer.layers.router_losses import RouterLosses, check_coefficients
 from keras_transformer.models.backbone import Backbone, call_layer, check_layer_list, check_positive_ints
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -40,6 +41,8 @@ CONFIG = (
     "query_key_norm",
     "mixture_of_experts",
     "moe_layers",
+    "router_aux_loss_coef",
+    "router_z_loss_coef",
     "tie_word_embeddings",
     "norm_epsilon",
     "dropout",
@@ -81,12 +84,24 @@ class LlamaBackbone(Backbone):
             sparse mixture of experts instead of one SwiGLU of `intermediate_dim`.
         moe_layers: None (every layer, with `mixture_of_experts`) or a list of L bools, True for a layer
             whose feed-forward is the mixture of experts (Qwen3-MoE's `decoder_sparse_step` / `mlp_only_layers`).
+        router_aux_loss_coef: float >= 0, with `mixture_of_experts`: `fit` adds this times the load-balancing loss
+            (transformers' `load_balancing_loss_func` over every MoE layer's router logits, padding left out) to
+            the task's loss. 0 (the default) adds nothing, as transformers adds its `router_aux_loss_coef` only
+            when `output_router_logits` is set: a converted checkpoint carries its coefficient here only then.
+        router_z_loss_coef: float >= 0, with `mixture_of_experts`: `fit` adds this times the router z-loss
+            (ST-MoE: the mean over tokens of logsumexp(router logits)^2). 0 adds nothing.
         tie_word_embeddings: bool, the output head is the transposed token embedding.
         norm_epsilon: float, the RMS norms' epsilon.
         dropout: float, dropout on attention and sub-layer outputs.
 
     Inputs: {"token_ids": (B, T) int, "padding_mask": (B, T) bool}.
     Outputs: hidden states (B, T, D).
+
+    With `mixture_of_experts`, the functional graph ends in a `RouterLosses` layer (`router_losses`) fed with every
+    MoE layer's router logits: in training it adds the router losses (`self.losses`, summed into `fit`'s loss on
+    every backend; `evaluate`'s loss is the task's alone) and writes each layer's expert load, which the
+    `keras_transformer.models.ExpertLoad` callback puts into `fit`'s logs. Outside training it passes the hidden
+    states through; `call_with_cache` (generation) does not run it.
 
     Example:
     >>> import numpy as np
@@ -120,6 +135,8 @@ class LlamaBackbone(Backbone):
         query_key_norm=None,
         mixture_of_experts=None,
         moe_layers=None,
+        router_aux_loss_coef=0.0,
+        router_z_loss_coef=0.0,
         tie_word_embeddings=True,
         norm_epsilon=1e-6,
         dropout=0.0,
@@ -136,6 +153,12 @@ class LlamaBackbone(Backbone):
                 "`moe_layers` names the layers of the mixture of experts: it needs `mixture_of_experts`. "
                 f"Received: moe_layers={moe_layers!r}, mixture_of_experts=None"
             )
+        check_coefficients(router_aux_loss_coef=router_aux_loss_coef, router_z_loss_coef=router_z_loss_coef)
+        if mixture_of_experts is None and (router_aux_loss_coef or router_z_loss_coef):
+            raise ValueError(
+                "The router losses need `mixture_of_experts`. Received: "
+                f"router_aux_loss_coef={router_aux_loss_coef!r}, router_z_loss_coef={router_z_loss_coef!r}"
+            )
         moe_layers = check_layer_list("moe_layers", moe_layers, num_layers, (True, False))
         config["moe_layers"] = None if moe_layers is None else [bool(sparse) for sparse in moe_layers]
         config["mixture_of_experts"] = None if mixture_of_experts is None else dict(mixture_of_experts)
@@ -150,14 +173,22 @@ class LlamaBackbone(Backbone):
         )
         self.transformer_layers = _decoder_blocks(config, dtype)
         self.layer_norm = keras.layers.RMSNormalization(epsilon=norm_epsilon, dtype=dtype, name="layer_norm")
+        self.router_losses = _router_losses(config, dtype)
 
         # === Functional model ===
         token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
         padding_mask = keras.Input(shape=(None,), dtype="bool", name="padding_mask")
         x = self.token_embedding(token_ids)  # (B, T) -> (B, T, D)
+        router_logits = []  # (B * T, E) per MoE layer
         for block in self.transformer_layers:
-            x = block(x, padding_mask=padding_mask)
+            if block.mixture_of_experts is None:
+                x = block(x, padding_mask=padding_mask)
+            else:
+                x, logits = block(x, padding_mask=padding_mask, return_router_logits=True)
+                router_logits.append(logits)
         outputs = self.layer_norm(x)
+        if self.router_losses is not None:  # in training: the router losses and the experts' load
+            outputs = self.router_losses(outputs, router_logits, padding_mask)
         super().__init__(
             inputs={"token_ids": token_ids, "padding_mask": padding_mask}, outputs=outputs, dtype=dtype, **kwargs
         )
@@ -201,6 +232,23 @@ class LlamaBackbone(Backbone):
 
 
 # --- constructor helpers --------------------------------------------------
+
+
+def _router_losses(config, dtype):
+    """The `RouterLosses` layer over the MoE layers' router logits, or None without a mixture of experts."""
+    experts = config["mixture_of_experts"]
+    if experts is None:
+        return None
+    moe_layers = config["moe_layers"]
+    return RouterLosses(
+        num_experts=experts["num_experts"],
+        top_k=experts["top_k"],
+        num_moe_layers=config["num_layers"] if moe_layers is None else sum(moe_layers),
+        router_aux_loss_coef=config["router_aux_loss_coef"],
+        router_z_loss_coef=config["router_z_loss_coef"],
+        dtype=dtype,
+        name="router_losses",
+    )
 
 
 def _decoder_blocks(config, dtype):
