@@ -151,6 +151,8 @@ def moe_config(task):
     settings = {**_decoder_settings(b), "head_dim": b.head_dim or b.hidden_dim // b.num_heads, "hidden_act": "silu"}
     settings.update(rope_parameters=rope, num_experts_per_tok=moe["top_k"], num_experts=moe["num_experts"])
     settings["norm_topk_prob"] = bool(moe.get("normalize_top_k", True))
+    if b.router_aux_loss_coef:  # transformers adds the load-balancing loss in training only when asked
+        settings.update(output_router_logits=True, router_aux_loss_coef=float(b.router_aux_loss_coef))
     qwen = dict(moe_intermediate_size=moe["intermediate_dim"], mlp_only_layers=dense, decoder_sparse_step=1)
     if kind == "qwen2_moe":
         settings.update(qwen, shared_expert_intermediate_size=moe["shared_intermediate_dim"], qkv_bias=qkv_bias)

@@ -15,8 +15,9 @@ experts are `moe_intermediate_size` wide. Qwen2-MoE adds a shared expert on ever
 (`shared_expert_intermediate_size`), scaled by a sigmoid gate.
 
 Options we do not implement are refused with the option's name: Mixtral's `router_jitter_noise` (training-time
-noise on the router's inputs), OLMoE's `clip_qkv`, `output_router_logits` (transformers then adds its
-load-balancing loss to the training loss), Qwen2-MoE's sliding window (a per-layer pattern of its own).
+noise on the router's inputs), OLMoE's `clip_qkv`, Qwen2-MoE's sliding window (a per-layer pattern of its own).
+`output_router_logits` (transformers then adds `router_aux_loss_coef` times its load-balancing loss to the training
+loss) becomes the backbone's `router_aux_loss_coef` (0 without it), and the Hugging Face export writes it back.
 
 The experts' tensors come in two layouts, both read here:
 - per expert, as every checkpoint on the Hub and transformers 5's `save_pretrained` (which converts back to it)
@@ -45,7 +46,7 @@ _DEFAULTS = {
 }
 _TOP_K = {"qwen3_moe": 8, "mixtral": 2, "olmoe": 8, "qwen2_moe": 4}
 # Options whose other values change the computation in ways we do not implement.
-_COMMON = {"add_cross_attention": False, "is_encoder_decoder": False, "output_router_logits": False}
+_COMMON = {"add_cross_attention": False, "is_encoder_decoder": False}
 _REQUIRED = {
     "qwen3_moe": _COMMON,
     "mixtral": {**_COMMON, "router_jitter_noise": 0.0},
@@ -95,6 +96,7 @@ def convert_config(hf_config, path=None):
         "query_key_norm": {"qwen3_moe": "head", "olmoe": "full"}.get(model_type),
         "mixture_of_experts": mixture,
         "moe_layers": moe_layers,
+        "router_aux_loss_coef": _aux_loss_coefficient(hf_config) if mixture is not None else 0.0,
         "tie_word_embeddings": bool(hf_config.get("tie_word_embeddings", False)),
         "norm_epsilon": hf_config.get("rms_norm_eps", 1e-6),
         "dropout": float(hf_config.get("attention_dropout", 0.0) or 0.0),
@@ -108,6 +110,14 @@ def convert_config(hf_config, path=None):
             "config": {"sequence_length": min(max_length, hf_llama.MAX_PRESET_SEQUENCE_LENGTH)},
         },
     }
+
+
+def _aux_loss_coefficient(hf_config):
+    """The load-balancing loss's weight in training: `router_aux_loss_coef` (transformers' default 0.001, OLMoE's
+    0.01) when `output_router_logits` asks transformers to add it, else 0."""
+    if not hf_config.get("output_router_logits", False):
+        return 0.0
+    return float(hf_config.get("router_aux_loss_coef", 0.01 if hf_config["model_type"] == "olmoe" else 0.001))
 
 
 def _attention_biases(hf_config):
@@ -169,6 +179,9 @@ def load_weights(model, weights, hf_config):
     """Assign the checkpoint's weights to a LlamaBackbone or a LlamaCausalLM with a mixture of experts: the
     attention, norms, dense layers and head as Llama's (hf_llama.py), the experts here."""
     hf_llama.load_weights(model, weights, hf_config, load_experts=_load_experts)
+    backbone = getattr(model, "backbone", model)
+    if getattr(backbone, "router_losses", None) is not None:
+        weights.skip(backbone.router_losses, "the experts' load of the last training batch: a statistic, no parameter")
 
 
 def _load_experts(moe, name, weights):

@@ -12,7 +12,8 @@ blocks is bounded by ceil((A + min(E, A) * (b - 1)) / b), so the work is the act
 b - 1 padding rows per expert, never E / k times it. At one token (a batch-1 decoding step) b is 1: the step reads
 the k chosen experts' weights and no other. The results are gathered back to the assignments and summed per token
 with the router weights. Every move is a gather (no float scatter), so gradients are gathers and scatter-adds on
-every backend.
+every backend. With no more assignments than experts (a decoding step of up to E / k rows) no sorting is needed:
+each assignment runs its own expert, picked by `ops.switch` among branches that read the stacked weights in place.
 """
 
 import keras
@@ -162,6 +163,8 @@ class MixtureOfExperts(keras.layers.Layer):
         num_tokens = ops.shape(x)[0]
         k, num_experts = self.top_k, self.num_experts
         num_assignments = num_tokens * k  # A
+        if isinstance(num_assignments, int) and num_assignments <= num_experts:
+            return self._few_tokens_output(x, weights, experts)
         rows, blocks = expert_blocks(num_assignments, num_experts)  # b, G
         flat_experts = ops.reshape(ops.cast(experts, "int32"), (-1,))  # (N, k) -> (A,), token-major
         order = ops.argsort(flat_experts)  # (A,): the assignments sorted by expert
@@ -175,14 +178,18 @@ class MixtureOfExperts(keras.layers.Layer):
         # The padded row of each sorted assignment: its expert's first row plus its rank within the expert.
         position = ops.arange(num_assignments, dtype="int32")
         destination = ops.take(padded_starts, sorted_experts) + position - ops.take(starts, sorted_experts)  # (A,)
-        # Which sorted assignment fills each padded row, -1 for padding (destinations are distinct).
-        source = ops.scatter(destination[:, None], position + 1, (blocks * rows,)) - 1  # (P,)
-        row_tokens = ops.take(sorted_tokens, ops.maximum(source, 0))  # (P,)
-        x_rows = ops.where((source >= 0)[:, None], ops.take(x, row_tokens, axis=0), 0)  # (P, D), padding rows 0
         # Each block's expert: the expert whose padded rows hold the block's first row.
         block_starts = ops.arange(blocks, dtype="int32") * rows  # (G,)
         block_experts = ops.sum(ops.cast(padded_ends[None, :] <= block_starts[:, None], "int32"), axis=1)
         block_experts = ops.minimum(block_experts, num_experts - 1)  # (G,); blocks past the last hold padding only
+        # Which sorted assignment fills each padded row: its expert's first assignment plus the row's rank within
+        # the expert's rows, unless the rank passes the expert's count (padding). Gathers only, no scatter.
+        row_experts = ops.reshape(ops.repeat(block_experts[:, None], rows, axis=1), (-1,))  # (P,)
+        rank = ops.arange(blocks * rows, dtype="int32") - ops.take(padded_starts, row_experts)  # (P,)
+        filled = rank < ops.take(counts, row_experts)  # (P,)
+        source = ops.where(filled, ops.take(starts, row_experts) + rank, 0)  # (P,)
+        row_tokens = ops.take(sorted_tokens, source)  # (P,)
+        x_rows = ops.where(filled[:, None], ops.take(x, row_tokens, axis=0), 0)  # (P, D), padding rows 0
         x_blocks = ops.reshape(x_rows, (blocks, rows, -1))  # (P, D) -> (G, b, D)
         gate = ops.take(self.gate_kernel, block_experts, axis=0)  # (E, D, I) -> (G, D, I)
         up = ops.take(self.up_kernel, block_experts, axis=0)
@@ -193,6 +200,29 @@ class MixtureOfExperts(keras.layers.Layer):
         out = ops.take(out_sorted, ops.argsort(order), axis=0)  # (A, D), token-major again
         out = ops.reshape(out, (num_tokens, k, -1))  # (A, D) -> (N, k, D)
         return ops.sum(out * ops.cast(weights, out.dtype)[:, :, None], axis=1)  # (N, D)
+
+    def _few_tokens_output(self, x, weights, experts):
+        """`experts_output` for A <= E assignments (decoding steps): each assignment runs its expert alone, chosen
+        by `ops.switch` among E branches that read their expert's slice of the stacked weights in place (XLA copies
+        a gathered (D, I) slice, at a few GB/s on the CPU: a batch-1 step would read its experts twice)."""
+        num_tokens, k = ops.shape(x)[0], self.top_k
+        flat_experts = ops.reshape(ops.cast(experts, "int32"), (-1,))  # (N, k) -> (A,), token-major
+        branches = [self._expert(index) for index in range(self.num_experts)]
+        outputs = [
+            ops.switch(flat_experts[a], branches, x[a // k : a // k + 1])  # (1, D) -> (1, D)
+            for a in range(num_tokens * k)
+        ]
+        out = ops.reshape(ops.concatenate(outputs, axis=0), (num_tokens, k, -1))  # (A, D) -> (N, k, D)
+        return ops.sum(out * ops.cast(weights, out.dtype)[:, :, None], axis=1)  # (N, D)
+
+    def _expert(self, index):
+        """Expert `index` as a function of rows (R, D) -> (R, D)."""
+
+        def expert(x):
+            h = self._activation_fn(ops.matmul(x, self.gate_kernel[index])) * ops.matmul(x, self.up_kernel[index])
+            return ops.matmul(h, self.down_kernel[index])  # (R, I) -> (R, D)
+
+        return expert
 
     def compute_output_shape(self, inputs_shape):
         return inputs_shape

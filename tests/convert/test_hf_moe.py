@@ -271,7 +271,6 @@ def test_hub_layout(tmp_path):
 REFUSED = [  # (model type, config changes, what the message must name)
     ("mixtral", {"router_jitter_noise": 0.1}, r"router_jitter_noise=0\.1"),
     ("olmoe", {"clip_qkv": 8.0}, r"clip_qkv=8\.0"),
-    ("qwen3_moe", {"output_router_logits": True}, r"output_router_logits=True"),
     ("qwen3_moe", {"hidden_act": "gelu"}, r"hidden_act='gelu'"),
     ("qwen2_moe", {"use_sliding_window": True}, r"use_sliding_window=True"),
     ("olmoe", {"head_dim": 16}, r"head_dim=16"),
@@ -283,6 +282,23 @@ REFUSED = [  # (model type, config changes, what the message must name)
 def test_refused_options(tmp_path, model_type, changes, match):
     with pytest.raises(ValueError, match=match):
         _backbone_config(tmp_path, _config(model_type, **changes))
+
+
+def test_router_aux_loss_coefficient_both_ways(built, tmp_path):
+    """transformers adds `router_aux_loss_coef` times its load-balancing loss in training only with
+    `output_router_logits`: the backbone's coefficient is that (else 0), and the export writes it back."""
+    base = {"model_type": "olmoe", "num_experts": 4, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.02}
+    assert hf_moe.convert_config(base)["backbone"]["config"]["router_aux_loss_coef"] == 0.0
+    config = hf_moe.convert_config({**base, "output_router_logits": True})["backbone"]["config"]
+    assert config["router_aux_loss_coef"] == 0.02
+    _, _, lm = built("olmoe")
+    trained = LlamaCausalLM(
+        backbone=LlamaBackbone.from_config({**lm.backbone.get_config(), "router_aux_loss_coef": 0.05})
+    )
+    trained.set_weights(lm.get_weights())
+    out = trained.export(tmp_path / "hf", format="huggingface")
+    written = json.loads((Path(out) / "config.json").read_text())
+    assert written["output_router_logits"] is True and written["router_aux_loss_coef"] == 0.05
 
 
 def test_registered():
@@ -429,7 +445,13 @@ def test_counting_from_the_config_is_keras_count(built, model_type):
     spec.loader.exec_module(build_presets)
     backbone = built(model_type)[2].backbone
     total, active = build_presets.llama_parameter_counts(backbone.get_config())
-    assert total == backbone.count_params()
+    # Keras's count holds the router losses' expert load too (a training statistic: layers x experts, no parameter)
+    statistics = sum(int(np.prod(v.shape)) for v in backbone.router_losses.weights)
+    assert (
+        statistics
+        == sum(backbone.moe_layers or [True] * backbone.num_layers) * backbone.mixture_of_experts["num_experts"]
+    )
+    assert total == backbone.count_params() - statistics
     moe = backbone.mixture_of_experts
     skipped = (moe["num_experts"] - moe["top_k"]) * 3 * backbone.hidden_dim * moe["intermediate_dim"]
     assert active == total - skipped * sum(backbone.moe_layers or [True] * backbone.num_layers)

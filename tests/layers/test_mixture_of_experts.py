@@ -111,14 +111,13 @@ def _gradient(layer, x, variable):
 
 
 def _expert_flops(layer, x):
-    """Floating-point operations of every matrix product of one call, counted by the backend in its own graph."""
+    """Floating-point operations of the matrix products one call runs, counted by the backend in its own graph."""
     backend = keras.config.backend()
     if backend == "jax":
         import jax
 
         values = [v.value for v in layer.trainable_variables]
-        jaxpr = jax.make_jaxpr(lambda values, x: layer.stateless_call(values, [], x)[0])(values, x)
-        return sum(_dot_flops(eqn) for eqn in _equations(jaxpr.jaxpr) if eqn.primitive.name == "dot_general")
+        return _jaxpr_flops(jax.make_jaxpr(lambda values, x: layer.stateless_call(values, [], x)[0])(values, x).jaxpr)
     if backend == "torch":
         from torch.utils.flop_counter import FlopCounterMode
 
@@ -127,40 +126,50 @@ def _expert_flops(layer, x):
         return counter.get_total_flops()
     import tensorflow as tf
 
-    graph = tf.function(lambda x: layer(x)).get_concrete_function(tf.TensorSpec(x.shape, "float32")).graph
+    return _graph_flops(tf.function(lambda x: layer(x)).get_concrete_function(tf.TensorSpec(x.shape, "float32")).graph)
+
+
+def _jaxpr_flops(jaxpr):
+    """Floating-point operations of a jaxpr's matrix products as it runs: every `dot_general`, those of its
+    sub-jaxprs (jit, custom derivatives), and of a `cond` (`switch`) the costliest branch, the one that may run."""
+    flops = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            (contracting, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
+            flops += 2 * int(np.prod(eqn.outvars[0].aval.shape)) * int(np.prod([lhs[axis] for axis in contracting]))
+        elif eqn.primitive.name == "cond":
+            flops += max(_jaxpr_flops(branch.jaxpr) for branch in eqn.params["branches"])
+        else:
+            for param in eqn.params.values():
+                inner = getattr(param, "jaxpr", param)
+                if hasattr(inner, "eqns"):
+                    flops += _jaxpr_flops(inner)
+    return flops
+
+
+def _graph_flops(graph):
+    """The same count for a TensorFlow graph: MatMul / BatchMatMul shapes, and of a `Case` the costliest branch."""
     flops = 0
     for op in graph.get_operations():
         if op.type in ("MatMul", "BatchMatMulV2", "BatchMatMulV3"):
-            a, b = (tuple(t.shape) for t in op.inputs)
+            a = tuple(op.inputs[0].shape)
             out = tuple(op.outputs[0].shape)
             assert None not in out, f"a product of unknown shape: {op.name} {out}"
             inner = a[-1] if not op.get_attr("adj_x" if "Batch" in op.type else "transpose_a") else a[-2]
             flops += 2 * int(np.prod(out)) * inner
+        elif op.type in ("Case", "StatelessCase"):
+            branches = [graph._get_function(f.name).graph for f in op.get_attr("branches")]
+            flops += max(_graph_flops(branch) for branch in branches)
     return flops
 
 
-def _equations(jaxpr):
-    """Every equation of a jaxpr, those of its sub-jaxprs (jit, custom derivatives) included."""
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for param in eqn.params.values():
-            inner = getattr(param, "jaxpr", param)
-            if hasattr(inner, "eqns"):
-                yield from _equations(inner)
-
-
-def _dot_flops(eqn):
-    """2 x output size x contracted size of a `dot_general`."""
-    (contracting, _), _ = eqn.params["dimension_numbers"]
-    lhs = eqn.invars[0].aval.shape
-    return 2 * int(np.prod(eqn.outvars[0].aval.shape)) * int(np.prod([lhs[axis] for axis in contracting]))
-
-
-@pytest.mark.parametrize("tokens", [1, 8])
+@pytest.mark.parametrize("tokens", [1, 8, 64])
 def test_dispatch_is_sparse(tokens, rng):
     """The products a call computes, counted in the backend's graph (JAX's jaxpr dot_generals, PyTorch's
-    FlopCounterMode, the TensorFlow graph's MatMul shapes): the chosen experts' (N k rows, plus the bounded
-    padding of the blocks) and the router's, far below every expert on every token."""
+    FlopCounterMode, the TensorFlow graph's MatMul shapes; of a switch, one branch): the chosen experts' (N k rows,
+    plus the bounded padding of the blocks) and the router's, far below every expert on every token. One and
+    eight tokens (16 assignments <= E) take the per-assignment switch, 64 the sorted blocks."""
     experts, k, d, inner = 16, 2, 32, 64
     x = rng.standard_normal((1, tokens, d)).astype("float32")
     layer = MixtureOfExperts(experts, k, inner)
