@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 import keras_transformer as kt
-from keras_transformer.layers import mixture_of_experts
 from keras_transformer.layers.router_losses import RouterLosses, load_balancing_loss
 from tests.conftest import to_numpy
 
@@ -140,29 +139,11 @@ def test_expert_load_needs_a_mixture_of_experts():
         lm.fit(x, y, epochs=1, verbose=0, callbacks=[kt.models.ExpertLoad()])
 
 
-class _OpsWithTraceableScatter:
-    """keras.ops, but `scatter` as one `index_put_`: Keras's PyTorch `scatter` is a Python loop that reads each
-    index, which the compiled step cannot trace (`MixtureOfExperts.experts_output` calls it once; the same
-    numbers: its destinations are distinct)."""
-
-    def __getattr__(self, name):
-        return getattr(keras.ops, name)
-
-    @staticmethod
-    def scatter(indices, values, shape):
-        import torch
-
-        zeros = torch.zeros(shape, dtype=values.dtype, device=values.device)
-        return zeros.index_put_((indices[:, 0].long(),), values, accumulate=True)
-
-
 def test_the_training_step_adds_the_router_losses(monkeypatch):
     """The loss `fit` reports is the task's plus the router losses, through each backend's compiled step (on
     PyTorch this project's one-graph step, compiled from the first step): a step that dropped them reports
     the task's loss alone, about 2 * 100 lower here."""
     monkeypatch.setenv("KERAS_TRANSFORMER_TORCH_COMPILE_BACKEND", "aot_eager")  # the traced graph, not inductor
-    if keras.config.backend() == "torch":
-        monkeypatch.setattr(mixture_of_experts, "ops", _OpsWithTraceableScatter())
     coefficient = 100.0
     lm = _task(router_aux_loss_coef=coefficient)
     lm.compile(optimizer=keras.optimizers.Adam(0.0), jit_compile=True)  # learning rate 0: the weights stay
