@@ -6,12 +6,16 @@ Every kernel takes `(kernels, layer, *call arguments)` as the layer's own `call`
 `onnx_values.Value`s; what it does not build raises `Unsupported`.
 """
 
+import logging
+
 import keras
 import numpy as np
 
 from keras_transformer.kernels.onnx_values import Unsupported, Value, weight
 from keras_transformer.kernels import kernel_table
 from keras_transformer.layers.feed_forward import base_activation
+
+_log = logging.getLogger("keras_transformer")
 
 
 def _reversible_embedding(kernels, layer, inputs, reverse=False):
@@ -121,13 +125,16 @@ def _mixture_of_experts(kernels, layer, x, return_router_logits=False, training=
     weights (E, D, I) gathered per assignment: in a decode step each token's k experts (a batch-1 step reads k
     experts' weights, not E), in a prefill by blocks of one expert each (`_expert_blocks`).
 
-    The experts stay float32 in a quantized graph (the router and the shared expert are quantized as every MatMul).
+    The experts stay float32 in a quantized graph (the router and the shared expert are quantized as every MatMul),
+    as a log line says once per graph.
     Axes: N = B T tokens, E experts, k experts per token, A = N k assignments, I one expert's width."""
     if training or return_router_logits:
         raise Unsupported(f"a mixture of experts in training or returning its router's logits ({layer.name})")
     if layer.activation not in ("silu", "gelu", "gelu_approximate", "relu"):
         raise Unsupported(f"no ONNX kernel for the experts' activation {layer.activation!r} ({layer.name})")
     b = kernels.builder
+    if b.quantize is not None:
+        kernels.memo(("float experts",), lambda: _log.warning(_FLOAT_EXPERTS, b.quantize))
     k, width = layer.top_k, layer.router.kernel.shape[0]
     shape = b.node("Shape", [x.materialize()])
     tokens = Value(b, b.node("Reshape", [x.materialize(), b.const("tokens", np.array([-1, width]))]))  # -> (N, D)
@@ -150,6 +157,12 @@ def _mixture_of_experts(kernels, layer, x, return_router_logits=False, training=
             shared = b.node("Mul", [gate, shared])
         y = b.node("Add", [y, shared])
     return Value(b, b.node("Reshape", [y, shape]))  # (N, D) -> (B, T, D)
+
+
+_FLOAT_EXPERTS = (
+    "keras_transformer: the mixture of experts' stacked experts are stored in float32; quantize=%r quantizes the "
+    "router, attention and the other projections"
+)
 
 
 def _expert_per_assignment(kernels, layer, x, experts, gate_up, down, inner):

@@ -33,6 +33,7 @@ _BUILDERS = {
     "llama": helpers.tiny_llama,
     "gemma": helpers.tiny_gemma,
     "phi3": helpers.tiny_phi3,
+    "moe": helpers.tiny_moe,
     "bert": helpers.tiny_bert_classifier,
     "t5": helpers.tiny_t5,
     "transformer": helpers.tiny_transformer,

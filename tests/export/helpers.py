@@ -171,6 +171,25 @@ def tiny_phi3(seed=0):
     return randomize(LlamaCausalLM(backbone, LlamaCausalLMPreprocessor(tokenizer, sequence_length=32)), seed)
 
 
+def tiny_moe(seed=0):
+    """A dense layer, then a sparse mixture of experts (Mixtral's / Qwen3-MoE's layout: the top 2 of 4 SwiGLU
+    experts, renormalised), tied head. Heads of 16 dims (GroupQueryAttention's CPU rotary needs a multiple of 16):
+    the bundle's graphs are the ONNX kernels', not traced."""
+    tokenizer = BytePairTokenizer.train(CORPUS, vocabulary_size=300)
+    backbone = LlamaBackbone(
+        tokenizer.vocabulary_size,
+        num_layers=2,
+        num_heads=2,
+        num_key_value_heads=1,
+        hidden_dim=32,
+        intermediate_dim=32,
+        max_sequence_length=48,
+        mixture_of_experts={"num_experts": 4, "top_k": 2, "intermediate_dim": 16},
+        moe_layers=[False, True],
+    )
+    return randomize(LlamaCausalLM(backbone, LlamaCausalLMPreprocessor(tokenizer, sequence_length=32)), seed)
+
+
 # Shared by `make test`'s three pytest processes (one per backend): tokenizers and exports (tests/export/conftest.py).
 TEST_CACHE = Path(tempfile.gettempdir()) / "keras_transformer_test_exports"
 

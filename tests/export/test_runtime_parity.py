@@ -26,8 +26,8 @@ from tests.export.helpers import (
 )
 
 pytestmark = pytest.mark.slow
-FAMILIES = ["gpt", "llama", "gemma", "phi3", "t5", "transformer"]
-DECODERS = ("gpt", "llama", "gemma", "phi3")  # decoder-only: prompts, not sources
+FAMILIES = ["gpt", "llama", "gemma", "phi3", "moe", "t5", "transformer"]
+DECODERS = ("gpt", "llama", "gemma", "phi3", "moe")  # decoder-only: prompts, not sources
 RUNTIMES = ["keras", "saved_model", "bundle"]
 NEW = 8
 SAMPLERS = {
@@ -172,6 +172,20 @@ def _run(runtime, family, sampler, cases, saved_model_results):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_runtime_gives_the_reference_tokens(family, runtime, sampler, cases, expected, saved_model_results):
     assert _run(runtime, family, sampler, cases, saved_model_results) == expected(family, sampler)
+
+
+def test_the_moe_bundle_is_built_by_the_onnx_kernels(cases):
+    """The mixture of experts' graphs are the ONNX kernels' (GroupQueryAttention; the stacked experts read through
+    Gathers, per assignment or by blocks), not the traced fallback, whose tokens would pass the test above too."""
+    import onnx
+
+    bundle = cases["moe"][2]
+    for name in ("prefill", "decode"):
+        graph = onnx.load(str(bundle / f"{name}.onnx"), load_external_data=False).graph
+        assert "GroupQueryAttention" in {node.op_type for node in graph.node}
+        stacked = {tensor.name for tensor in graph.initializer if tensor.name.endswith((".gate_up", ".down"))}
+        readers = {node.op_type for node in graph.node if stacked & set(node.input)}
+        assert len(stacked) == 2 and readers == {"Gather"}, (name, stacked, readers)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -163,3 +163,21 @@ def test_torch_hands_back_what_it_does_not_cover(monkeypatch):
     monkeypatch.setattr(torch_kernels, "quantization", lambda layer: "int8")
     assert torch_kernels._arrange_mixture_of_experts(layer) is None
     assert torch_kernels._mixture_of_experts(torch_kernels.TorchKernels(), layer, x) is NotImplemented
+
+
+def test_onnx_quantized_graph_keeps_float_experts_and_says_so(caplog):
+    """A quantized graph quantizes the router (MatMulInteger) and keeps the stacked experts float32, logged once."""
+    layer = _layer(4, 2)
+    builder, memo = _Builder(quantize="int8"), {}
+
+    def remember(key, make):  # OnnxKernels.memo
+        return memo[key] if key in memo else memo.setdefault(key, make())
+
+    kernels = types.SimpleNamespace(builder=builder, prefill=False, memo=remember)
+    with caplog.at_level("WARNING", logger="keras_transformer"):
+        for _ in range(2):  # two layers of one graph
+            onnx_kernels._mixture_of_experts(kernels, layer, Value(builder, "x"))
+    assert [record.getMessage().count("stored in float32") for record in caplog.records] == [1]
+    stacked = [init for init in builder.initializers if init.name.endswith((".gate_up", ".down"))]
+    assert len(stacked) == 4 and all(init.data_type == TensorProto.FLOAT for init in stacked)
+    assert "MatMulInteger" in {node.op_type for node in builder.nodes}
