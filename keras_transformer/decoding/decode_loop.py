@@ -225,7 +225,8 @@ def run(spec, inputs: LoopInputs, prepared, kernels=None):
     i, state = start(spec, inputs, prepared)
     ctx = spec.context(inputs)
     head = None  # the task's (D, V) output projection, made once for every step (optional interface)
-    if kernels is None and hasattr(task, "decode_head"):  # the kernels arrange their own head
+    # Kernels arrange their own head; a `call_layer` that only changes how the layers are called takes this one.
+    if hasattr(task, "decode_head") and (kernels is None or getattr(kernels, "takes_decode_head", False)):
         head = task.decode_head()
 
     def loop_body(i, state):
@@ -260,19 +261,21 @@ def outputs(spec, state):
     return result
 
 
-def trace_prepare(task, inputs):
+def trace_prepare(task, inputs, call_layer=None):
     """`decode`'s encoder and prefill as a traceable function (no compilation, no backend branch).
 
     For callers that trace the loop themselves: the SavedModel's `generate` signatures run
     `trace_prepare` then `trace_run` inside a `tf.function`, with the batch dynamic.
-    inputs: a `PrefillInputs`.
+    inputs: a `PrefillInputs`. call_layer: None (the layers called through Keras), or how the
+    task's step calls its layers (see `backbone.call_layer`).
     """
-    return prepare(task, inputs)
+    return prepare(task, inputs, kernels=call_layer)
 
 
-def trace_run(task, sampler, options, inputs, prepared):
+def trace_run(task, sampler, options, inputs, prepared, call_layer=None):
     """`decode`'s loop as a traceable function: the sampler's outputs (see `trace_prepare`).
 
-    inputs: a `LoopInputs`; options: a `DecodeOptions`.
+    inputs: a `LoopInputs`; options: a `DecodeOptions`; call_layer: as `trace_prepare`'s (a
+    `call_layer` with `takes_decode_head` set gets the task's `decode_head()`, as Keras does).
     """
-    return run(LoopSpec(task, sampler, options), inputs, prepared)
+    return run(LoopSpec(task, sampler, options), inputs, prepared, kernels=call_layer)

@@ -34,7 +34,9 @@ the graph holds one loop, not one per static length), the prompt's first longest
 prefilled in one pass, and the steps start at the shortest prompt. Greedy and random decoding share
 that loop (the token chosen in the step). Beam search reorders the cache's rows as the
 PyTorch loop does (the compiled backends' slot cache needs a static batch). The graph runs
-without XLA (the loaded model needs no compiler).
+without XLA (the loaded model needs no compiler). In every signature, `forward` included, each layer
+with weights runs as a function of its weights shared by the layers of its kind (`_SharedLayerCalls`): the
+graphs hold a decoder block once per input shape, not once per layer at every call.
 
 The SavedModel depends on TensorFlow only: `tf.saved_model.load(path)` works in a process
 that never imports Keras or keras_transformer. The tokenizer files and
@@ -42,6 +44,10 @@ that never imports Keras or keras_transformer. The tokenizer files and
 
 Runs under the TensorFlow backend (see `keras_transformer.export`).
 """
+
+import json
+
+import keras
 
 from keras_transformer.export import graphs as graph_lib
 from keras_transformer.presets import write_json
@@ -70,11 +76,14 @@ def write_saved_model(task, directory):
         tf.TensorSpec((None,) * len(task.input[name].shape), task.input[name].dtype, name=name) for name in input_names
     ]
 
+    layer_calls = _SharedLayerCalls()  # one per export: every signature calls the same layer functions
+
     def forward(*args):
         inputs = dict(zip(input_names, args))
-        outputs = {getattr(task, "output_name", "logits"): task(inputs)}  # a TextEmbedder's: "embeddings"
+        logits = layer_calls.model(task, inputs)
+        outputs = {getattr(task, "output_name", "logits"): logits}  # a TextEmbedder's: "embeddings"
         if kind == "encoder":
-            outputs.update(task.backbone({name: inputs[name] for name in task.backbone.input}))
+            outputs.update(layer_calls.model(task.backbone, {name: inputs[name] for name in task.backbone.input}))
         return outputs
 
     endpoints = {"forward": (forward, specs)}
@@ -83,7 +92,7 @@ def write_saved_model(task, directory):
         config = generation_config(task)
         sampler = getattr(task, "sampler", None)
         num_beams = sampler.num_beams if isinstance(sampler, BeamSampler) and sampler.num_beams > 1 else NUM_BEAMS
-        endpoints.update(_generate_endpoints(_ServedLoop(task, config, num_beams), kind))
+        endpoints.update(_generate_endpoints(_ServedLoop(task, config, num_beams, layer_calls), kind))
         config["saved_model"] = {"num_beams": num_beams, "early_stopping": False}
     _save(directory, endpoints)
     if task.preprocessor is not None:
@@ -179,7 +188,7 @@ class _ServedBeamSampler(BeamSampler):
 class _ServedLoop:
     """The `generate` signatures' functions: the signature's inputs -> the Keras loop's inputs -> its outputs."""
 
-    def __init__(self, task, config, num_beams):
+    def __init__(self, task, config, num_beams, layer_calls):
         self.task = task
         self.kind = config["kind"]
         self.max_length = config["max_length"]
@@ -190,6 +199,7 @@ class _ServedLoop:
         self.start_id = config.get("decoder_start_token_id")
         self.num_beams = num_beams
         self.options = DecodeOptions(stop_token_ids=self.stop_ids, pad_id=self.pad, repetition=True, flat_cache=False)
+        self.layer_calls = layer_calls  # how the steps call the layers (a `_SharedLayerCalls`)
 
     # --- signatures ------------------------------------------------------------
 
@@ -253,7 +263,9 @@ class _ServedLoop:
         tokens = _to_width(prompts, length, self.pad)  # (B, L)
         prefill = tokens[:, : longest - 1] if self.kind == "decoder" else tokens[:, :0]  # (B, P)
         prepared = trace_prepare(
-            self.task, PrefillInputs(prompt_token_ids=tokens, prefill_token_ids=prefill, **(encoder or {}))
+            self.task,
+            PrefillInputs(prompt_token_ids=tokens, prefill_token_ids=prefill, **(encoder or {})),
+            call_layer=self.layer_calls,
         )
         K = sampler.num_beams
         rows = tf.repeat(tokens, K, axis=0)  # (B, L) -> (R, L)
@@ -269,7 +281,7 @@ class _ServedLoop:
         )
         if isinstance(sampler, RandomSampler):  # the loop hashes (seed, step, row) into its noise
             inputs = inputs._replace(seed=seed)
-        outputs = trace_run(self.task, sampler, self.options, inputs, prepared)
+        outputs = trace_run(self.task, sampler, self.options, inputs, prepared, call_layer=self.layer_calls)
         if K == 1:
             buffers = {"token_ids": outputs["token_ids"], "scores": tf.zeros((batch,), tf.float32)}  # (B, L)
             buffers["ends"] = _ends(buffers["token_ids"], lengths, max_new_tokens, self.stop_ids)
@@ -303,6 +315,83 @@ class _ServedLoop:
                 )
             )
         return checks
+
+
+class _SharedLayerCalls:
+    """`call_layer` for the traced loops: a layer runs as a TensorFlow function of its weights, one function per
+    kind of layer (its class and configuration but its name, and its weights' shapes), called with each layer's own
+    variables.
+
+    The graphs then hold each kind of layer once per input signature (a decoder block for the prefill, one for
+    the step) and a call per layer, where a layer called directly writes its whole computation into the graph
+    at every call: every block of the model in the prefill, again in the step, and again in each signature. Those
+    copies, not the weights, were the memory of tracing and saving (the function library, held by Python, by
+    TensorFlow's graphs and by the saved protocol buffer).
+    """
+
+    takes_decode_head = True  # the loop's (D, V) head, made once outside the steps (see `decode_loop.run`)
+
+    def __init__(self):
+        self._functions = {}  # layer kind -> the tf.function of the first layer of that kind, of its weights
+
+    def __call__(self, layer, *args, **kwargs):
+        import tensorflow as tf
+
+        weights, key = layer.weights, _layer_kind(layer)
+        if not weights or key is None:  # nothing to share (a layer without weights is as small as a call)
+            return layer(*args, **kwargs)
+        if key not in self._functions:
+
+            def run(values, args, kwargs, layer=layer):
+                # The first layer's computation with the values of the layer called.
+                with keras.StatelessScope(state_mapping=list(zip(layer.weights, values))):
+                    return layer(*args, **kwargs)
+
+            self._functions[key] = tf.function(run, autograph=False, reduce_retracing=True)
+        function, values = self._functions[key], [weight.value for weight in weights]
+        if any(
+            captured.dtype == tf.resource
+            for captured in function.get_concrete_function(values, args, kwargs).captured_inputs
+        ):
+            # The layer reads a variable that is not one of its weights: its function is not its kind's.
+            return layer(*args, **kwargs)
+        return function(values, args, kwargs)
+
+    def model(self, model, inputs):
+        """`model(inputs)`, each layer of a functional model (and of the functional models in it) called through
+        these functions: Keras's own walk over the model's graph (`Functional.call`), at inference."""
+        from keras.src.models.functional import Functional
+
+        def plain(op):  # a functional model whose call is Keras's own
+            return isinstance(op, Functional) and type(op).call is Functional.call
+
+        if not plain(model):
+            return model(inputs)
+
+        def operation(op):
+            if plain(op):  # its Keras call adds only masks and a training flag (None here)
+                return lambda inputs, **kwargs: (
+                    self.model(op, inputs)
+                    if all(value is None for value in keras.tree.flatten(kwargs))
+                    else op(inputs, **kwargs)
+                )
+            if isinstance(op, keras.layers.Layer):
+                return lambda *args, **kwargs: self(op, *args, **kwargs)
+            return op
+
+        outputs = model._run_through_graph(model._standardize_inputs(inputs), operation_fn=operation)
+        return outputs[0] if isinstance(outputs, (list, tuple)) and len(outputs) == 1 else outputs
+
+
+def _layer_kind(layer):
+    """What makes two layers compute the same function of their weights: class, configuration (but the name) and
+    the weights' shapes and dtypes; None for a layer without a configuration."""
+    try:
+        config = {name: value for name, value in layer.get_config().items() if name != "name"}
+    except NotImplementedError:  # Keras's answer for a layer built from arguments it cannot serialise
+        return None
+    shapes = tuple((tuple(weight.shape), str(weight.dtype)) for weight in layer.weights)
+    return type(layer), json.dumps(config, sort_keys=True, default=repr), shapes
 
 
 def _to_width(x, width, pad):
