@@ -13,7 +13,9 @@ b - 1 padding rows per expert, never E / k times it. At one token (a batch-1 dec
 the k chosen experts' weights and no other. The results are gathered back to the assignments and summed per token
 with the router weights. Every move is a gather (no float scatter), so gradients are gathers and scatter-adds on
 every backend. With no more assignments than experts (a decoding step of up to E / k rows) no sorting is needed:
-each assignment runs its own expert, picked by `ops.switch` among branches that read the stacked weights in place.
+each assignment runs its own expert. Outside training a block's (or an assignment's) expert is picked by
+`ops.switch` among branches that read the stacked weights in place; in training the blocks gather their weights
+(see `experts_output`).
 """
 
 import keras
@@ -49,7 +51,9 @@ class MixtureOfExperts(keras.layers.Layer):
         inputs: (B, T, D).
         return_router_logits: bool, also return the router's logits (B * T, E), in float32 (for the
             load-balancing loss, `router_losses.load_balancing_loss`).
-        training: bool (unused: the experts have no dropout).
+        training: bool. In training the blocks gather their experts' weights (one batched product, whose
+            gradient is a scatter-add every backend compiles); otherwise each block picks its expert with
+            `ops.switch`, which reads the stacked weights in place (see `experts_output`).
 
     Returns:
         (B, T, D); with `return_router_logits`, `(outputs, router_logits)`.
@@ -147,7 +151,7 @@ class MixtureOfExperts(keras.layers.Layer):
         hidden_dim = ops.shape(inputs)[-1]
         x = ops.reshape(inputs, (-1, hidden_dim))  # (B, T, D) -> (N, D)
         logits, weights, experts = self.route(x)
-        y = self.experts_output(x, weights, experts)  # (N, D)
+        y = self.experts_output(x, weights, experts, training=training)  # (N, D)
         if self.shared_intermediate_dim is not None:
             shared = self.shared_expert(x)
             if self.shared_expert_gate:
@@ -156,14 +160,18 @@ class MixtureOfExperts(keras.layers.Layer):
         y = ops.reshape(y, ops.shape(inputs))  # (N, D) -> (B, T, D)
         return (y, logits) if return_router_logits else y
 
-    def experts_output(self, x, weights, experts):
+    def experts_output(self, x, weights, experts, training=None):
         """x (N, D), the router's kept weights (N, k) and experts (N, k) -> sum_k w_k expert_k(x) (N, D).
 
-        Only the chosen experts run (see the module's docstring for the blocks)."""
+        Only the chosen experts run (see the module's docstring for the blocks). Outside training each block (or
+        each assignment, when there are at most E) runs its expert by `ops.switch` among E branches that read the
+        stacked weights in place: XLA's CPU gather of whole (D, I) slices copies them 3-8 times slower than
+        that. In training the blocks gather their weights, a batched product whose gradient is one scatter-add
+        (a switch's is a branch per block, which PyTorch's one-graph compiled step cannot trace)."""
         num_tokens = ops.shape(x)[0]
         k, num_experts = self.top_k, self.num_experts
         num_assignments = num_tokens * k  # A
-        if isinstance(num_assignments, int) and num_assignments <= num_experts:
+        if not training and isinstance(num_assignments, int) and num_assignments <= num_experts:
             return self._few_tokens_output(x, weights, experts)
         rows, blocks = expert_blocks(num_assignments, num_experts)  # b, G
         flat_experts = ops.reshape(ops.cast(experts, "int32"), (-1,))  # (N, k) -> (A,), token-major
@@ -191,11 +199,16 @@ class MixtureOfExperts(keras.layers.Layer):
         row_tokens = ops.take(sorted_tokens, source)  # (P,)
         x_rows = ops.where(filled[:, None], ops.take(x, row_tokens, axis=0), 0)  # (P, D), padding rows 0
         x_blocks = ops.reshape(x_rows, (blocks, rows, -1))  # (P, D) -> (G, b, D)
-        gate = ops.take(self.gate_kernel, block_experts, axis=0)  # (E, D, I) -> (G, D, I)
-        up = ops.take(self.up_kernel, block_experts, axis=0)
-        down = ops.take(self.down_kernel, block_experts, axis=0)  # (G, I, D)
-        h = self._activation_fn(ops.matmul(x_blocks, gate)) * ops.matmul(x_blocks, up)  # (G, b, I)
-        out_rows = ops.reshape(ops.matmul(h, down), (blocks * rows, -1))  # (G, b, D) -> (P, D)
+        if training:
+            gate = ops.take(self.gate_kernel, block_experts, axis=0)  # (E, D, I) -> (G, D, I)
+            up = ops.take(self.up_kernel, block_experts, axis=0)
+            down = ops.take(self.down_kernel, block_experts, axis=0)  # (G, I, D)
+            h = self._activation_fn(ops.matmul(x_blocks, gate)) * ops.matmul(x_blocks, up)  # (G, b, I)
+            out_blocks = ops.matmul(h, down)  # (G, b, D)
+        else:
+            branches = [self._expert(index) for index in range(num_experts)]
+            out_blocks = ops.map(lambda block: ops.switch(block[0], branches, block[1]), (block_experts, x_blocks))
+        out_rows = ops.reshape(out_blocks, (blocks * rows, -1))  # (G, b, D) -> (P, D)
         out_sorted = ops.take(out_rows, destination, axis=0)  # (A, D), in sorted order
         out = ops.take(out_sorted, ops.argsort(order), axis=0)  # (A, D), token-major again
         out = ops.reshape(out, (num_tokens, k, -1))  # (A, D) -> (N, k, D)
