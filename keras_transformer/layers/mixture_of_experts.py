@@ -23,7 +23,7 @@ from keras import ops
 
 from keras_transformer.layers.feed_forward import FeedForward
 
-_ROWS_PER_EXPERT_BLOCK = 4  # b is about A / (4 E): the padding then costs at most a quarter of the real rows
+_BLOCKS_PER_EXPERT = 1  # b = A / (this x E): an expert with its mean share of the rows fills this many blocks
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -266,13 +266,14 @@ class MixtureOfExperts(keras.layers.Layer):
 
 def expert_blocks(num_assignments, num_experts):
     """(b, G): rows per block and the number of blocks for A assignments over E experts (ints, or scalar tensors
-    where A is only known when the graph runs). b is about A / (4 E), at least 1; G bounds the blocks every
+    where A is only known when the graph runs). b is about A / E, at least 1 (in training the blocks copy their
+    experts' weights, which costs more than the padding up to b - 1 rows per expert adds); G bounds the blocks every
     routing can fill: sum over experts of ceil(count / b) <= ceil((A + min(E, A) * (b - 1)) / b)."""
     if isinstance(num_assignments, int):
-        rows = max(1, num_assignments // (_ROWS_PER_EXPERT_BLOCK * num_experts))
+        rows = max(1, num_assignments // (_BLOCKS_PER_EXPERT * num_experts))
         used = min(num_experts, num_assignments)
         return rows, (num_assignments + used * (rows - 1) + rows - 1) // rows
-    rows = ops.maximum(num_assignments // (_ROWS_PER_EXPERT_BLOCK * num_experts), 1)
+    rows = ops.maximum(num_assignments // (_BLOCKS_PER_EXPERT * num_experts), 1)
     used = ops.minimum(num_assignments, num_experts)
     return rows, (num_assignments + used * (rows - 1) + rows - 1) // rows
 
