@@ -51,9 +51,9 @@ class MixtureOfExperts(keras.layers.Layer):
         inputs: (B, T, D).
         return_router_logits: bool, also return the router's logits (B * T, E), in float32 (for the
             load-balancing loss, `router_losses.load_balancing_loss`).
-        training: bool. In training the blocks gather their experts' weights (one batched product, whose
-            gradient is a scatter-add every backend compiles); otherwise each block picks its expert with
-            `ops.switch`, which reads the stacked weights in place (see `experts_output`).
+        training: bool. In training (and on PyTorch) the blocks gather their experts' weights (one batched
+            product, whose gradient is a scatter-add every backend compiles); otherwise each block picks its
+            expert with `ops.switch`, which reads the stacked weights in place (see `experts_output`).
 
     Returns:
         (B, T, D); with `return_router_logits`, `(outputs, router_logits)`.
@@ -166,12 +166,13 @@ class MixtureOfExperts(keras.layers.Layer):
         Only the chosen experts run (see the module's docstring for the blocks). Outside training each block (or
         each assignment, when there are at most E) runs its expert by `ops.switch` among E branches that read the
         stacked weights in place: XLA's CPU gather of whole (D, I) slices copies them 3-8 times slower than
-        that. In training the blocks gather their weights, a batched product whose gradient is one scatter-add
-        (a switch's is a branch per block, which PyTorch's one-graph compiled step cannot trace)."""
+        that. In training, and on PyTorch, the blocks gather their weights: a batched product whose gradient is
+        one scatter-add (a switch's is a branch per block), which PyTorch's one-graph compiled steps trace."""
         num_tokens = ops.shape(x)[0]
         k, num_experts = self.top_k, self.num_experts
         num_assignments = num_tokens * k  # A
-        if not training and isinstance(num_assignments, int) and num_assignments <= num_experts:
+        switch = not training and _switch_reads_in_place()
+        if switch and isinstance(num_assignments, int) and num_assignments <= num_experts:
             return self._few_tokens_output(x, weights, experts)
         rows, blocks = expert_blocks(num_assignments, num_experts)  # b, G
         flat_experts = ops.reshape(ops.cast(experts, "int32"), (-1,))  # (N, k) -> (A,), token-major
@@ -199,7 +200,7 @@ class MixtureOfExperts(keras.layers.Layer):
         row_tokens = ops.take(sorted_tokens, source)  # (P,)
         x_rows = ops.where(filled[:, None], ops.take(x, row_tokens, axis=0), 0)  # (P, D), padding rows 0
         x_blocks = ops.reshape(x_rows, (blocks, rows, -1))  # (P, D) -> (G, b, D)
-        if training:
+        if not switch:
             gate = ops.take(self.gate_kernel, block_experts, axis=0)  # (E, D, I) -> (G, D, I)
             up = ops.take(self.up_kernel, block_experts, axis=0)
             down = ops.take(self.down_kernel, block_experts, axis=0)  # (G, I, D)
@@ -262,6 +263,14 @@ class MixtureOfExperts(keras.layers.Layer):
             }
         )
         return config
+
+
+def _switch_reads_in_place():
+    """Whether `ops.switch` is the way to read one expert's weights outside training: under XLA (JAX, TensorFlow) a
+    branch reads its static slice of the stacked weights in place, where a gather copies it slowly. PyTorch gathers
+    at memory speed, and its one-graph compiled steps (`evaluate`, `predict`) cannot branch on a tensor's value, so
+    there the blocks gather (its decoding steps run the layer's PyTorch kernel, kernels/torch_kernels.py)."""
+    return keras.config.backend() != "torch"
 
 
 def expert_blocks(num_assignments, num_experts):

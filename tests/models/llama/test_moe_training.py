@@ -158,6 +158,8 @@ def test_the_training_step_adds_the_router_losses(monkeypatch):
     assert loss == pytest.approx(task_loss + router_loss, rel=1e-4)
     if keras.config.backend() == "torch":
         assert lm.train_function.compiled_steps == 1 and lm.train_function.eager_steps == 0
+        lm.predict(x, batch_size=4, verbose=0)  # the inference path compiles as one graph too
+        assert lm.predict_function.compiled_steps == 1 and lm.predict_function.eager_steps == 0
 
 
 def test_config_round_trip_and_bad_coefficients():
