@@ -42,13 +42,13 @@ def gpt_config(task):
 
 def llama_config(task):
     """Llama, Qwen2, Qwen3, SmolLM3 or Mistral, whichever has exactly this model's options; Phi-3 for partial
-    rotary positions or longrope scaling; a mixture of experts as `moe_config` says."""
+    rotary positions or longrope scaling; a mixture of experts as `hf_moe.export_config` says."""
     b = task.backbone
     head_dim = b.head_dim or b.hidden_dim // b.num_heads
     if b.rotary_dim not in (None, head_dim) or (b.rope_scaling or {}).get("rope_type") == "longrope":
         return phi3_config(task)
     if b.mixture_of_experts is not None:
-        return moe_config(task)
+        return hf_moe.export_config(task, _decoder_settings(b), lambda option, why: unsupported(task, option, why))
     qkv_bias = bool(b.attention_bias)
     output_bias = qkv_bias if b.attention_output_bias is None else bool(b.attention_output_bias)
     mlp_bias, window = bool(b.mlp_bias), b.sliding_window
@@ -135,71 +135,6 @@ def _llama_newer(task, settings, windows, qkv_bias, output_bias, mlp_bias):
         "SmolLM3ForCausalLM",
         {**settings, **windows, "no_rope_layers": rope_layers, "attention_bias": qkv_bias, "mlp_bias": mlp_bias},
     )
-
-
-def moe_config(task):
-    """A LlamaBackbone with `mixture_of_experts`: Qwen2MoeForCausalLM with a (gated) shared expert, Qwen3MoeForCausalLM
-    with query/key norms per head, OlmoeForCausalLM with norms over all heads, MixtralForCausalLM without norms (its
-    top-k weights always renormalised); dense layers (`moe_layers`) as Qwen's `mlp_only_layers`."""
-    b = task.backbone
-    moe = dict(b.mixture_of_experts)
-    kind, qkv_bias, dense = _moe_kind(task)
-    theta = float(b.rope_max_wavelength)
-    rope = {"rope_type": "default", "rope_theta": theta}
-    if b.rope_scaling:
-        rope = {**b.rope_scaling, "rope_theta": theta}
-    settings = {**_decoder_settings(b), "head_dim": b.head_dim or b.hidden_dim // b.num_heads, "hidden_act": "silu"}
-    settings.update(rope_parameters=rope, num_experts_per_tok=moe["top_k"], num_experts=moe["num_experts"])
-    settings["norm_topk_prob"] = bool(moe.get("normalize_top_k", True))
-    if b.router_aux_loss_coef:  # transformers adds the load-balancing loss in training only when asked
-        settings.update(output_router_logits=True, router_aux_loss_coef=float(b.router_aux_loss_coef))
-    qwen = dict(moe_intermediate_size=moe["intermediate_dim"], mlp_only_layers=dense, decoder_sparse_step=1)
-    if kind == "qwen2_moe":
-        settings.update(qwen, shared_expert_intermediate_size=moe["shared_intermediate_dim"], qkv_bias=qkv_bias)
-        return "Qwen2MoeConfig", "Qwen2MoeForCausalLM", {**settings, "use_sliding_window": False}
-    window = b.sliding_window
-    if kind == "qwen3_moe":
-        settings.update(qwen, attention_bias=qkv_bias, use_sliding_window=window is not None, sliding_window=window)
-        return "Qwen3MoeConfig", "Qwen3MoeForCausalLM", settings
-    settings["intermediate_size"] = moe["intermediate_dim"]  # every layer sparse: the experts' width
-    if kind == "olmoe":
-        return "OlmoeConfig", "OlmoeForCausalLM", {**settings, "attention_bias": qkv_bias, "clip_qkv": None}
-    settings.pop("norm_topk_prob")  # Mixtral always renormalises
-    settings.update(num_local_experts=settings.pop("num_experts"), sliding_window=window)
-    return "MixtralConfig", "MixtralForCausalLM", settings
-
-
-def _moe_kind(task):
-    """(the Hugging Face model type of this mixture of experts, its query/key/value bias, its dense layers), or
-    the ValueError naming the options no Hugging Face mixture of experts has together."""
-    b = task.backbone
-    moe = dict(b.mixture_of_experts)
-    qkv_bias = bool(b.attention_bias)
-    output_bias = qkv_bias if b.attention_output_bias is None else bool(b.attention_output_bias)
-    dense = [i for i, sparse in enumerate(b.moe_layers or [True] * b.num_layers) if not sparse]
-    whole_heads = (b.head_dim or b.hidden_dim // b.num_heads) * b.num_heads == b.hidden_dim
-    window, norm = b.sliding_window, b.query_key_norm
-    if moe.get("shared_intermediate_dim") is not None:
-        kind, fits = "qwen2_moe", not (norm or window or output_bias) and moe.get("shared_expert_gate", False)
-    elif norm == "head":
-        kind, fits = "qwen3_moe", qkv_bias == output_bias
-    elif norm == "full":
-        kind, fits = "olmoe", qkv_bias == output_bias and not dense and window is None and whole_heads
-    else:
-        kind, fits = "mixtral", not (qkv_bias or output_bias or dense) and moe.get("normalize_top_k", True)
-    common = not (b.mlp_bias or b.layer_types or b.rope_layers) and moe.get("activation", "silu") == "silu"
-    if not (fits and common):
-        raise unsupported(
-            task,
-            f"mixture_of_experts={moe}, moe_layers={b.moe_layers}, query_key_norm={norm!r}, attention_bias="
-            f"{b.attention_bias}, attention_output_bias={b.attention_output_bias}, mlp_bias={b.mlp_bias}, "
-            f"sliding_window={window}, layer_types={b.layer_types}, rope_layers={b.rope_layers}",
-            "the Hugging Face mixtures of experts have SwiGLU experts and rotate every layer; Qwen2-MoE has a gated "
-            "shared expert, query/key/value biases or none, no norms, no window; Qwen3-MoE query/key norms per "
-            "head, biases on all four projections or none; OLMoE norms over all heads, every layer sparse, no "
-            "window; Mixtral no norms, no biases, every layer sparse, renormalised top-k weights",
-        )
-    return kind, qkv_bias, dense
 
 
 def phi3_config(task):

@@ -210,3 +210,72 @@ def _load_experts(moe, name, weights):
             weights.assign(dense.kernel, weights.get(source).T, source)  # (out, in) -> (in, out)
         source = block + "shared_expert_gate.weight"
         weights.assign(moe.shared_gate.kernel, weights.get(source).T, source)  # (1, D) -> (D, 1)
+
+
+# --- export -----------------------------------------------------------------
+
+
+def export_config(task, decoder_settings, unsupported):
+    """A LlamaBackbone with `mixture_of_experts`: Qwen2MoeForCausalLM with a (gated) shared expert, Qwen3MoeForCausalLM
+    with query/key norms per head, OlmoeForCausalLM with norms over all heads, MixtralForCausalLM without norms (its
+    top-k weights always renormalised); dense layers (`moe_layers`) as Qwen's `mlp_only_layers`. For
+    hf_export_families.py: (config class name, model class name, config arguments). `decoder_settings`: the
+    entries every rotary decoder's config spells alike; `unsupported(option, why)`: the ValueError to raise."""
+    b = task.backbone
+    moe = dict(b.mixture_of_experts)
+    kind, qkv_bias, dense = _export_kind(task, unsupported)
+    theta = float(b.rope_max_wavelength)
+    rope = {"rope_type": "default", "rope_theta": theta}
+    if b.rope_scaling:
+        rope = {**b.rope_scaling, "rope_theta": theta}
+    settings = {**decoder_settings, "head_dim": b.head_dim or b.hidden_dim // b.num_heads, "hidden_act": "silu"}
+    settings.update(rope_parameters=rope, num_experts_per_tok=moe["top_k"], num_experts=moe["num_experts"])
+    settings["norm_topk_prob"] = bool(moe.get("normalize_top_k", True))
+    if b.router_aux_loss_coef:  # transformers adds the load-balancing loss in training only when asked
+        settings.update(output_router_logits=True, router_aux_loss_coef=float(b.router_aux_loss_coef))
+    qwen = dict(moe_intermediate_size=moe["intermediate_dim"], mlp_only_layers=dense, decoder_sparse_step=1)
+    if kind == "qwen2_moe":
+        settings.update(qwen, shared_expert_intermediate_size=moe["shared_intermediate_dim"], qkv_bias=qkv_bias)
+        return "Qwen2MoeConfig", "Qwen2MoeForCausalLM", {**settings, "use_sliding_window": False}
+    window = b.sliding_window
+    if kind == "qwen3_moe":
+        settings.update(qwen, attention_bias=qkv_bias, use_sliding_window=window is not None, sliding_window=window)
+        return "Qwen3MoeConfig", "Qwen3MoeForCausalLM", settings
+    settings["intermediate_size"] = moe["intermediate_dim"]  # every layer sparse: the experts' width
+    if kind == "olmoe":
+        return "OlmoeConfig", "OlmoeForCausalLM", {**settings, "attention_bias": qkv_bias, "clip_qkv": None}
+    settings.pop("norm_topk_prob")  # Mixtral always renormalises
+    settings.update(num_local_experts=settings.pop("num_experts"), sliding_window=window)
+    return "MixtralConfig", "MixtralForCausalLM", settings
+
+
+def _export_kind(task, unsupported):
+    """(the Hugging Face model type of this mixture of experts, its query/key/value bias, its dense layers), or
+    the ValueError naming the options no Hugging Face mixture of experts has together."""
+    b = task.backbone
+    moe = dict(b.mixture_of_experts)
+    qkv_bias = bool(b.attention_bias)
+    output_bias = qkv_bias if b.attention_output_bias is None else bool(b.attention_output_bias)
+    dense = [i for i, sparse in enumerate(b.moe_layers or [True] * b.num_layers) if not sparse]
+    whole_heads = (b.head_dim or b.hidden_dim // b.num_heads) * b.num_heads == b.hidden_dim
+    window, norm = b.sliding_window, b.query_key_norm
+    if moe.get("shared_intermediate_dim") is not None:
+        kind, fits = "qwen2_moe", not (norm or window or output_bias) and moe.get("shared_expert_gate", False)
+    elif norm == "head":
+        kind, fits = "qwen3_moe", qkv_bias == output_bias
+    elif norm == "full":
+        kind, fits = "olmoe", qkv_bias == output_bias and not dense and window is None and whole_heads
+    else:
+        kind, fits = "mixtral", not (qkv_bias or output_bias or dense) and moe.get("normalize_top_k", True)
+    common = not (b.mlp_bias or b.layer_types or b.rope_layers) and moe.get("activation", "silu") == "silu"
+    if not (fits and common):
+        raise unsupported(
+            f"mixture_of_experts={moe}, moe_layers={b.moe_layers}, query_key_norm={norm!r}, attention_bias="
+            f"{b.attention_bias}, attention_output_bias={b.attention_output_bias}, mlp_bias={b.mlp_bias}, "
+            f"sliding_window={window}, layer_types={b.layer_types}, rope_layers={b.rope_layers}",
+            "the Hugging Face mixtures of experts have SwiGLU experts and rotate every layer; Qwen2-MoE has a gated "
+            "shared expert, query/key/value biases or none, no norms, no window; Qwen3-MoE query/key norms per "
+            "head, biases on all four projections or none; OLMoE norms over all heads, every layer sparse, no "
+            "window; Mixtral no norms, no biases, every layer sparse, renormalised top-k weights",
+        )
+    return kind, qkv_bias, dense

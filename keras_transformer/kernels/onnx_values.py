@@ -65,3 +65,28 @@ class Value:
 def weight(variable):
     """A Keras variable as a float32 numpy array (an initializer's value)."""
     return np.asarray(keras.ops.convert_to_numpy(variable), np.float32)
+
+
+def matmul(kernels, layer, x, shape=None):
+    """x @ the layer's kernel (reshaped to `shape`), its bias left pending: a `Value`."""
+    b = kernels.builder
+    kernel = weight(layer.kernel)
+    y = b.matmul(x.materialize(), f"{layer.name}.kernel", kernel if shape is None else kernel.reshape(shape))
+    bias = None if layer.bias is None else b.const(f"{layer.name}.bias", weight(layer.bias).reshape(-1))
+    return Value(b, y, bias=bias)
+
+
+def activation(kernels, name, y):
+    """act(y + its pending bias) -> a tensor name, the bias inside the kernel where ONNX Runtime has one."""
+    b = kernels.builder
+    bias = [y.bias] if y.bias is not None else []
+    if name == "gelu_approximate":  # 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+        return b.node("FastGelu", [y.name] + bias, domain="com.microsoft")
+    if name == "gelu":  # 0.5 x (1 + erf(x / sqrt 2))
+        return b.node("BiasGelu" if bias else "Gelu", [y.name] + bias, domain="com.microsoft")
+    x = y.materialize()
+    if name == "relu":
+        return b.node("Relu", [x])
+    if name == "silu":
+        return b.node("Mul", [x, b.node("Sigmoid", [x])])
+    raise Unsupported(f"no ONNX kernel for the activation {name!r}")

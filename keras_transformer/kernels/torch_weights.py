@@ -7,6 +7,7 @@ Axes: R decoded rows, T new tokens, D model width (a projection's input), O its 
 
 import keras
 import torch
+import torch.nn.functional as F
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -202,3 +203,11 @@ def linear(x, kernel, bias, divisor=None, quantizer=None, lora=None):
     if lora is not None:
         y = y + (x @ lora[0]) @ lora[1]  # (..., in) x (in, r) x (r, out)
     return y if bias is None else y + bias
+
+
+ACTIVATIONS = {  # FeedForward's and the experts' activations: Keras's formulas (tests/kernels/test_torch_kernels.py)
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_approximate": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+}

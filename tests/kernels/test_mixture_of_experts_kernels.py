@@ -102,7 +102,7 @@ def test_onnx_matches_keras_and_reads_only_chosen_experts(shape, prefill):
 def test_torch_matches_keras_and_reads_only_chosen_experts(shape, static):
     import torch
 
-    from keras_transformer.kernels import torch_kernels
+    from keras_transformer.kernels import torch_experts, torch_kernels
 
     batch, length, experts, k = shape
     layer = _layer(experts, k, normalize_top_k=experts != 8, shared_intermediate_dim=8, shared_expert_gate=True)
@@ -115,7 +115,7 @@ def test_torch_matches_keras_and_reads_only_chosen_experts(shape, static):
         np.testing.assert_allclose(to_numpy(got), expected, atol=2e-5, rtol=1e-5)
         unchosen, poisoned = _unchosen_experts_nan(layer, x)
         if unchosen:  # the same tensors, poisoned in place (the kernels read their arranged copies)
-            _, gate_up, down = kernels.weights(layer, torch_kernels._arrange_mixture_of_experts)[:3]
+            _, gate_up, down = kernels.weights(layer, torch_experts._arrange_mixture_of_experts)[:3]
             inner = down.shape[1]
             gate_up[..., :inner] = torch.as_tensor(poisoned["gate_kernel"])
             gate_up[..., inner:] = torch.as_tensor(poisoned["up_kernel"])
@@ -151,7 +151,7 @@ def test_torch_hands_back_what_it_does_not_cover(monkeypatch):
     """Router logits and training go through Keras, as do experts whose weights are not float."""
     import torch
 
-    from keras_transformer.kernels import torch_kernels
+    from keras_transformer.kernels import torch_experts, torch_kernels
 
     layer = _layer(4, 2)
     x = torch.as_tensor(_inputs(1, 3))
@@ -160,8 +160,8 @@ def test_torch_hands_back_what_it_does_not_cover(monkeypatch):
     assert kernels.through_keras == {"MixtureOfExperts"} and tuple(logits.shape) == (3, 4)
     assert torch_kernels._mixture_of_experts(kernels, layer, x, training=True) is NotImplemented
     # A quantization of the layer itself (its stacked experts: neither Keras's Dense nor EinsumDense) is Keras's.
-    monkeypatch.setattr(torch_kernels, "quantization", lambda layer: "int8")
-    assert torch_kernels._arrange_mixture_of_experts(layer) is None
+    monkeypatch.setattr(torch_experts, "quantization", lambda layer: "int8")
+    assert torch_experts._arrange_mixture_of_experts(layer) is None
     assert torch_kernels._mixture_of_experts(torch_kernels.TorchKernels(), layer, x) is NotImplemented
 
 
