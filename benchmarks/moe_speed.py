@@ -53,7 +53,9 @@ def build(shape, sparse):
         mixture_of_experts=moe,
     )
     lm = LlamaCausalLM(backbone=backbone)
-    lm.compile(optimizer=keras.optimizers.AdamW(1e-4), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    lm.compile(
+        optimizer=keras.optimizers.AdamW(1e-4), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
     return lm
 
 
