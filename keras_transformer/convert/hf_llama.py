@@ -87,6 +87,12 @@ def convert_config(hf_config, path=None):
         "norm_epsilon": hf_config.get("rms_norm_eps", 1e-6),
         "dropout": float(hf_config.get("attention_dropout", 0.0) or 0.0),
     }
+    return preset_entries(backbone, max_length)
+
+
+def preset_entries(backbone, max_length):
+    """The preset entries of a LlamaBackbone config (every Llama-layout converter's: Llama, Phi-3, the mixtures of
+    experts): LlamaCausalLM, and a preprocessor whose sequence length is the model's, capped for presets."""
     return {
         "family": "llama",
         "backbone": {"class_name": "LlamaBackbone", "config": backbone},

@@ -101,15 +101,7 @@ def convert_config(hf_config, path=None):
         "norm_epsilon": hf_config.get("rms_norm_eps", 1e-6),
         "dropout": float(hf_config.get("attention_dropout", 0.0) or 0.0),
     }
-    return {
-        "family": "llama",
-        "backbone": {"class_name": "LlamaBackbone", "config": backbone},
-        "task": {"class_name": "LlamaCausalLM", "config": {}},
-        "preprocessor": {
-            "class_name": "LlamaCausalLMPreprocessor",
-            "config": {"sequence_length": min(max_length, hf_llama.MAX_PRESET_SEQUENCE_LENGTH)},
-        },
-    }
+    return hf_llama.preset_entries(backbone, max_length)
 
 
 def _aux_loss_coefficient(hf_config):

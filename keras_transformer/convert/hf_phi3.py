@@ -75,15 +75,7 @@ def convert_config(hf_config, path=None):
         "norm_epsilon": hf_config.get("rms_norm_eps", 1e-5),
         "dropout": single_dropout(hf_config, {"attention_dropout": 0.0, "resid_pdrop": 0.0}),
     }
-    return {
-        "family": "llama",
-        "backbone": {"class_name": "LlamaBackbone", "config": backbone},
-        "task": {"class_name": "LlamaCausalLM", "config": {}},
-        "preprocessor": {
-            "class_name": "LlamaCausalLMPreprocessor",
-            "config": {"sequence_length": min(max_length, hf_llama.MAX_PRESET_SEQUENCE_LENGTH)},
-        },
-    }
+    return hf_llama.preset_entries(backbone, max_length)
 
 
 def rope(hf_config, head_dim):
