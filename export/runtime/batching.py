@@ -230,8 +230,9 @@ class Scheduler:
             if logits is None:
                 continue
             positions = self.decoder.position_ids[first : first + len(group), 0]
-            for row, (sequence, token) in enumerate(zip(group, choose(group, logits, positions).tolist()), first):
-                reason = sequence.accept(token)
+            chosen = choose(group, logits, positions).tolist()
+            for row, (sequence, token, row_logits) in enumerate(zip(group, chosen, logits), first):
+                reason = sequence.accept(token, row_logits)
                 if reason is not None:
                     finished.append((row, sequence, reason))
         self._finish(finished)
@@ -246,7 +247,7 @@ class Scheduler:
         chosen = choose(active, logits, self.decoder.position_ids[: len(active), 0]).tolist()
         now, finished = time.monotonic(), []
         for row, sequence in enumerate(active):
-            reason = sequence.interrupted(now) or sequence.accept(chosen[row])
+            reason = sequence.interrupted(now) or sequence.accept(chosen[row], logits[row])
             if reason is not None:
                 finished.append((row, sequence, reason))
         self._finish(finished)
@@ -354,7 +355,12 @@ class Scheduler:
                 sequence.on_event("finish", sequence.interrupted(now) or "timeout")
             return
         for sequence in running:
-            reason = None
-            for token in found[sequence.choice if rows > 1 else 0]:
-                reason = sequence.accept(int(token))
+            reason, tokens = None, found[sequence.choice if rows > 1 else 0]
+            # Each token's logits, recomputed by the prefill graph over the prompt and the tokens (teacher forcing).
+            logits = [None] * len(tokens)
+            if sequence.logprobs is not None and tokens:
+                ids = list(first.prompt_ids) + list(tokens[:-1])
+                logits = self.generator.teacher_logits(ids)[len(first.prompt_ids) - 1 :]
+            for token, row_logits in zip(tokens, logits):
+                reason = sequence.accept(int(token), row_logits)
             sequence.on_event("finish", reason or "length")

@@ -255,6 +255,16 @@ class Generator:
             )
         return [[int(t) for t in row] for row in found]
 
+    def teacher_logits(self, ids):
+        """A causal LM's logits at every position of `ids` (a list of T ints), the whole sequence fed at once
+        (teacher forcing, the prefill graph) -> (T, V): row t scores the token after position t."""
+        if self.kind != "decoder":
+            raise ValueError("Teacher-forced logits need a causal LM bundle; this one holds a seq2seq LM.")
+        tokens = np.asarray([ids], np.int64)  # (1, T)
+        return self._run("prefill", {"input_ids": tokens, "attention_mask": np.ones(tokens.shape, np.int64)})["logits"][
+            0
+        ]
+
     # --- the graphs -------------------------------------------------------
 
     def _prefill(self, tokens):

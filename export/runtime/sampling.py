@@ -77,6 +77,19 @@ def log_softmax(logits):
     return shifted
 
 
+def token_logprobs(logits, token, top):
+    """One position's raw logits (V,) and the chosen token -> (its log-probability, the `top` most likely
+    tokens' ids and log-probabilities, most likely first, ties by id). The log-softmax of the model's own
+    logits: before temperature, top-k/top-p and any constraint, as OpenAI and vLLM report them."""
+    logprobs = log_softmax(logits[None])[0]  # (V,)
+    if top <= 0:
+        return float(logprobs[token]), [], []
+    top = min(top, logprobs.size)
+    best = np.argpartition(-logprobs, top - 1)[:top] if top < logprobs.size else np.arange(logprobs.size)
+    best = best[np.lexsort((best, -logprobs[best]))]
+    return float(logprobs[token]), best.tolist(), logprobs[best].tolist()
+
+
 # --- the noise -------------------------------------------------------------------
 
 

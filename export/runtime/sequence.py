@@ -14,7 +14,7 @@ if _HERE not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from sampling import Picker, noise, seed_to_int32  # noqa: E402
+from sampling import Picker, noise, seed_to_int32, token_logprobs  # noqa: E402
 
 __all__ = ["Sequence", "choose"]
 
@@ -33,6 +33,8 @@ class Sequence:
             choice c of seed s draws what row c of `Generator.generate(..., seed=s)` draws.
         stop_token_ids: ids that end the sequence (kept, as `Generator`).
         num_beams, length_penalty: beam search (run whole, beside the batch).
+        logprobs: None, or report each token's log-probability with this many most likely alternatives
+            (0 to 20): the token events are then ("token", (id, (logprob, top ids, top logprobs))).
         deadline: `time.monotonic()` after which the sequence finishes with "timeout": at that time while
             it waits, at the next step while it holds a row or runs whole (beam search).
     """
@@ -51,6 +53,7 @@ class Sequence:
         num_beams=1,
         length_penalty=1.0,
         deadline=None,
+        logprobs=None,
     ):
         self.prompt_ids, self.max_tokens, self.on_event = list(prompt_ids), int(max_tokens), on_event
         self.temperature, self.top_k, self.top_p = float(temperature), top_k, top_p
@@ -59,6 +62,7 @@ class Sequence:
         self.noise_seed = None if seed is None else seed_to_int32(seed)
         self.choice, self.stop_token_ids = int(choice), tuple(stop_token_ids)
         self.num_beams, self.length_penalty, self.deadline = int(num_beams), float(length_penalty), deadline
+        self.logprobs = logprobs
         self.generated = []
         self.cancelled = False  # set by any thread; the scheduler frees the row at the next step boundary
         self.queued = False  # in one of the scheduler's waiting queues (guarded by its lock)
@@ -85,13 +89,18 @@ class Sequence:
                 "stop_token_ids",
                 "num_beams",
                 "length_penalty",
+                "logprobs",
             )
         )
 
-    def accept(self, token):
-        """Record and announce a token -> the finish reason, or None to go on."""
+    def accept(self, token, logits=None):
+        """Record and announce a token (chosen from `logits` (V,), the raw logits of its position) -> the finish
+        reason, or None to go on."""
         self.generated.append(token)
-        self.on_event("token", token)
+        if self.logprobs is None:
+            self.on_event("token", token)
+        else:  # one event: a reader never sees a token without its entry
+            self.on_event("token", (token, token_logprobs(logits, token, self.logprobs)))
         if token in self.stop_token_ids:
             return "stop"
         return "length" if len(self.generated) >= self.max_tokens else None

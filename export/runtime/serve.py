@@ -8,10 +8,12 @@ requirements.txt: numpy, onnxruntime, tokenizers, jinja2, starlette, uvicorn, pr
 
 Endpoints:
     POST /v1/completions        prompt (a string, a list of them, or token ids), max_tokens, temperature
-                                (0: greedy), top_p, top_k, seed, stop, n, stream (server-sent events);
-                                extensions: num_beams, length_penalty (beam search, not streamed),
-                                timeout (seconds, at most the server's --timeout)
-    POST /v1/chat/completions   messages, rendered by the bundle's chat template; the same options
+                                (0: greedy), top_p, top_k, seed, stop, n, stream (server-sent events),
+                                logprobs (0-20), echo; extensions: num_beams, length_penalty (beam search,
+                                not streamed), timeout (seconds, at most the server's --timeout)
+    POST /v1/chat/completions   messages, rendered by the bundle's chat template; the same options, and
+                                logprobs (true/false) with top_logprobs (0-20)
+                                Any other field gets a 400 naming it (serve_fields.py).
     POST /v1/embeddings         input (a string or a list): encoder bundles; the model's pooled output
     GET  /v1/models, /v1/models/{name}
     GET  /v2, /v2/health/live, /v2/health/ready, /v2/models/{name}[/ready]   (Open Inference Protocol)
@@ -124,6 +126,11 @@ class Service:
                 sequence.cancel()
             raise ApiError(f"The server is busy: {error} Retry later.", None, 503, {"Retry-After": "1"}) from error
         return sequences
+
+    def check_logprobs(self, top, param):
+        """logprobs of a seq2seq bundle without continuous batching would need its decoder's every step again."""
+        if top is not None and not self.scheduler.batched and self.generator.kind != "decoder":
+            raise ApiError("logprobs need continuous batching for a seq2seq bundle; this one has none.", param)
 
     def limits(self, prompt_ids, max_tokens, explicit):
         """Check prompt lengths and max_tokens against the model's length; -> the max_tokens to use."""

@@ -14,8 +14,18 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from bundle_files import chat_template
+from serve_fields import check_fields
+from serve_logprobs import prompt_entries
 from serve_streaming import completion_response
-from serve_validation import ApiError, check_messages, field, json_body, prompt_ids_of, sampling_options
+from serve_validation import (
+    ApiError,
+    check_messages,
+    field,
+    json_body,
+    logprob_options,
+    prompt_ids_of,
+    sampling_options,
+)
 
 
 def _endpoint(name):
@@ -56,24 +66,39 @@ def _require(service, kind, param):
 @_endpoint("completions")
 async def completions(request, service):
     body = await json_body(request)
+    check_fields(body, "completions")
     service.check_model(body)
     _require(service, "generator", "model")
-    prompt_ids = prompt_ids_of(service, field(body, "prompt", (str, list), required=True))
+    prompt = field(body, "prompt", (str, list), required=True)
+    prompt_ids = prompt_ids_of(service, prompt)
     options, n, stop, stream, usage = sampling_options(body, len(prompt_ids))
+    options["logprobs"] = logprob_options(body, False, options["num_beams"])
+    service.check_logprobs(options["logprobs"], "logprobs")
     max_tokens = field(body, "max_tokens", int, default=16, check=lambda m: m >= 1, rule="a positive integer")
     options["max_tokens"] = service.limits(
         prompt_ids, max_tokens, "max_tokens" in body and body["max_tokens"] is not None
     )
+    echo = None
     if field(body, "echo", bool, default=False):
-        raise ApiError("echo is not supported by this server.", "echo")
+        if service.generator.kind != "decoder":
+            raise ApiError("echo needs a causal LM: this model's prompts are sources, not text it continues.", "echo")
+        texts = [prompt] if isinstance(prompt, str) else [p if isinstance(p, str) else None for p in prompt]
+        if len(texts) != len(prompt_ids):  # one prompt of token ids
+            texts = [None]
+        texts = [t if t is not None else service.generator.tokenizer.decode(ids) for t, ids in zip(texts, prompt_ids)]
+        entries = None
+        if options["logprobs"] is not None:
+            entries = await prompt_entries(service.generator, prompt_ids, options["logprobs"])
+        echo = {"texts": texts, "entries": entries}
     return await completion_response(
-        service, request, "completions", prompt_ids, options, n, stop, stream, usage, chat=False
+        service, request, "completions", prompt_ids, options, n, stop, stream, usage, chat=False, echo=echo
     )
 
 
 @_endpoint("chat_completions")
 async def chat_completions(request, service):
     body = await json_body(request)
+    check_fields(body, "chat_completions")
     service.check_model(body)
     _require(service, "generator", "model")
     if service.generator.kind != "decoder" or service.generator.chat_template is None:
@@ -90,6 +115,8 @@ async def chat_completions(request, service):
         raise ApiError(str(error), "messages") from error
     prompt_ids = [service.generator.tokenizer.encode(text, add_special_tokens=False).ids]
     options, n, stop, stream, usage = sampling_options(body, 1)
+    options["logprobs"] = logprob_options(body, True, options["num_beams"])
+    service.check_logprobs(options["logprobs"], "logprobs")
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = field(body, name, int, default=service.max_length, check=lambda m: m >= 1, rule="a positive integer")
     explicit = body.get(name) is not None
@@ -106,6 +133,7 @@ async def chat_completions(request, service):
 @_endpoint("embeddings")
 async def embeddings(request, service):
     body = await json_body(request)
+    check_fields(body, "embeddings")
     service.check_model(body)
     _require(service, "encoder", "model")
     texts = field(body, "input", (str, list), required=True)

@@ -12,6 +12,7 @@ import time
 
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from serve_logprobs import TokenStrings, chat_logprobs, completion_logprobs
 from serve_validation import ApiError
 
 
@@ -114,10 +115,14 @@ async def _watch_disconnect(request, inbox):
     inbox.wake.set()
 
 
-async def completion_response(service, request, endpoint, prompt_ids, options, n, stop, stream, include_usage, chat):
+async def completion_response(
+    service, request, endpoint, prompt_ids, options, n, stop, stream, include_usage, chat, echo=None
+):
     """Submit a completion (n sequences per prompt) -> its answer: one JSON body, or a stream of
-    server-sent events when `stream`. `chat` picks the chat completion's shapes over the text one's."""
-    completion = _Completion(service, request, endpoint, prompt_ids, options, n, stop, chat)
+    server-sent events when `stream`. `chat` picks the chat completion's shapes over the text one's.
+    `echo`: None, or {"texts": each prompt's text, "entries": None or each prompt's token logprob entries}:
+    each choice's text starts with its prompt's (and its logprobs with the prompt's tokens')."""
+    completion = _Completion(service, request, endpoint, prompt_ids, options, n, stop, chat, echo)
     if not stream:
         return await completion.json_response()
     return StreamingResponse(
@@ -130,8 +135,10 @@ async def completion_response(service, request, endpoint, prompt_ids, options, n
 class _Completion:
     """A submitted request: its sequences on the scheduler, its choices' text as it comes, its answer."""
 
-    def __init__(self, service, request, endpoint, prompt_ids, options, n, stop, chat):
+    def __init__(self, service, request, endpoint, prompt_ids, options, n, stop, chat, echo):
         self.started, self.inbox = time.perf_counter(), Inbox()
+        self.logprobs, self.strings = options["logprobs"] is not None, TokenStrings(service.generator.tokenizer)
+        self.prompt_ids, self.n, self.echo = prompt_ids, n, echo
         self.service, self.request, self.endpoint, self.chat = service, request, endpoint, chat
         options = dict(options)
         requested = options.pop("timeout")
@@ -157,18 +164,40 @@ class _Completion:
             "total_tokens": self.prompt_tokens + completion_tokens,
         }
 
+    def _echoed(self, index):
+        """Choice `index`'s echoed prompt: (text, ids, logprob entries or None); ("", [], []) without echo."""
+        if self.echo is None:
+            return "", [], []
+        prompt = index // self.n
+        entries = self.echo["entries"][prompt] if self.echo["entries"] is not None else None
+        return self.echo["texts"][prompt], self.prompt_ids[prompt], entries
+
+    def _logprobs(self, index, ids, entries, first):
+        """Choice `index`'s logprobs object for tokens `ids` with `entries` (None when not asked for);
+        `first`: these start the choice (an echoed prompt's tokens come first)."""
+        if not self.logprobs:
+            return None
+        if self.chat:
+            return chat_logprobs(self.strings, ids, entries)
+        if first:
+            _, prompt_ids, prompt_entries = self._echoed(index)
+            ids, entries = list(prompt_ids) + list(ids), list(prompt_entries or []) + list(entries)
+        return completion_logprobs(self.strings, ids, entries)
+
     async def json_response(self):
         """The answer not streamed: every choice's whole text (or 499 when the client went away)."""
-        texts = ["" for _ in self.choices]
-        async for index, text, _ in self._deltas(watch_disconnect=True):
+        texts = [self._echoed(i)[0] for i in range(len(self.choices))]
+        entries = [[] for _ in self.choices]
+        async for index, text, _, new in self._deltas(watch_disconnect=True):
             texts[index] += text
+            entries[index] += new
         if self.inbox.disconnected:
             return Response(status_code=499)
         body = [
             {
                 "index": i,
                 "finish_reason": c.finish,
-                "logprobs": None,
+                "logprobs": self._logprobs(i, c.ids[: len(entries[i])], entries[i], True),
                 **({"message": {"role": "assistant", "content": texts[i]}} if self.chat else {"text": texts[i]}),
             }
             for i, c in enumerate(self.choices)
@@ -176,35 +205,36 @@ class _Completion:
         return JSONResponse({**self.head, "choices": body, "usage": self.usage()})
 
     async def events(self, include_usage):
-        """The streamed answer's server-sent events: (chat) each choice's role, a delta per piece of text,
-        the usage if asked, then [DONE]; an error during generation ends the stream with an error event."""
+        """The streamed answer's server-sent events: (chat) each choice's role, (echo) each choice's prompt, a
+        delta per piece of text, the usage if asked, then [DONE]; an error during generation ends the stream
+        with an error event."""
         chat = self.chat
         chunk = {**self.head, "object": "chat.completion.chunk" if chat else "text_completion"}
-        if chat:
-            for i in range(len(self.choices)):
-                yield _sse(
-                    {
-                        **chunk,
-                        "choices": [
-                            {
-                                "index": i,
-                                "delta": {"role": "assistant", "content": ""},
-                                "finish_reason": None,
-                                "logprobs": None,
-                            }
-                        ],
-                    }
-                )
+        for i in range(len(self.choices)):
+            if chat:
+                delta = {"delta": {"role": "assistant", "content": ""}}
+            elif self.echo is not None:
+                delta = {"text": self._echoed(i)[0]}
+            else:
+                continue
+            logprobs = None if chat else self._logprobs(i, [], [], True)
+            yield _sse({**chunk, "choices": [{"index": i, **delta, "finish_reason": None, "logprobs": logprobs}]})
         # An event per delta: the chunk's fixed fields are encoded once, each delta's own by hand.
         before = f'data: {_json(chunk)[:-1]}, "choices": [{{"index": '
+        sent = [0] * len(self.choices)  # tokens whose logprobs went out, per choice
         try:
-            async for index, text, finish in self._deltas(watch_disconnect=False):
+            async for index, text, finish, entries in self._deltas(watch_disconnect=False):
                 if chat:
                     delta = f'{{"content": {_json(text)}}}' if text or not finish else "{}"
                     part = f'"delta": {delta}'
                 else:
                     part = f'"text": {_json(text)}'
-                yield f'{before}{index}, {part}, "finish_reason": {_json(finish)}, "logprobs": null}}]}}\n\n'
+                logprobs = "null"
+                if self.logprobs:
+                    ids = self.choices[index].ids[sent[index] : sent[index] + len(entries)]
+                    sent[index] += len(entries)
+                    logprobs = _json(self._logprobs(index, ids, entries, False))
+                yield f'{before}{index}, {part}, "finish_reason": {_json(finish)}, "logprobs": {logprobs}}}]}}\n\n'
         except ApiError as error:
             yield _sse({"error": {"message": error.message, "type": "server_error", "param": None, "code": None}})
             return
@@ -213,8 +243,9 @@ class _Completion:
         yield "data: [DONE]\n\n"
 
     async def _deltas(self, watch_disconnect):
-        """(index, text, finish or None) as tokens arrive: every token of a choice that waits when the request
-        wakes (once per decode step at most) goes out as one piece; ends when every sequence has finished.
+        """(index, text, finish or None, logprob entries) as tokens arrive: every token of a choice that waits
+        when the request wakes (once per decode step at most) goes out as one piece; ends when every sequence
+        has finished. The entries are those of the tokens the choice took (none past a stop string).
 
         `watch_disconnect`: also wake when the client goes away (a streamed answer learns it from Starlette)."""
         inbox, remaining = self.inbox, len(self.sequences)
@@ -225,13 +256,14 @@ class _Completion:
                 inbox.wake.clear()
                 if inbox.disconnected:
                     return
-                tokens, finishes = _drain(inbox)
+                tokens, finishes, logprobs = _drain(inbox)
                 for index in sorted(tokens.keys() | finishes.keys()):
-                    text = self._choice_text(index, tokens.get(index), finishes.get(index))
+                    text, taken = self._choice_text(index, tokens.get(index), finishes.get(index))
                     finish = self.choices[index].finish if index in finishes else None
                     remaining -= index in finishes
-                    if text or finish:
-                        yield index, text, finish
+                    entries = logprobs.get(index, [])[:taken]
+                    if text or finish or entries:
+                        yield index, text, finish, entries
         finally:  # the client went away, or an error: free every row
             for sequence in self.sequences:
                 sequence.cancel()
@@ -240,8 +272,9 @@ class _Completion:
             self.service.metrics.latency.labels(self.endpoint).observe(time.perf_counter() - self.started)
 
     def _choice_text(self, index, tokens, finish):
-        """Choice `index`'s new tokens and its finish (None: not yet) -> the text they add (raises on a timeout)."""
-        choice, text, metrics = self.choices[index], "", self.service.metrics
+        """Choice `index`'s new tokens and its finish (None: not yet) -> (the text they add, how many of the
+        tokens it took) (raises on a timeout)."""
+        choice, text, metrics, taken = self.choices[index], "", self.service.metrics, 0
         if tokens and choice.finish is None:  # (after a stop string, tokens come until the scheduler drops the row)
             if choice.first_token_at is None:
                 choice.first_token_at = time.perf_counter()
@@ -249,7 +282,8 @@ class _Completion:
                     metrics.ttft.labels(self.endpoint).observe(choice.first_token_at - self.started)
             before = len(choice.ids)
             text = choice.add(tokens)
-            metrics.generated_tokens.inc(len(choice.ids) - before)
+            taken = len(choice.ids) - before
+            metrics.generated_tokens.inc(taken)
             if choice.finish is not None:
                 self.sequences[index].cancel()
         if finish is not None:
@@ -258,21 +292,25 @@ class _Completion:
             if choice.finish is None:
                 text += choice.close()
                 choice.finish = "stop" if finish == "stop" else "length"
-        return text
+        return text, taken
 
 
 def _drain(inbox):
-    """The events waiting in `inbox` -> ({index: [token, ...]}, {index: finish}); a failure raises."""
-    tokens, finishes = collections.defaultdict(list), {}
+    """The events waiting in `inbox` -> ({index: [token, ...]}, {index: finish}, {index: [logprob entry, ...]});
+    a failure raises."""
+    tokens, finishes, logprobs = collections.defaultdict(list), {}, collections.defaultdict(list)
     while inbox.events:
         index, kind, value = inbox.events.popleft()
         if kind == "token":
+            if isinstance(value, tuple):  # (token, its logprob entry)
+                value, entry = value
+                logprobs[index].append(entry)
             tokens[index].append(value)
         elif kind == "finish":
             finishes[index] = value
         else:
             raise ApiError(f"Generation failed: {value}", None, 500)
-    return tokens, finishes
+    return tokens, finishes, logprobs
 
 
 _json = json.JSONEncoder(ensure_ascii=False).encode

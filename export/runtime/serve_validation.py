@@ -13,6 +13,7 @@ from bundle_files import chat_template
 
 MAX_CHOICES = 16  # n, and prompts x n, per request
 MAX_STOP_STRINGS = 4  # as OpenAI
+MAX_LOGPROBS = 20  # alternatives per token: OpenAI's top_logprobs limit, vLLM's default max_logprobs
 
 
 class ApiError(Exception):
@@ -109,9 +110,28 @@ def sampling_options(body, n_prompts):
             )
         if n > 1:
             raise ApiError("Beam search returns one (the best) hypothesis per prompt: n must be 1.", "n")
-    if field(body, "logprobs", (bool, int), default=False):
-        raise ApiError("logprobs are not supported by this server.", "logprobs")
     return options, n, stop, stream, bool(stream_options.get("include_usage"))
+
+
+def logprob_options(body, chat, num_beams):
+    """How many alternatives to report with each token's log-probability, or None: chat's `logprobs` (a
+    boolean) and `top_logprobs`, a completion's `logprobs` (an integer)."""
+    rule = f"an integer in [0, {MAX_LOGPROBS}]"
+    if chat:
+        top = field(body, "top_logprobs", int, check=lambda k: 0 <= k <= MAX_LOGPROBS, rule=rule)
+        wanted = field(body, "logprobs", bool, default=False)
+        if top is not None and not wanted:
+            raise ApiError("'top_logprobs' needs 'logprobs': true.", "top_logprobs")
+        top = (top or 0) if wanted else None
+    else:
+        top = field(body, "logprobs", int, check=lambda k: 0 <= k <= MAX_LOGPROBS, rule=rule)
+    if top is not None and num_beams > 1:
+        raise ApiError(
+            f"logprobs are not available with beam search (num_beams={num_beams}): a beam's tokens are chosen "
+            "by its sequence's score, not one at a time.",
+            "logprobs",
+        )
+    return top
 
 
 def prompt_ids_of(service, prompt):

@@ -22,7 +22,7 @@ from keras_transformer.decoding.generate_inputs import (
     stop_token_ids,
 )
 from keras_transformer.decoding.generate_options import GenerateOptions
-from keras_transformer.decoding.generate_outputs import cut_results, format_results
+from keras_transformer.decoding.generate_outputs import chosen_logprobs, cut_results, format_results
 from keras_transformer.decoding.generation_config import GenerationConfig
 from keras_transformer.decoding.loop_state import ABSENT
 from keras_transformer.samplers.registry import get
@@ -112,10 +112,11 @@ def generate_with(task, inputs, options):
     arrays = _decode_inputs(call, sampler, options, task.backbone)
     outputs = decode(task, sampler, decode_options, arrays, streamer=options.streamer)
     results, scores, logits = cut_results(outputs, call.prompts, sampler, options.max_new_tokens, call.stop_ids)
+    logprobs = chosen_logprobs(results, call.prompts, logits)
     results = format_results(task, call.form, results, sampler.num_return_sequences, call.pad_id)
     if not options.return_dict:
         return results
-    return {"outputs": results, "scores": scores, "logits": logits}
+    return {"outputs": results, "scores": scores, "logits": logits, "logprobs": logprobs}
 
 
 def _read_call(task, inputs, options):

@@ -26,6 +26,21 @@ def cut_results(outputs, prompts, sampler, max_new_tokens, stop_ids):
     return results, scores, logits
 
 
+def chosen_logprobs(results, prompts, logits):
+    """Each row's generated tokens' log-probabilities (N,) float32: the log-softmax of the raw logits the loop
+    kept (before temperature, top-k/top-p and logits processors), at the token chosen; None without logits."""
+    if logits is None:
+        return None
+    chosen = []
+    for result, prompt, row_logits in zip(results, prompts, logits):
+        row_logits = np.asarray(row_logits, np.float64)  # (N, V)
+        peak = row_logits.max(axis=-1, keepdims=True)
+        log_total = np.log(np.exp(row_logits - peak).sum(axis=-1)) + peak[:, 0]  # (N,)
+        tokens = np.asarray(result[len(prompt) :], np.int64)  # (N,)
+        chosen.append((row_logits[np.arange(tokens.size), tokens] - log_total).astype(np.float32))
+    return chosen
+
+
 def _stop_length(generated, stop_ids):
     """Number of generated tokens kept: up to and including the first stop token."""
     if stop_ids:

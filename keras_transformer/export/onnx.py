@@ -51,6 +51,8 @@ RUNTIME_FILES = (
     "cache_rows.py",
     "serve.py",
     "serve_endpoints.py",
+    "serve_fields.py",
+    "serve_logprobs.py",
     "serve_streaming.py",
     "serve_validation.py",
     "requirements.txt",

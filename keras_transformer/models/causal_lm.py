@@ -1,6 +1,7 @@
 """CausalLM: the task base of decoder-only language models (next-token prediction)."""
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_transformer.metrics import Perplexity
@@ -64,6 +65,63 @@ class CausalLM(LanguageModel):
         """
         hidden, cache = self.backbone.call_with_cache(token_ids, cache, cache_index, padding_mask, call_layer)
         return ops.cast(self.compute_logits(hidden, head, call_layer), "float32"), cache
+
+    def score(self, token_ids, padding_mask=None, scoring_mode="logits", target_ids=None):
+        """Score sequences with one forward pass (no cache), as keras-hub's `CausalLM.score`.
+
+        Args:
+            token_ids: int ids (B, T), or a string or a list of strings, tokenized as `generate` reads a
+                prompt (the preprocessor's start token first, no end token) and right-padded.
+            padding_mask: None (every position real) or (B, T) 0/1 or bool; strings bring their own.
+            scoring_mode: "logits": the logits (B, T, V) float32 (position t scores the token after it);
+                "loss": the per-token cross-entropy (B, T) of `target_ids` at each position, i.e. minus
+                its log-probability (the log-softmax of the raw logits).
+            target_ids: (B, T) ids, needed for "loss" with ids; with strings, None means the next
+                token of each position (the last position and padding score 0).
+
+        Returns:
+            (B, T, V) logits or a (B, T) loss, float32 backend tensors.
+
+        Example:
+        >>> from keras_transformer.models import GPTCausalLM
+        >>> lm = GPTCausalLM.from_preset("gpt_stdlib")
+        >>> tuple(lm.score(["for i in range(", "import os"]).shape)  # (B, T, V): the start token counts
+        (2, 6, 4096)
+        """
+        if scoring_mode not in ("logits", "loss"):
+            raise ValueError(f"`scoring_mode` must be 'logits' or 'loss'. Received: scoring_mode={scoring_mode!r}")
+        texts = [token_ids] if isinstance(token_ids, str) else token_ids
+        is_text = isinstance(texts, (list, tuple)) and len(texts) > 0 and all(isinstance(t, str) for t in texts)
+        next_token_mask = None
+        if is_text:
+            if padding_mask is not None or self.preprocessor is None:
+                raise ValueError(
+                    "Strings bring their own padding mask and need a task with a preprocessor. Received: "
+                    f"padding_mask={'None' if padding_mask is None else 'an array'}, "
+                    f"preprocessor={type(self.preprocessor).__name__}"
+                )
+            rows = self.preprocessor.generate_preprocess(list(texts))
+            token_ids = np.zeros((len(rows), max(len(r) for r in rows)), "int32")  # (B, T), right-padded
+            padding_mask = np.zeros(token_ids.shape, "int32")
+            for b, row in enumerate(rows):
+                token_ids[b, : len(row)], padding_mask[b, : len(row)] = row, 1
+            if scoring_mode == "loss" and target_ids is None:
+                target_ids = np.pad(token_ids[:, 1:], ((0, 0), (0, 1)))  # (B, T): the next token
+                next_token_mask = np.pad(padding_mask[:, 1:], ((0, 0), (0, 1)))
+        if scoring_mode == "loss" and target_ids is None:
+            raise ValueError("`scoring_mode='loss'` with token ids needs `target_ids`. Received: target_ids=None")
+        token_ids = ops.convert_to_tensor(token_ids, "int32")
+        if len(token_ids.shape) != 2 or token_ids.shape[1] > self.backbone.max_sequence_length:
+            raise ValueError(
+                f"`token_ids` must be (B, T) with T <= max_sequence_length={self.backbone.max_sequence_length}. "
+                f"Received: shape={tuple(token_ids.shape)}"
+            )
+        padding_mask = ops.ones_like(token_ids) if padding_mask is None else padding_mask
+        logits = self({"token_ids": token_ids, "padding_mask": ops.cast(padding_mask, "bool")}, training=False)
+        if scoring_mode == "logits":
+            return logits  # (B, T, V)
+        loss = keras.losses.sparse_categorical_crossentropy(target_ids, logits, from_logits=True)  # (B, T)
+        return loss if next_token_mask is None else loss * ops.cast(next_token_mask, loss.dtype)
 
     def default_weighted_metrics(self):
         return [keras.metrics.SparseCategoricalAccuracy(name="accuracy"), Perplexity()]

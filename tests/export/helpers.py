@@ -55,6 +55,8 @@ BUNDLE_RUNTIME_FILES = [
     "sequence.py",
     "serve.py",
     "serve_endpoints.py",
+    "serve_fields.py",
+    "serve_logprobs.py",
     "serve_streaming.py",
     "serve_validation.py",
 ]
