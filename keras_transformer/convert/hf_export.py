@@ -43,6 +43,7 @@ from keras_transformer.convert import hf_generation, hf_tokenizer
 from keras_transformer.convert.hf_export_families import FAMILIES, LAYOUT_CONVERTERS, family_of, llama_config
 from keras_transformer.convert.hf_export_families import modernbert_config
 from keras_transformer.convert.hf_export_families import gemma_config, t5_config
+from keras_transformer.convert.safetensors_writer import SafetensorsWriter
 from keras_transformer.convert.weight_recorder import WeightRecorder
 from keras_transformer.models.lora import lora_layers
 from keras_transformer.models.quantization import quantization_mode
@@ -97,18 +98,13 @@ def export_hugging_face(task, path, overwrite=False, dtype=None, max_shard_size=
     with torch.device("meta"):
         hf_model = getattr(transformers, model_cls)(config)
     shapes = {name: tuple(tensor.shape) for name, tensor in hf_model.state_dict().items()}
-    arrays, tied = _export_weights(task, config.to_dict(), shapes, dequantized)
-    torch_dtype = getattr(torch, dtype)
-    state = {name: torch.from_numpy(array).to(torch_dtype) for name, array in arrays.items()}
-    # A tied copy is the same tensor, as in a model transformers built: save_pretrained stores it once.
-    state.update({name: state[reference] for name, reference in tied.items()})
-    hf_model.load_state_dict(state, strict=True, assign=True)
-    hf_model.eval()
     for key, value in hf_generation.write(getattr(task, "generation_config", None)).items():
         setattr(hf_model.generation_config, key, value)  # the model's defaults for generate
+    streamed = _stored_as_held(hf_model)
 
     def write(tmp):
-        hf_model.save_pretrained(tmp, max_shard_size=max_shard_size)
+        args = (task, hf_model, shapes, dequantized, dtype, tmp, max_shard_size)
+        _stream_weights(*args) if streamed else _save_pretrained(torch, *args)
         _add_transformers4_keys(tmp, task, family)
         if task.preprocessor is not None:
             hf_tokenizer.save_tokenizer(task, transformers, tmp)
@@ -271,13 +267,54 @@ def _modernbert_hub_keys(config):
 # --- weights ----------------------------------------------------------------
 
 
-def _export_weights(task, hf_config, shapes, values=None):
-    """Our weights as ({Hugging Face name: float32 array}, {tied copy: its reference}), through the family's
-    converter run backwards; `values`: {id(variable): float value} to write instead (dequantized kernels)."""
+def _stored_as_held(hf_model):
+    """Whether `save_pretrained` stores the model's tensors as the model holds them. transformers 5 holds some
+    layouts otherwise (e.g. a mixture of experts' stacked experts, saved one tensor per expert) and reverts them over
+    the whole state dict when saving; those go through `save_pretrained`, the others stream."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4: no conversions
+        return True
+    held = hf_model.state_dict()  # meta tensors: the conversions run on shapes alone
+    stored = revert_weight_conversion(hf_model, dict(held))
+    return {name: tuple(tensor.shape) for name, tensor in stored.items()} == {
+        name: tuple(tensor.shape) for name, tensor in held.items()
+    }
+
+
+def _stream_weights(task, hf_model, shapes, values, dtype, directory, max_shard_size):
+    """Write the safetensors files tensor by tensor as the converter, run backwards, fills each one, and
+    the config files as `save_pretrained` writes them (it would need every tensor at once)."""
+    writer = SafetensorsWriter(directory, dtype, max_shard_size)
+    recorder = WeightRecorder(shapes, values, sink=writer.add)
+    _run_converter(task, hf_model.config.to_dict(), recorder)
+    recorder.finish()
+    writer.close(total_parameters=hf_model.num_parameters())
+    hf_model.config.dtype = dtype
+    hf_model.config.architectures = [type(hf_model).__name__]
+    hf_model.config.save_pretrained(directory)
+    if hf_model.can_generate():
+        hf_model.generation_config.save_pretrained(directory)
+
+
+def _save_pretrained(torch, task, hf_model, shapes, values, dtype, directory, max_shard_size):
+    """The whole state dict, given to the model and saved by `save_pretrained` (which converts layouts)."""
     recorder = WeightRecorder(shapes, values)
+    _run_converter(task, hf_model.config.to_dict(), recorder)
+    arrays = recorder.arrays()
+    torch_dtype = getattr(torch, dtype)
+    state = {name: torch.from_numpy(array).to(torch_dtype) for name, array in arrays.items()}
+    # A tied copy is the same tensor, as in a model transformers built: save_pretrained stores it once.
+    state.update({name: state[reference] for name, reference in recorder.tied.items()})
+    hf_model.load_state_dict(state, strict=True, assign=True)
+    hf_model.eval()
+    hf_model.save_pretrained(directory, max_shard_size=max_shard_size)
+
+
+def _run_converter(task, hf_config, recorder):
+    """The family's converter run backwards into `recorder` (see `WeightRecorder`)."""
     converter = LAYOUT_CONVERTERS.get(hf_config.get("model_type"), FAMILIES[type(task).__name__][1])
     converter.load_weights(task, recorder, hf_config)
-    return recorder.arrays(), recorder.tied
 
 
 __all__ = ["DEFAULT_MAX_SHARD_SIZE", "DTYPES", "FORMAT", "export_hugging_face"]

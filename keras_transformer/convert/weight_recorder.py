@@ -1,7 +1,11 @@
 """WeightRecorder: a converter's `load_weights` run backwards, to write our weights in a checkpoint's layout."""
 
+import bisect
+
 import keras
 import numpy as np
+
+_SLICE = 2**22  # elements flattened at a time in `assign`
 
 
 class WeightRecorder:
@@ -10,21 +14,29 @@ class WeightRecorder:
     `get(name)` returns the element numbers of the tensor `name` (numbers from one range shared by
     all tensors, laid out in the tensor's Hugging Face shape); the converter transposes, reshapes
     and slices them exactly as it would the weights and hands them to `assign` with the variable
-    they belong to. `assign` then writes the variable's values at those numbers, so the buffer
-    ends up holding every tensor in the checkpoint's layout.
+    they belong to. `assign` then writes the variable's values at those numbers into that tensor's
+    buffer.
+
+    A tensor's buffer exists only while it is being filled: once every element of it is written
+    (exactly once), it goes to `sink(name, array)` and is dropped, so an export streams tensor by
+    tensor and holds about one layer's tensors at a time, never a copy of the whole model. Without
+    a `sink`, the finished tensors are kept for `arrays()`.
     """
 
-    def __init__(self, shapes, values=None):
+    def __init__(self, shapes, values=None, sink=None):
         self.shapes = shapes
         self.values = values or {}  # id(variable) -> the float value to write instead of the variable's own
-        self.offsets, total = {}, 0
-        for name, shape in shapes.items():
-            self.offsets[name] = total
+        self.names, self.starts, total = list(shapes), [], 0
+        for shape in shapes.values():
+            self.starts.append(total)
             total += int(np.prod(shape, dtype=np.int64))
-        self.buffer = np.zeros(total, dtype="float32")
-        self.written = np.zeros(total, dtype="uint8")
+        self.total = total
         self.index_dtype = "int32" if total < 2**31 else "int64"
         self.tied = {}  # name -> the name of the tensor it is a copy of
+        self.finished = {}  # name -> the array, when there is no sink
+        self.sink = sink or self.finished.__setitem__
+        self.sent = set()  # the names handed to the sink
+        self.pending = {}  # name -> [buffer (N,), write counts (N,), elements written]
 
     def has(self, name):
         return name in self.shapes
@@ -32,9 +44,8 @@ class WeightRecorder:
     def get(self, name):
         if name not in self.shapes:
             raise ValueError(f"The Hugging Face model has no tensor {name!r}, which the export needs.")
-        start = self.offsets[name]
-        size = int(np.prod(self.shapes[name], dtype=np.int64))
-        return np.arange(start, start + size, dtype=self.index_dtype).reshape(self.shapes[name])
+        start = self.starts[self.names.index(name)]
+        return np.arange(start, start + self._size(name), dtype=self.index_dtype).reshape(self.shapes[name])
 
     def assign(self, variable, value, source):
         index = np.asarray(value)
@@ -47,8 +58,13 @@ class WeightRecorder:
             values = self.values[id(variable)]
         else:  # a variable, or a tensor (a LoRA layer's `kernel` reads kernel + (alpha / r) A @ B)
             values = keras.ops.convert_to_numpy(keras.ops.cast(variable, "float32"))
-        self.buffer[index.ravel()] = values.ravel()
-        self.written[index.ravel()] += 1  # the numbers within one tensor are distinct
+        values = np.asarray(values, dtype="float32")
+        # In slices along the first axis, so that the flattened numbers (a copy when the converter transposed
+        # them) and their offsets never cost more than a slice: a large embedding's are 3x its size otherwise.
+        rows = max(1, _SLICE // max(1, int(np.prod(index.shape[1:], dtype=np.int64)))) if index.ndim else 1
+        for begin in range(0, max(1, index.shape[0] if index.ndim else 1), rows):
+            part = (index, values) if not index.ndim else (index[begin : begin + rows], values[begin : begin + rows])
+            self._scatter(part[0].ravel(), part[1].ravel())
 
     def skip(self, layer, reason):
         del layer, reason  # weights the checkpoint has no place for (e.g. a pooler a masked LM does not use)
@@ -60,20 +76,68 @@ class WeightRecorder:
     def report(self, *args, **kwargs):
         del args, kwargs
 
-    def arrays(self):
-        """{name: array in the Hugging Face shape} but for the tied copies; every element written exactly once."""
-        out = {}
-        for name, shape in self.shapes.items():
-            if name in self.tied:
+    def finish(self):
+        """Check that every tensor but the tied copies went to the sink, each element written exactly once (and
+        send the empty ones)."""
+        for name in self.names:
+            if name in self.tied and name in self.sent:
+                raise ValueError(f"The export wrote the Hugging Face tensor {name!r}, which is a tied copy of another.")
+            if name in self.tied or name in self.sent:
                 continue
-            start = self.offsets[name]
-            size = int(np.prod(shape, dtype=np.int64))
-            counts = self.written[start : start + size]
-            if size and (counts.min() != 1 or counts.max() != 1):
-                how = "more than once" if counts.max() > 1 else "not at all" if counts.max() == 0 else "partly"
-                raise ValueError(
-                    f"The export wrote the Hugging Face tensor {name!r} {how}: the model and the Hugging Face "
-                    "class do not have the same weights."
-                )
-            out[name] = self.buffer[start : start + size].reshape(shape)
-        return out
+            if not self._size(name):  # nothing to write, but the checkpoint lists it
+                self.sent.add(name)
+                self.sink(name, np.zeros(self.shapes[name], "float32"))
+                continue
+            how = "partly" if name in self.pending else "not at all"
+            raise ValueError(
+                f"The export wrote the Hugging Face tensor {name!r} {how}: the model and the Hugging Face "
+                "class do not have the same weights."
+            )
+
+    def arrays(self):
+        """{name: array in the Hugging Face shape} but for the tied copies (without a sink)."""
+        self.finish()
+        return {name: self.finished[name] for name in self.names if name not in self.tied}
+
+    def _size(self, name):
+        return int(np.prod(self.shapes[name], dtype=np.int64))
+
+    def _tensor_of(self, element):
+        return bisect.bisect_right(self.starts, int(element)) - 1
+
+    def _scatter(self, index, values):
+        """Write flat `values` at the flat element numbers `index`, tensor by tensor."""
+        if not index.size:
+            return
+        first, last = self._tensor_of(index.min()), self._tensor_of(index.max())
+        if first == last:  # the usual case: a variable is (part of) one checkpoint tensor
+            self._write(first, index - self.starts[first], values)
+            return
+        tensors = np.searchsorted(self.starts, index, side="right") - 1  # e.g. one fused variable, several tensors
+        for tensor in np.unique(tensors):
+            chosen = tensors == tensor
+            self._write(int(tensor), index[chosen] - self.starts[tensor], values[chosen])
+
+    def _write(self, tensor, local, values):
+        """Write `values` at the element numbers `local` of tensor number `tensor`; send it on when it is full."""
+        name = self.names[tensor]
+        size = self._size(name)
+        if name in self.sent:
+            raise ValueError(f"The export wrote the Hugging Face tensor {name!r} more than once.")
+        if name not in self.pending:
+            self.pending[name] = [np.zeros(size, "float32"), np.zeros(size, "uint8"), 0]
+        entry = self.pending[name]
+        buffer, counts = entry[0], entry[1]
+        buffer[local] = values
+        counts[local] += 1  # the numbers within one assignment are distinct
+        entry[2] += local.size
+        if entry[2] < size:
+            return
+        if counts.min() != 1 or counts.max() != 1:
+            raise ValueError(
+                f"The export wrote the Hugging Face tensor {name!r} more than once: the model and the Hugging Face "
+                "class do not have the same weights."
+            )
+        del self.pending[name]
+        self.sent.add(name)
+        self.sink(name, buffer.reshape(self.shapes[name]))

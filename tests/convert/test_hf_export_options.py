@@ -13,7 +13,7 @@ import torch
 import transformers
 
 from keras_transformer import cli, export
-from keras_transformer.convert import hf_export, hf_tokenizer
+from keras_transformer.convert import hf_export, hf_tokenizer, safetensors_writer, weight_recorder
 from keras_transformer.models import GPTCausalLM, LlamaBackbone, LlamaCausalLM, TransformerSeq2SeqLM
 from keras_transformer.models.lora import enable_lora
 from tests.convert.hf_export_cases import ATOL, assert_same_weights, logits_pair, tensors
@@ -46,6 +46,34 @@ def test_dtype_is_chosen(build, tmp_path, dtype):
     for key, tensor in exported.items():
         assert tensor.dtype == getattr(torch, dtype), key
         assert torch.equal(tensor, full[key].to(getattr(torch, dtype))), key  # rounded once, from float32
+
+
+def test_weights_stream_tensor_by_tensor(build, tmp_path, monkeypatch):
+    """Each tensor reaches its file as soon as the converter has filled it: the export never holds the whole model
+    in the checkpoint's layout (only `save_pretrained` would, for layouts transformers converts when saving)."""
+    c = build("llama")
+    held, added = [], []
+    recorders = []
+    original_init, original_add = weight_recorder.WeightRecorder.__init__, safetensors_writer.SafetensorsWriter.add
+
+    def init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        recorders.append(self)
+
+    def add(self, name, array):
+        held.append(sum(entry[0].nbytes for entry in recorders[-1].pending.values()) + array.nbytes)
+        added.append(name)
+        original_add(self, name, array)
+
+    monkeypatch.setattr(weight_recorder.WeightRecorder, "__init__", init)
+    monkeypatch.setattr(safetensors_writer.SafetensorsWriter, "add", add)
+    out = c.ours.export(tmp_path / "streamed", format="huggingface")
+    exported = tensors(out)
+    assert sorted(added) == sorted(exported)  # each tensor once, through the streaming writer
+    total = sum(tensor.numel() * 4 for tensor in exported.values())
+    assert max(held) < total / 3, (max(held), total)  # a layer's tensors at most (the model has 2 layers)
+    for key, tensor in tensors(c.out).items():
+        assert torch.equal(tensor, exported[key]), key
 
 
 def test_dtype_is_kept(build, tmp_path):
