@@ -30,7 +30,7 @@ def decode(task, sampler, options, inputs, streamer=None):
     plan = compile_lib.plan(task, sampler, options, (rows, length), cache_bytes)
     spec, kernels = LoopSpec(task, sampler, plan.options), plan.kernels
     prefill_inputs, loop_inputs = keras.tree.map_structure(ops.convert_to_tensor, (inputs.prefill, inputs.loop))
-    prepared = _prepare(spec, plan, prefill_inputs)
+    prepared = prepare_compiled(spec, plan, prefill_inputs)
     key = (sampler._trace_key(), spec.options)
     if streamer is None and not plan.stepwise:
         loop = compile_lib.compiled(task, ("run",) + key, lambda: lambda x, p, k: run(spec, x, p, k))
@@ -56,7 +56,7 @@ def decode(task, sampler, options, inputs, streamer=None):
     return compile_lib.to_numpy(outputs(spec, state))
 
 
-def _prepare(spec, plan, inputs):
+def prepare_compiled(spec, plan, inputs):
     """The encoder (seq2seq) and the prefill, compiled.
 
     The kernels are an argument (PyTorch only). A compiled PyTorch prefill is one graph per input shape

@@ -24,7 +24,10 @@ from keras_transformer.decoding.generate_inputs import (
 from keras_transformer.decoding.generate_options import GenerateOptions
 from keras_transformer.decoding.generate_outputs import chosen_logprobs, cut_results, format_results
 from keras_transformer.decoding.generation_config import GenerationConfig
-from keras_transformer.decoding.loop_state import ABSENT
+from keras_transformer.decoding.loop_state import ABSENT, present
+from keras_transformer.decoding.speculation import Speculation
+from keras_transformer.decoding.speculative_decode import speculative_decode
+from keras_transformer.samplers.greedy_sampler import GreedySampler
 from keras_transformer.samplers.registry import get
 
 __all__ = ["LENGTH_BUCKET", "PREFILL_BUCKET", "generate", "generate_with"]
@@ -42,6 +45,10 @@ def generate(
     streamer=None,
     return_dict=False,
     output_logits=False,
+    prompt_lookup_num_tokens=None,
+    max_matching_ngram_size=None,
+    draft_model=None,
+    num_draft_tokens=None,
 ):
     """Generate from a causal LM (continue prompts) or a seq2seq LM (transduce sources).
 
@@ -57,6 +64,10 @@ def generate(
         streamer=streamer,
         return_dict=return_dict,
         output_logits=output_logits,
+        prompt_lookup_num_tokens=prompt_lookup_num_tokens,
+        max_matching_ngram_size=max_matching_ngram_size,
+        draft_model=draft_model,
+        num_draft_tokens=num_draft_tokens,
     )
     return generate_with(task, inputs, options)
 
@@ -110,13 +121,45 @@ def generate_with(task, inputs, options):
         streaming=options.streamer is not None,
     )
     arrays = _decode_inputs(call, sampler, options, task.backbone)
-    outputs = decode(task, sampler, decode_options, arrays, streamer=options.streamer)
+    speculation = _speculation(task, sampler, options)
+    if speculation is None:
+        outputs = decode(task, sampler, decode_options, arrays, streamer=options.streamer)
+    else:
+        source = ABSENT  # a seq2seq model's source, which prompt lookup matches before the output
+        if present(call.encoder_token_ids):
+            source = np.where(call.encoder_padding_mask, call.encoder_token_ids, -1).astype("int32")
+        outputs = speculative_decode(
+            task, sampler, decode_options, speculation, arrays, source, streamer=options.streamer
+        )
     results, scores, logits = cut_results(outputs, call.prompts, sampler, options.max_new_tokens, call.stop_ids)
     logprobs = chosen_logprobs(results, call.prompts, logits)
     results = format_results(task, call.form, results, sampler.num_return_sequences, call.pad_id)
     if not options.return_dict:
         return results
     return {"outputs": results, "scores": scores, "logits": logits, "logprobs": logprobs}
+
+
+def _speculation(task, sampler, options):
+    """The call's `Speculation`, or None for plain decoding; what speculation cannot take is an error."""
+    if options.prompt_lookup_num_tokens is None and options.draft_model is None:
+        return None
+    asked = (
+        f"prompt_lookup_num_tokens={options.prompt_lookup_num_tokens}"
+        if options.draft_model is None
+        else f"draft_model={type(options.draft_model).__name__}"
+    )
+    if sampler.reorders_rows:
+        raise ValueError(f"Speculative decoding does not run with beam search. Received: {asked}, sampler={sampler!r}")
+    if not isinstance(sampler, GreedySampler):
+        raise ValueError(
+            "Speculative decoding runs with greedy decoding only so far (random sampling's rejection rule is not "
+            f"implemented yet). Received: {asked}, sampler={sampler!r}"
+        )
+    if options.draft_model is not None:
+        raise ValueError(
+            f"Speculative decoding with a draft model is not implemented yet: use prompt lookup. Received: {asked}"
+        )
+    return Speculation(options.prompt_lookup_num_tokens, options.max_matching_ngram_size or 2)
 
 
 def _read_call(task, inputs, options):

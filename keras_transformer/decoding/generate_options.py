@@ -22,6 +22,10 @@ class GenerateOptions:
     streamer: Any = None
     return_dict: bool = False
     output_logits: bool = False
+    prompt_lookup_num_tokens: Any = None  # None, or K >= 1: speculative decoding by prompt lookup
+    max_matching_ngram_size: Any = None  # None (2), or N >= 1: prompt lookup's longest n-gram
+    draft_model: Any = None  # None, or a language model with the same vocabulary: speculative decoding
+    num_draft_tokens: Any = None  # None (5 with a draft model), or K >= 1
 
     def __post_init__(self):
         _check_int("max_new_tokens", self.max_new_tokens, 1)
@@ -32,6 +36,24 @@ class GenerateOptions:
             isinstance(penalty, bool) or not isinstance(penalty, numbers.Real) or not penalty > 0
         ):
             raise ValueError(f"`repetition_penalty` must be a number > 0. Received: repetition_penalty={penalty!r}")
+        for name in ("prompt_lookup_num_tokens", "max_matching_ngram_size", "num_draft_tokens"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), 1)
+        if self.prompt_lookup_num_tokens is not None and self.draft_model is not None:
+            raise ValueError(
+                "Speculative decoding takes one proposer: `prompt_lookup_num_tokens` or `draft_model`, not both. "
+                f"Received: prompt_lookup_num_tokens={self.prompt_lookup_num_tokens}, draft_model={self.draft_model!r}"
+            )
+        if self.num_draft_tokens is not None and self.draft_model is None:
+            raise ValueError(
+                f"`num_draft_tokens` needs a `draft_model`. Received: num_draft_tokens={self.num_draft_tokens}, "
+                "draft_model=None"
+            )
+        if self.max_matching_ngram_size is not None and self.prompt_lookup_num_tokens is None:
+            raise ValueError(
+                f"`max_matching_ngram_size` needs `prompt_lookup_num_tokens`. Received: max_matching_ngram_size="
+                f"{self.max_matching_ngram_size}, prompt_lookup_num_tokens=None"
+            )
         if self.streamer is not None and not callable(self.streamer):
             raise ValueError(f"`streamer` must be a callable or None. Received: streamer={self.streamer!r}")
 

@@ -48,6 +48,10 @@ class LanguageModel(Task):
         streamer=None,
         return_dict=False,
         output_logits=False,
+        prompt_lookup_num_tokens=None,
+        max_matching_ngram_size=None,
+        draft_model=None,
+        num_draft_tokens=None,
         chat_template_kwargs=None,
     ):
         """Continue prompts (a causal LM) or transduce sources (an encoder-decoder LM), one token
@@ -95,6 +99,18 @@ class LanguageModel(Task):
             output_logits: bool, with `return_dict`: "logits" holds, per row, the raw
                 logits (N, V) of each of its N generated tokens (not with beam search).
                 The loop then keeps a (B, L, V) buffer: mind large vocabularies.
+            prompt_lookup_num_tokens: None, or K >= 1: speculative decoding by prompt lookup (transformers'
+                `prompt_lookup_num_tokens`). Each step copies K draft tokens from where the last n-gram of
+                the row occurred before, in the prompt and the output so far (for an encoder-decoder LM, in
+                the source, then the output), and the model checks them all in one cached step of K + 1
+                tokens. Greedy decoding only so far; the tokens are exactly plain greedy decoding's. With
+                several prompts, all rows advance by the smallest number of tokens any row accepted.
+            max_matching_ngram_size: None (2), or N >= 1: prompt lookup's longest n-gram matched (tried
+                from N down to 1, the earliest occurrence first), transformers' `max_matching_ngram_size`.
+            draft_model: None, or a language model with the same vocabulary that proposes the drafts
+                (transformers' `assistant_model`). Not implemented yet: a ValueError.
+            num_draft_tokens: None (5), or K >= 1: a draft model's tokens per step (transformers'
+                `num_assistant_tokens`).
             chat_template_kwargs: None, or a dict of other variables the chat template reads, for chat
                 messages only, as `transformers`' `apply_chat_template(..., **kwargs)` (and a server's
                 `chat_template_kwargs`): e.g. `{"enable_thinking": False}` for Qwen3, `{"tools": [...]}`.
@@ -129,6 +145,10 @@ class LanguageModel(Task):
             streamer=streamer,
             return_dict=return_dict,
             output_logits=output_logits,
+            prompt_lookup_num_tokens=prompt_lookup_num_tokens,
+            max_matching_ngram_size=max_matching_ngram_size,
+            draft_model=draft_model,
+            num_draft_tokens=num_draft_tokens,
         )
         if chat_template_kwargs is None:
             return self._generate(inputs, options)

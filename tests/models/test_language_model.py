@@ -28,4 +28,4 @@ def test_the_decoding_function_takes_the_same_arguments():
     model_arguments = arguments(LanguageModel.generate, 1)
     assert model_arguments[-1] == ("chat_template_kwargs", None, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     assert model_arguments[:-1] == arguments(decoding.generate, 1)
-    assert len(arguments(decoding.generate, 1)) == 10  # inputs and the nine options
+    assert len(arguments(decoding.generate, 1)) == 14  # inputs and the thirteen options

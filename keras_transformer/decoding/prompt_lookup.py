@@ -1,0 +1,40 @@
+"""Prompt lookup: draft tokens copied from the history (prompt, output so far, and a seq2seq model's source)
+where its last n-gram occurred before, as transformers' `PromptLookupCandidateGenerator` does.
+
+Axes: R decoded rows, S history length, K draft tokens.
+
+Written in `keras.ops` with static shapes, so that it runs inside every backend's compiled loop: no
+host round trip, no data-dependent shape. A row with no match gets filler drafts (0): the verify pass
+rejects what the model does not predict, so drafts change the speed only, never the tokens.
+"""
+
+from keras import ops
+
+
+def propose(history, end, max_ngram, num_tokens):
+    """Draft tokens (R, K) int32 from `history` (R, S) int32, -1 where a position is unknown or padding.
+
+    end: (R,) int32, the history's position just after each row's last known token: the n-gram matched
+    is history[end - n : end]. For n from `max_ngram` down to 1 the earliest earlier occurrence of that
+    n-gram with at least one token after it gives the drafts, the K tokens that followed it; the first
+    n with a match wins (transformers' order).
+    """
+    length = history.shape[1]
+    starts = ops.arange(length, dtype="int32")  # (S,)
+    best = ops.zeros_like(end)  # (R,): where the chosen continuation starts
+    found = ops.zeros(ops.shape(end), "bool")
+    for n in range(max_ngram, 0, -1):
+        # (R, S + n): history[:, j + t] exists for every start j (a concatenation: Keras's pad is an operation
+        # object, whose naming counter a compiled PyTorch step would guard on)
+        padded = ops.concatenate([history, ops.full((ops.shape(history)[0], n), -1, "int32")], axis=1)
+        match = ops.logical_and(starts[None, :] + n < end[:, None], (end >= n)[:, None])  # (R, S)
+        for t in range(n):
+            last = ops.take_along_axis(history, ops.maximum(end - n + t, 0)[:, None], axis=1)  # (R, 1)
+            match = ops.logical_and(match, padded[:, t : t + length] == last)
+        first = ops.amin(ops.where(match, starts[None, :], length), axis=1)  # (R,): the earliest, else S
+        take = ops.logical_and(first < length, ops.logical_not(found))
+        best = ops.where(take, first + n, best)
+        found = ops.logical_or(found, first < length)
+    columns = ops.minimum(best[:, None] + ops.arange(num_tokens, dtype="int32")[None, :], length - 1)  # (R, K)
+    drafts = ops.take_along_axis(history, columns, axis=1)
+    return ops.where(ops.logical_and(found[:, None], drafts >= 0), drafts, 0)

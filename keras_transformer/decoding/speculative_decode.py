@@ -1,0 +1,70 @@
+"""`speculative_decode`: run the compiled prefill and speculative loop on a call's numpy inputs (see
+`speculative_loop.py`); `decode.py`'s counterpart, a loop of its own so that the plain loop's graph is unchanged.
+
+Axes: B inputs, R = B decoded rows, L token buffer length, K draft tokens, S_enc source length.
+"""
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_transformer.decoding import compile as compile_lib
+from keras_transformer.decoding.decode import prepare_compiled
+from keras_transformer.decoding.decode_loop import LoopSpec, cache_dtype
+from keras_transformer.decoding.loop_state import ABSENT, present
+from keras_transformer.decoding.speculative_loop import speculative_one_step, speculative_outputs, speculative_run
+from keras_transformer.decoding.speculative_loop import speculative_start, speculative_step
+
+
+def speculative_decode(task, sampler, options, speculation, inputs, source=ABSENT, streamer=None):
+    """Run the compiled prefill and speculative loop on numpy `inputs`; returns the outputs as numpy:
+    "token_ids" (R, L), "logits" (R, L, V) where asked, "steps" (the verify passes run).
+
+    Args:
+        task, sampler, options, inputs: as `decode`'s (the sampler greedy: `generate` checks it).
+        speculation: a `Speculation`.
+        source: ABSENT, or (R, S_enc) int32 numpy, a seq2seq model's source ids, -1 on padding, which
+            prompt lookup matches before the output.
+        streamer: None, or a callable receiving the (R,) numpy array of each position's tokens in order
+            (-1 where a row produced none); a step that accepts several tokens calls it several times.
+    """
+    rows, length = inputs.loop.token_ids.shape
+    bits = int("".join(c for c in cache_dtype(task) if c.isdigit()))
+    cache_bytes = int(np.prod(task.backbone.cache_shape(rows, length))) * bits // 8
+    plan = compile_lib.plan(task, sampler, options, (rows, length), cache_bytes)
+    plan.options = plan.options.replace(beam_cache=False, padded_step=False)  # K + 1 query rows already
+    spec, kernels = LoopSpec(task, sampler, plan.options), plan.kernels
+    prefill_inputs, loop_inputs = keras.tree.map_structure(ops.convert_to_tensor, (inputs.prefill, inputs.loop))
+    source = ops.convert_to_tensor(source) if present(source) else ABSENT
+    prepared = prepare_compiled(spec, plan, prefill_inputs)
+    key = ("speculative", sampler._trace_key(), spec.options, speculation)
+    if streamer is None and not plan.stepwise:
+        loop = compile_lib.compiled(
+            task, ("run",) + key, lambda: lambda x, p, s, k: speculative_run(spec, speculation, x, p, s, k)
+        )
+        return compile_lib.to_numpy(loop(loop_inputs, prepared, source, kernels))
+    begin = compile_lib.compiled(
+        task, ("start",) + key, lambda: lambda x, p: speculative_start(spec, speculation, x, p)
+    )
+    if plan.stepwise:  # each step one compiled graph (PyTorch)
+        one = compile_lib.compiled(
+            task,
+            ("step", length) + key,
+            lambda: lambda x, i, st, s, k: speculative_step(spec, speculation, x, i, st, s, k),
+            step=True,
+        )
+    else:  # a one-iteration loop (XLA), so that the streamer sees every step
+        one = compile_lib.compiled(
+            task,
+            ("step",) + key,
+            lambda: lambda x, i, st, s, k: speculative_one_step(spec, speculation, x, i, st, s, k),
+        )
+    i, state = begin(loop_inputs, prepared)
+    while int(ops.convert_to_numpy(i)) < length and bool(ops.convert_to_numpy(sampler._is_running(state))):
+        i, state = one(loop_inputs, i, state, source, kernels)
+        if streamer is not None:
+            emitted = ops.convert_to_numpy(state.sampler.emitted)  # (R, K + 1)
+            for column in emitted.T:
+                if np.any(column >= 0):
+                    streamer(column)
+    return compile_lib.to_numpy(speculative_outputs(spec, state))

@@ -1,0 +1,210 @@
+"""The speculative decoding loop, written once for every backend: propose K tokens, verify them in one cached
+step of K + 1 tokens, keep the longest agreeing run and the model's own next token.
+
+Axes: R decoded rows (B inputs; no beams), L token buffer (and cache) length, K draft tokens, V vocabulary,
+S_enc source length.
+
+A step at position i (every row knows its tokens [0, i), its cache holds positions [0, i - 1)):
+- propose: each row's drafts for the positions after the ones it knows (`prompt_lookup.propose`); a row
+  still inside its longer prompt knows its prompt, and its "drafts" there are the prompt itself;
+- verify: the model's one cached step on the K + 1 tokens at positions [s, s + K], s = i - 1 (s earlier
+  near the buffer's end, so that the window fits: the positions before i are then fed again, as known);
+  its logits j choose position p_j = s + 1 + j, after the logits processors, on the hypothesis buffer
+  (the drafts in place), so that each choice is the one plain decoding makes after that prefix;
+- accept: a row agrees up to its first draft that differs from the model's choice; all rows advance by
+  the smallest agreeing run plus one (the model's token after it). Every token written is the one plain
+  greedy decoding writes at that position: exact, whatever the drafts;
+- roll back: only the position moves. The cache keeps the keys of rejected drafts past it; the causal mask
+  hides them and the next verify pass writes over them (no cache copy).
+
+Batch > 1 advances by the smallest accepted count (one position for the whole batch, as the plain loop
+has); a row that agreed further loses those tokens and proposes them again at the next step.
+The cache is one width L for the whole loop (the window may sit anywhere in it).
+"""
+
+from typing import Any, NamedTuple
+
+from keras import ops
+
+from keras_transformer.decoding.cache_schedule import loop_cache, model_cache, widen
+from keras_transformer.decoding.decode_loop import model_step, start
+from keras_transformer.decoding.loop_state import ABSENT, present
+from keras_transformer.decoding.prompt_lookup import propose
+from keras_transformer.samplers.processors import is_stop_token, process
+from keras_transformer.samplers.rows import column, write_column
+
+
+class SpeculativeState(NamedTuple):
+    """The speculative loop's own part of the loop state (`LoopState.sampler`)."""
+
+    done: Any  # (R,) bool: the row stopped, or reached its limit
+    emitted: Any  # (R, K + 1) int32: the tokens the row produced at the last step, in order, -1 where none
+    steps: Any  # int32 scalar: verify passes run so far
+
+
+def speculative_start(spec, speculation, inputs, prepared):
+    """Loop state from the prepared cache, its cache one width L. Returns (i, state)."""
+    i, state = start(spec, inputs, prepared)
+    state = widen(state, inputs.token_ids.shape[1])
+    rows = ops.shape(inputs.token_ids)[0]
+    own = SpeculativeState(
+        done=state.sampler.done,
+        emitted=ops.full((rows, draft_count(speculation, inputs.token_ids.shape[1]) + 1), -1, "int32"),
+        steps=ops.zeros((), "int32"),
+    )
+    return i, state._replace(sampler=own)
+
+
+def draft_count(speculation, length):
+    """K: the tokens proposed per step, at most L - 1 (the verify window of K + 1 fits the buffer)."""
+    return max(1, min(speculation.num_draft_tokens, length - 1))
+
+
+def speculative_body(spec, speculation, ctx, i, state, source=ABSENT, head=None, kernels=None):
+    """One step: propose, verify, accept (see the module docstring). Returns (next i, state)."""
+    options, rows, done = spec.options, state.rows, state.sampler.done
+    L = ctx.length
+    K = draft_count(speculation, L)
+    known = ops.maximum(i, ctx.prompt_lengths)  # (R,): each row knows its tokens [0, known)
+    hypothesis = _hypothesis(rows.tokens, known, _drafts(rows.tokens, known, source, speculation, K), K)  # (R, L)
+    s = ops.minimum(i - 1, L - K - 1)  # the window [s, s + K]
+    window = _columns(hypothesis, s, K + 1, options.gather_columns)  # (R, K + 1)
+    cache = model_cache(rows.cache, ctx.num_rows, options.flat_cache)
+    logits, cache = model_step(spec.task, window, cache, s, state.encoded, head, kernels)  # (R, K + 1, V)
+    rows = rows._replace(cache=loop_cache(cache, options.flat_cache))
+    chosen = _choices(spec, ctx, rows, hypothesis, logits, i, s, K)  # K + 1 x (R,)
+    agreed = ops.ones_like(done)  # (R,) the row's drafts agreed so far
+    accepted = ops.zeros(ops.shape(done), "int32")
+    for j in range(K):
+        p = s + 1 + j
+        forced = p < known  # a known position: the hypothesis holds its token, which is the choice
+        same = column(hypothesis, p, options.gather_columns) == chosen[j]
+        agreed = ops.logical_and(agreed, ops.logical_or(forced, same))
+        accepted = accepted + ops.cast(ops.logical_or(agreed, done), "int32")
+    following = s + 2 + ops.amin(accepted)  # the smallest run of agreed drafts, then the model's own token
+    following = ops.minimum(following, L)
+    state = _write(ctx, rows, state, i, s, following, chosen, logits, K)
+    return following, state
+
+
+def _drafts(tokens, known, source, speculation, K):
+    """Prompt lookup's drafts (R, K) from the row's known tokens (after its source, for a seq2seq model)."""
+    positions = ops.arange(ops.shape(tokens)[1], dtype="int32")[None, :]  # (1, L)
+    history = ops.where(positions < known[:, None], tokens, -1)  # (R, L)
+    end = known
+    if present(source):  # (R, S_enc), -1 on padding: matched before the output
+        history = ops.concatenate([ops.cast(source, "int32"), history], axis=1)  # (R, S_enc + L)
+        end = known + ops.shape(source)[1]
+    return propose(history, end, speculation.max_matching_ngram_size, K)
+
+
+def _hypothesis(tokens, known, drafts, K):
+    """tokens (R, L) with the drafts (R, K) written at each row's [known, known + K)."""
+    offset = ops.arange(ops.shape(tokens)[1], dtype="int32")[None, :] - known[:, None]  # (R, L)
+    at = ops.take_along_axis(drafts, ops.clip(offset, 0, K - 1), axis=1)  # (R, L)
+    return ops.where(ops.logical_and(offset >= 0, offset < K), at, tokens)
+
+
+def _columns(tokens, first, count, gather):
+    """tokens (R, L)[:, first : first + count] with `first` a scalar tensor (see `rows.column`)."""
+    if gather:
+        return ops.take(tokens, first + ops.arange(count, dtype="int32"), axis=1)
+    return ops.slice(tokens, (0, first), (ops.shape(tokens)[0], count))
+
+
+def _choices(spec, ctx, rows, hypothesis, logits, i, s, K):
+    """The sampler's token (R,) for each position p_j = s + 1 + j, j <= K, its logits processed as plain
+    decoding processes them at p_j after the hypothesis (the seen tokens grow with the drafts before p_j)."""
+    sampler, options = spec.sampler, spec.options
+    seen = rows.seen
+    chosen = []
+    for j in range(K + 1):
+        p = s + 1 + j
+        view = rows._replace(tokens=hypothesis, seen=seen)
+        scores = process(sampler._prepare_scores(logits[:, j]), view, p, ctx)  # (R, V)
+        chosen.append(ops.cast(sampler.get_next_token(scores, None), "int32"))
+        if options.repetition and j < K:  # the hypothesis' token at p is seen by the choices after it
+            token = column(hypothesis, ops.minimum(p, ctx.length - 1), options.gather_columns)
+            new = ops.logical_and(ops.one_hot(token, ctx.vocabulary_size, dtype="int32") > 0, p >= i)
+            seen = ops.logical_or(seen, new)
+    return chosen
+
+
+def _write(ctx, rows, state, i, s, following, chosen, logits, K):
+    """Write the positions [i, following) as plain decoding does, one by one: a row's prompt token, pad after it
+    is done, else the choice; a row is done at a stop token or its limit. Returns the new state."""
+    options, done = ctx.options, state.sampler.done
+    tokens, seen, kept = rows.tokens, rows.seen, rows.logits
+    positions = ops.arange(ctx.length, dtype="int32")
+    emitted = []
+    for j in range(K + 1):
+        p = s + 1 + j
+        active = ops.logical_and(p >= i, p < following)  # scalar
+        where = ops.minimum(p, ctx.length - 1)
+        in_prompt = p < ctx.prompt_lengths  # (R,)
+        token = ops.where(
+            in_prompt, column(tokens, where, options.gather_columns), ops.where(done, ctx.pad_id, chosen[j])
+        )
+        out = ops.logical_and(active, ops.logical_and(ops.logical_not(in_prompt), ops.logical_not(done)))
+        tokens = ops.where(active, write_column(tokens, where, token), tokens)
+        if options.repetition:
+            seen = ops.logical_or(
+                seen, ops.logical_and(active, ops.one_hot(token, ctx.vocabulary_size, dtype="int32") > 0)
+            )
+        if options.return_logits:
+            at = ops.logical_and(active, positions == p)[None, :, None]  # (1, L, 1)
+            kept = ops.where(at, logits[:, j][:, None, :], kept)
+        stopped = ops.logical_and(out, is_stop_token(token, ctx.stop_token_ids))
+        finished = ops.logical_or(ops.logical_or(done, stopped), p + 1 >= ctx.limits)
+        done = ops.where(active, finished, done)
+        emitted.append(ops.where(out, token, -1))
+    rows = rows._replace(tokens=tokens, seen=seen, logits=kept)
+    own = SpeculativeState(done=done, emitted=ops.stack(emitted, axis=1), steps=state.sampler.steps + 1)
+    return state._replace(rows=rows, sampler=own)
+
+
+def speculative_run(spec, speculation, inputs, prepared, source=ABSENT, kernels=None):
+    """The whole speculative loop in one traced function (one while loop)."""
+    task, sampler = spec.task, spec.sampler
+    i, state = speculative_start(spec, speculation, inputs, prepared)
+    ctx = spec.context(inputs)
+    head = None
+    if hasattr(task, "decode_head") and (kernels is None or getattr(kernels, "takes_decode_head", False)):
+        head = task.decode_head()
+
+    def cond(i, state):
+        return ops.logical_and(i < ctx.length, sampler._is_running(state))
+
+    def body(i, state):
+        return speculative_body(spec, speculation, ctx, i, state, source, head, kernels)
+
+    i, state = ops.while_loop(cond, body, (i, state))
+    return speculative_outputs(spec, state)
+
+
+def speculative_step(spec, speculation, inputs, i, state, source=ABSENT, kernels=None):
+    """One step run on its own (a PyTorch step compiled one by one)."""
+    return speculative_body(spec, speculation, spec.context(inputs), i, state, source, kernels=kernels)
+
+
+def speculative_one_step(spec, speculation, inputs, i, state, source=ABSENT, kernels=None):
+    """One step as a one-iteration loop (XLA: `i` a loop variable, not a compile-time constant)."""
+    first = i
+    ctx = spec.context(inputs)
+
+    def cond(i, state):
+        return ops.logical_and(i <= first, i < ctx.length)
+
+    def body(i, state):
+        return speculative_body(spec, speculation, ctx, i, state, source, kernels=kernels)
+
+    return ops.while_loop(cond, body, (i, state))
+
+
+def speculative_outputs(spec, state):
+    """The token buffer, every position's logits where the options keep them, and the verify passes run."""
+    result = dict(spec.sampler._outputs(state))
+    if present(state.rows.logits):
+        result["logits"] = state.rows.logits
+    result["steps"] = state.sampler.steps
+    return result
