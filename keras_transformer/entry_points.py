@@ -17,6 +17,7 @@ import importlib
 # The groups, by what the lower floors look up.
 CHECKPOINT_READERS = "checkpoint_readers"  # config.json key marking a foreign checkpoint -> reader(path, config, ...)
 EXPORTERS = "exporters"  # `Task.export` format -> writer(task, filepath, format=..., ...)
+FILE_READERS = "file_readers"  # a one-file checkpoint's suffix (".gguf") -> reader(path, allow_pickle=...)
 
 _DECLARED = {}  # group -> {name: "module:attribute"}, in declaration order
 _LOADED = {}  # group -> {name: the loaded object}

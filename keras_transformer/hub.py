@@ -1,4 +1,11 @@
-"""Preset handles on a model hub: `hf://org/name` and `hf://org/name@revision` (a branch, tag or commit).
+"""Preset handles on a model hub: `hf://org/name` and `hf://org/name@revision` (a branch, tag or commit), and one
+GGUF file of a repository: `hf://org/name/file.gguf` and `hf://org/name/path/to/file.gguf@revision`.
+
+The grammar keeps a revision and a file name apart: the repository id is the first two segments, a file is
+everything after them up to the `@`, and it must end in `.gguf`; the revision is everything after the `@` (it may
+hold `/`, as `refs/pr/1` does; neither a repository id nor a file name may hold `@`). So the file always comes
+before the revision: `hf://org/name@main/file.gguf` is refused with the handle it should be. A split GGUF
+(`...-00001-of-00003.gguf`) downloads all its parts.
 
 `presets.resolve` hands a handle to `resolve_handle`, which downloads the files a preset needs with
 `huggingface_hub.snapshot_download` into the hub's standard cache and returns the snapshot directory.
@@ -12,18 +19,20 @@ and private repositories, `HF_HOME` / `HF_HUB_CACHE` move the cache and `HF_ENDP
 
 Example:
 >>> # Downloads from the Hugging Face Hub (the network): not run by the tests.
+>>> lm = kt.models.CausalLM.from_preset("hf://Qwen/Qwen3-0.6B-GGUF/Qwen3-0.6B-Q8_0.gguf")  # doctest: +SKIP
 >>> import keras_transformer as kt  # doctest: +SKIP
 >>> lm = kt.models.GPTCausalLM.from_preset("hf://openai-community/gpt2")  # doctest: +SKIP
 >>> lm = kt.models.GPTCausalLM.from_preset("hf://openai-community/gpt2@main")  # doctest: +SKIP
 """
 
+import contextlib
 import re
 from pathlib import Path
 from urllib.parse import unquote
 
 from keras_transformer.version import __version__
 
-SUPPORTED_SCHEMES = {"hf": "hf://org/name[@revision] (Hugging Face Hub)"}
+SUPPORTED_SCHEMES = {"hf": "hf://org/name[@revision] or hf://org/name/file.gguf[@revision] (Hugging Face Hub)"}
 
 # What a preset reads: a Hugging Face checkpoint's files (safetensors weights, single or sharded under
 # transformers' `model-00001-of-00002.safetensors` names; tokenizer and chat template) and our own
@@ -60,7 +69,8 @@ def handle_scheme(preset):
 
 
 def resolve_handle(handle):
-    """`hf://org/name[@revision]` -> the local snapshot directory (Path), downloading what is missing.
+    """`hf://org/name[@revision]` -> the local snapshot directory (Path), downloading what is missing;
+    `hf://org/name/file.gguf[@revision]` -> the local file (Path), all its parts when it is split.
 
     Raises a ValueError naming what is missing: an unsupported scheme, the repository, the revision,
     a file, or a cache entry when downloading is off (`HF_HUB_OFFLINE=1`) or the hub cannot be reached.
@@ -71,7 +81,9 @@ def resolve_handle(handle):
             f"Unsupported preset scheme {scheme + '://'!r} in {handle!r}. Supported: "
             f"{', '.join(SUPPORTED_SCHEMES.values())}; or a registered preset name, or a local directory."
         )
-    repo_id, revision = _parse_hf_handle(handle)
+    repo_id, revision, filename = parse_handle(handle)
+    if filename is not None:
+        return _download_gguf(handle, repo_id, revision, filename)
     directory = _download(handle, repo_id, revision)
     if not (directory / "config.json").is_file():
         found = sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
@@ -82,23 +94,56 @@ def resolve_handle(handle):
     return directory
 
 
-def _parse_hf_handle(handle):
-    """ "hf://org/name@rev" -> ("org/name", "rev"); the revision defaults to "main"."""
+def parse_handle(handle):
+    """ "hf://org/name[/file.gguf][@rev]" -> ("org/name", "rev", "file.gguf" or None); the revision defaults to
+    "main". See the module docstring for the grammar."""
     body = handle[len("hf://") :]
-    repo_id, at, revision = body.partition("@")  # a repository id never holds "@"; a revision may hold "/"
-    if not _REPO_ID.fullmatch(repo_id) or (at and not revision):
+    left, at, revision = body.partition(
+        "@"
+    )  # neither a repository id nor a file name holds "@"; a revision may hold "/"
+    if revision.lower().endswith(".gguf") and "/" in revision:
+        right = revision.split("/")
         raise ValueError(
-            f"Malformed Hugging Face handle {handle!r}: expected hf://org/name or hf://org/name@revision "
-            "(a branch, tag or commit hash)."
+            f"Malformed Hugging Face handle {handle!r}: it reads as the revision {revision!r}. A file goes before the "
+            f"revision: hf://{left}/{'/'.join(right[1:])}@{right[0]}"
         )
-    return repo_id, revision or "main"
+    segments = left.split("/")
+    filename = None
+    if left.lower().endswith(".gguf") and len(segments) >= 3:
+        left, filename = "/".join(segments[:2]), "/".join(segments[2:])
+    if not _REPO_ID.fullmatch(left) or (at and not revision) or (filename is None and left.lower().endswith(".gguf")):
+        raise ValueError(
+            f"Malformed Hugging Face handle {handle!r}: expected hf://org/name, hf://org/name@revision "
+            "(a branch, tag or commit hash) or hf://org/name/file.gguf[@revision]."
+        )
+    return left, revision or "main", filename
+
+
+def _download_gguf(handle, repo_id, revision, filename):
+    """The GGUF file `filename` of the repository (every part of a split one), in the hub's cache."""
+    match = re.match(r"^(.*)-00001-of-(\d{5})\.gguf$", filename)
+    names = (
+        [filename] if match is None else [f"{match[1]}-{i:05d}-of-{match[2]}.gguf" for i in range(1, int(match[2]) + 1)]
+    )
+    paths = []
+    with _translated_errors(handle, repo_id, revision):
+        for name in names:
+            paths.append(Path(_download_file(repo_id, name, revision)))
+    return paths[0]
+
+
+def _download_file(repo_id, filename, revision):
+    import huggingface_hub
+
+    return huggingface_hub.hf_hub_download(
+        repo_id, filename, revision=revision, library_name="keras_transformer", library_version=__version__
+    )
 
 
 def _download(handle, repo_id, revision):
     import huggingface_hub
-    from huggingface_hub import constants, errors
 
-    try:
+    with _translated_errors(handle, repo_id, revision):
         # No `token` argument: huggingface_hub then reads HF_TOKEN, or the token `hf auth login` stored.
         path = huggingface_hub.snapshot_download(
             repo_id,
@@ -108,6 +153,16 @@ def _download(handle, repo_id, revision):
             library_name="keras_transformer",
             library_version=__version__,
         )
+    return Path(path)
+
+
+@contextlib.contextmanager
+def _translated_errors(handle, repo_id, revision):
+    """The hub client's errors as ValueErrors naming what is missing and what to do."""
+    from huggingface_hub import constants, errors
+
+    try:
+        yield
     except errors.GatedRepoError as error:
         raise ValueError(
             f"{handle!r}: the repository {repo_id!r} is gated. Accept its terms at {constants.ENDPOINT}/{repo_id} "
@@ -138,7 +193,6 @@ def _download(handle, repo_id, revision):
         ) from error
     except errors.HfHubHTTPError as error:
         raise ValueError(f"{handle!r}: the hub at {constants.ENDPOINT} answered {_first_line(error)}") from error
-    return Path(path)
 
 
 def _filename(error):

@@ -272,7 +272,8 @@ class Task(keras.Model):
             filepath: the directory to write.
             format: "onnx" (graphs, tokenizer and a Keras-free runner), "tf_saved_model", or
                 "huggingface" (what `transformers`' `save_pretrained` writes, for vLLM / SGLang / TGI;
-                `dtype=` and `max_shard_size=` apply).
+                `dtype=` and `max_shard_size=` apply), or "gguf" (one file for llama.cpp and Ollama;
+                `gguf_type=` "f32", "f16", "bf16", "q8_0" or "q4_0" applies; see convert/gguf_export.py).
             overwrite: bool, replace an existing directory.
             quantize: None, "int8" or "int4" (ONNX only): the bundle's graphs with 8- or 4-bit weights.
                 A model with LoRA enabled is exported merged.
@@ -281,7 +282,7 @@ class Task(keras.Model):
 
         See `keras_transformer.export.export_model`.
         """
-        if kwargs and format != "huggingface":
+        if kwargs and format not in ("huggingface", "gguf"):
             raise ValueError(f"Unexpected arguments for export: {sorted(kwargs)}")
         # The writers are built on the tasks, so the tasks cannot import them: keras_transformer/__init__.py
         # declares them by format, and the first lookup imports keras_transformer.export (see entry_points.py).

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from keras_transformer.presets import weights
 from keras_transformer.presets.files import read_json
-from keras_transformer.presets.registry import base_class, checkpoint_reader, get_class, get_preprocessor_class
+from keras_transformer.presets.registry import base_class, checkpoint_reader, file_reader, get_class
+from keras_transformer.presets.registry import get_preprocessor_class
 from keras_transformer.presets.zoo import BACKBONE_WEIGHTS_FILE, CONFIG_FILE, TASK_WEIGHTS_FILE, list_presets, resolve
 from keras_transformer.tokenizers import Tokenizer
 
@@ -17,9 +18,15 @@ from keras_transformer.tokenizers import Tokenizer
 def load_config(preset, allow_pickle=False):
     """Read a preset's config.json. Hugging Face checkpoint directories are converted on the fly.
 
-    `allow_pickle` (Hugging Face checkpoints only) accepts weights stored only in pytorch_model.bin.
+    `allow_pickle` (Hugging Face checkpoints only) accepts weights stored only in pytorch_model.bin. A one-file
+    checkpoint (a `.gguf`) is converted on the fly by the reader of its suffix.
     """
     path = resolve(preset)
+    if path.is_file():
+        reader = file_reader(path)
+        if reader is None:
+            raise ValueError(f"{path} is a file, not a preset directory; files keras_transformer reads: .gguf.")
+        return path, reader(path, allow_pickle=allow_pickle)
     config = read_json(path / CONFIG_FILE)
     if "backbone" not in config:
         reader = checkpoint_reader(config)
@@ -76,7 +83,9 @@ def load_task(cls, preset, load_weights=True, preprocessor="auto", **kwargs):
     Task = base_class("task")
     path, config = load_config(preset, allow_pickle=kwargs.pop("allow_pickle", False))
     backbone_cls = cls.backbone_cls
-    backbone = load_backbone(backbone_cls, preset, load_weights=False)
+    # `dtype` builds the backbone's layers in it (the task itself keeps float32 outputs).
+    dtype = {"dtype": kwargs["dtype"]} if kwargs.get("dtype") is not None else {}
+    backbone = load_backbone(backbone_cls, preset, load_weights=False, **dtype)
     task_spec = config.get("task") or {}
     # Another task's entries are ignored, but every class a config names must be this library's.
     if task_spec.get("class_name") is not None:

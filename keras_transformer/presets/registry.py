@@ -67,3 +67,14 @@ def checkpoint_reader(config):
         if marker in config:
             return entry_points.load(entry_points.CHECKPOINT_READERS, marker)
     return None
+
+
+def file_reader(path):
+    """The reader of a one-file checkpoint (a `.gguf`), by its suffix, or None.
+
+    A reader, `reader(path, allow_pickle=...)`, returns a preset config (with its weights loader under "weights").
+    """
+    suffix = path.suffix.lower()
+    if suffix in entry_points.names(entry_points.FILE_READERS):
+        return entry_points.load(entry_points.FILE_READERS, suffix)
+    return None

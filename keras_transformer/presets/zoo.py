@@ -45,7 +45,8 @@ def list_presets():
 
 
 def resolve(preset):
-    """A preset name, directory or hub handle (`hf://org/name[@revision]`) -> the directory (Path).
+    """A preset name, directory, `.gguf` file or hub handle (`hf://org/name[@revision]`,
+    `hf://org/name/file.gguf[@revision]`) -> the directory or file (Path).
 
     Unknown names list close matches; handles are downloaded into the hub's cache (see hub.py).
     """
@@ -53,7 +54,7 @@ def resolve(preset):
     if hub.handle_scheme(preset) is not None:
         return hub.resolve_handle(preset)  # downloaded into (or found in) the hub's cache
     path = Path(preset).expanduser()
-    if path.is_dir():
+    if path.is_dir() or (path.is_file() and path.suffix.lower() == ".gguf"):
         return path
     registered = [row["name"] for row in list_presets()]
     if preset in registered:

@@ -1,0 +1,241 @@
+"""Export to GGUF, the one-file format of llama.cpp, Ollama and LM Studio: `task.export("out.gguf", format="gguf",
+gguf_type="f16")`, or `keras-transformer export PRESET out.gguf --format gguf --gguf-type q8_0`.
+
+The weights take the path of the Hugging Face export: the family's converter (hf_llama.py, hf_gpt2.py) is run
+backwards against a `WeightRecorder`, which gives our weights under the Hugging Face names and layouts, and
+gguf_names.py renames them as llama.cpp's `convert_hf_to_gguf.py` does (its query/key permutation for the `llama`
+architecture included). A LoRA model's kernels are read merged (the recorder reads `layer.kernel`). The file is
+written by the `gguf` package's GGUFWriter with the architecture's metadata, the tokenizer (gguf_tokenizer.py)
+and the chat template, atomically (a temporary file renamed at the end).
+
+`gguf_type`, as llama.cpp's converter names them: "f32", "f16", "bf16", "q8_0" or "q4_0". As llama.cpp writes
+them, one-dimensional tensors (norms, biases) stay F32, and a matrix whose rows are not a whole number of blocks
+(32 values) is written F16, with a log line. Keras's int8 / int4 weights are refused (export the float model,
+quantize=None): a GGUF quantization is chosen by `gguf_type`.
+
+Architectures: `gpt2` (GPTCausalLM), and for a LlamaCausalLM `llama` (no biases, or biases on all four attention
+projections), `qwen2` (query/key/value biases) or `qwen3` (query/key norms). Options llama.cpp reads nowhere from
+these architectures' metadata (a sliding window, partial rotary, layers without rotary positions, mixtures of
+experts, rope scalings but linear) are refused with the option's name before anything is written.
+"""
+
+import logging
+import os
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from keras_transformer import presets
+from keras_transformer.convert import gguf_names, gguf_tokenizer, hf_gpt2, hf_llama
+from keras_transformer.convert.weight_recorder import WeightRecorder
+from keras_transformer.models.lora import lora_layers
+from keras_transformer.models.quantization import quantization_mode
+
+FORMAT = "gguf"
+GGUF_TYPES = {
+    "f32": (gguf.GGMLQuantizationType.F32, gguf.LlamaFileType.ALL_F32),
+    "f16": (gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16),
+    "bf16": (gguf.GGMLQuantizationType.BF16, gguf.LlamaFileType.MOSTLY_BF16),
+    "q8_0": (gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+    "q4_0": (gguf.GGMLQuantizationType.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0),
+}
+
+_log = logging.getLogger(__name__)
+
+
+def export_gguf(task, path, format=FORMAT, overwrite=False, quantize=None, verbose="auto", gguf_type="f16"):
+    """Write `task` to the GGUF file `path`.
+
+    Args:
+        task: a GPTCausalLM or a LlamaCausalLM (see the module docstring for the architectures).
+        path: the file to write, ending in `.gguf`; it must not exist unless `overwrite=True`.
+        format: "gguf".
+        overwrite: bool, replace an existing file (atomically, at the end).
+        quantize: must be None (Keras's int8 / int4 are ONNX options; `gguf_type` picks the GGUF's).
+        verbose: unused (the export is one pass over the weights).
+        gguf_type: "f32", "f16" (the default), "bf16", "q8_0" or "q4_0".
+
+    Returns:
+        The `Path` of the written file.
+    """
+    del format, verbose
+    path = Path(os.fspath(path)).expanduser().resolve()
+    if path.suffix.lower() != ".gguf":
+        raise ValueError(f"A GGUF export is one file whose name ends in .gguf. Received: path={str(path)!r}")
+    if path.exists() and not overwrite:
+        raise ValueError(f"{path} already exists: pass overwrite=True to replace it.")
+    if gguf_type not in GGUF_TYPES:
+        raise ValueError(f"`gguf_type` must be one of {sorted(GGUF_TYPES)}. Received: gguf_type={gguf_type!r}")
+    if quantize is not None:
+        raise ValueError(
+            f"format='gguf' quantizes with `gguf_type` (e.g. gguf_type='q8_0'): pass quantize=None. "
+            f"Received: quantize={quantize!r}"
+        )
+    mode = quantization_mode(task)
+    if mode is not None:
+        raise ValueError(
+            f"The task's weights are quantized ({mode}) in Keras; a GGUF export reads float weights. Export the float "
+            "model (before `quantize`, quantize=None) and pick the GGUF's quantization with gguf_type. "
+            "Nothing was written."
+        )
+    architecture, config, converter = _architecture(task)
+    if lora_layers(task):
+        _log.info("Exporting %s with its LoRA factors merged into the kernels.", type(task).__name__)
+    recorder = WeightRecorder(_hf_shapes(task, architecture))
+    converter.load_weights(task, recorder, {"model_type": architecture})
+    arrays = gguf_names.gguf_tensors(recorder.arrays(), architecture, config)
+    tensor_type, file_type = GGUF_TYPES[gguf_type]
+
+    def write(tmp):
+        writer = gguf.GGUFWriter(str(tmp), architecture)
+        _write_metadata(writer, task, architecture, config, file_type)
+        for name, array in arrays.items():
+            data, kind = _encode(name, array, tensor_type)
+            writer.add_tensor(name, data, raw_dtype=kind)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+
+    presets.atomic_file(path, write)
+    return path
+
+
+def _architecture(task):
+    """(GGUF architecture, the metadata's numbers, the Hugging Face converter whose layout the weights take)."""
+    b = task.backbone
+    name = type(task).__name__
+    if name == "GPTCausalLM":
+        if b.num_key_value_heads not in (None, b.num_heads) or b.activation != "gelu_approximate":
+            raise ValueError(
+                f"GGUF's gpt2 architecture has full multi-head attention and the tanh GELU: this GPTCausalLM has "
+                f"num_key_value_heads={b.num_key_value_heads}, activation={b.activation!r}."
+            )
+        return "gpt2", {"num_attention_heads": b.num_heads}, hf_gpt2
+    if name != "LlamaCausalLM":
+        raise ValueError(f"Exporting to GGUF writes GPTCausalLM and LlamaCausalLM tasks. Received: a {name}.")
+    head_dim = b.head_dim or b.hidden_dim // b.num_heads
+    refused = {
+        "sliding_window": b.sliding_window,
+        "layer_types": b.layer_types,
+        "rope_layers": b.rope_layers,
+        "mixture_of_experts": b.mixture_of_experts,
+        "rotary_dim": b.rotary_dim if b.rotary_dim not in (None, head_dim) else None,
+        "mlp_bias": b.mlp_bias or None,
+    }
+    scaling = b.rope_scaling or {}
+    if scaling and scaling.get("rope_type") != "linear":
+        refused["rope_scaling"] = scaling
+    for option, value in refused.items():
+        if value is not None:
+            raise ValueError(
+                f"Exporting to GGUF: LlamaBackbone's {option}={value!r} is not written by this export (llama.cpp's "
+                "llama, qwen2 and qwen3 architectures read no such option from the file)."
+            )
+    output_bias = b.attention_bias if b.attention_output_bias is None else b.attention_output_bias
+    if b.query_key_norm == "head" and not b.attention_bias and not output_bias:
+        architecture = "qwen3"
+    elif b.query_key_norm is None and b.attention_bias and not output_bias:
+        architecture = "qwen2"
+    elif b.query_key_norm is None and bool(b.attention_bias) == bool(output_bias):
+        architecture = "llama"
+    else:
+        raise ValueError(
+            f"Exporting to GGUF: query_key_norm={b.query_key_norm!r}, attention_bias={b.attention_bias}, "
+            f"attention_output_bias={b.attention_output_bias} fit none of llama, qwen2, qwen3."
+        )
+    config = {"num_attention_heads": b.num_heads, "num_key_value_heads": b.num_key_value_heads or b.num_heads}
+    return architecture, config, hf_llama
+
+
+def _hf_shapes(task, architecture):
+    """{Hugging Face tensor name: shape} of the checkpoint `task` stands for (the recorder's layout)."""
+    b = task.backbone
+    D, V, L = b.hidden_dim, b.vocabulary_size, b.num_layers
+    F = b.intermediate_dim
+    if architecture == "gpt2":
+        shapes = {"transformer.wte.weight": (V, D), "transformer.wpe.weight": (b.max_sequence_length, D)}
+        for i in range(L):
+            p = f"transformer.h.{i}."
+            for norm in ("ln_1", "ln_2"):
+                shapes.update({f"{p}{norm}.weight": (D,), f"{p}{norm}.bias": (D,)})
+            shapes.update({p + "attn.c_attn.weight": (D, 3 * D), p + "attn.c_attn.bias": (3 * D,)})
+            shapes.update({p + "attn.c_proj.weight": (D, D), p + "attn.c_proj.bias": (D,)})
+            shapes.update({p + "mlp.c_fc.weight": (D, F), p + "mlp.c_fc.bias": (F,)})
+            shapes.update({p + "mlp.c_proj.weight": (F, D), p + "mlp.c_proj.bias": (D,)})
+        shapes.update({"transformer.ln_f.weight": (D,), "transformer.ln_f.bias": (D,)})
+        return shapes
+    H, Hkv = b.num_heads, b.num_key_value_heads or b.num_heads
+    Dh = b.head_dim or D // H
+    shapes = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
+    for i in range(L):
+        p = f"model.layers.{i}."
+        shapes.update({p + "input_layernorm.weight": (D,), p + "post_attention_layernorm.weight": (D,)})
+        for proj, rows in (("q_proj", H * Dh), ("k_proj", Hkv * Dh), ("v_proj", Hkv * Dh)):
+            shapes[f"{p}self_attn.{proj}.weight"] = (rows, D)
+            if b.attention_bias:
+                shapes[f"{p}self_attn.{proj}.bias"] = (rows,)
+        shapes[p + "self_attn.o_proj.weight"] = (D, H * Dh)
+        if architecture == "llama" and b.attention_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (D,)
+        if architecture == "qwen3":
+            shapes.update({p + "self_attn.q_norm.weight": (Dh,), p + "self_attn.k_norm.weight": (Dh,)})
+        shapes.update({p + "mlp.gate_proj.weight": (F, D), p + "mlp.up_proj.weight": (F, D)})
+        shapes[p + "mlp.down_proj.weight"] = (D, F)
+    if not b.tie_word_embeddings:
+        shapes["lm_head.weight"] = (V, D)
+    return shapes
+
+
+def _write_metadata(writer, task, architecture, config, file_type):
+    b = task.backbone
+    writer.add_name(task.name)
+    writer.add_file_type(file_type)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    writer.add_context_length(b.max_sequence_length)
+    writer.add_embedding_length(b.hidden_dim)
+    writer.add_block_count(b.num_layers)
+    writer.add_feed_forward_length(b.intermediate_dim)
+    writer.add_head_count(b.num_heads)
+    if architecture == "gpt2":
+        writer.add_layer_norm_eps(b.norm_epsilon)
+    else:
+        head_dim = b.head_dim or b.hidden_dim // b.num_heads
+        writer.add_head_count_kv(config["num_key_value_heads"])
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+        writer.add_rope_dimension_count(head_dim)
+        writer.add_rope_freq_base(float(b.rope_max_wavelength))
+        writer.add_layer_norm_rms_eps(b.norm_epsilon)
+        writer.add_vocab_size(b.vocabulary_size)
+        if b.rope_scaling:
+            writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(float(b.rope_scaling["factor"]))
+    preprocessor = task.preprocessor
+    if preprocessor is not None:
+        add_bos = getattr(preprocessor, "add_start_token", True) and preprocessor.tokenizer.bos_token_id is not None
+        gguf_tokenizer.write_tokenizer(writer, preprocessor.tokenizer, add_bos)
+
+
+def _encode(name, array, tensor_type):
+    """(the data GGUFWriter takes, its ggml type): 1-D tensors F32, matrices in `tensor_type` (F16 when their rows
+    are not whole blocks of a block type)."""
+    array = np.ascontiguousarray(array, dtype="float32")
+    if array.ndim == 1 or tensor_type == gguf.GGMLQuantizationType.F32:
+        return array, gguf.GGMLQuantizationType.F32
+    block, _ = gguf.GGML_QUANT_SIZES[tensor_type]
+    if array.shape[-1] % block:
+        _log.info(
+            "GGUF export: %s has rows of %d values, not whole %d-value blocks: written F16.",
+            name,
+            *array.shape[-1:],
+            block,
+        )
+        tensor_type = gguf.GGMLQuantizationType.F16
+    if tensor_type == gguf.GGMLQuantizationType.F16:
+        return array.astype("float16"), tensor_type
+    return gguf.quants.quantize(array, tensor_type), tensor_type
+
+
+__all__ = ["FORMAT", "GGUF_TYPES", "export_gguf"]
