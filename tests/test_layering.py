@@ -340,7 +340,16 @@ def test_export_uses_the_samplers_public_entry_points(prefix):
 
 # The bundle runtime (export/runtime/, copied into every bundle) runs without Keras: the standard library,
 # these packages, its own files and the chat template the export copies next to them.
-RUNTIME_PACKAGES = {"numpy", "onnxruntime", "tokenizers", "jinja2", "starlette", "uvicorn", "prometheus_client"}
+RUNTIME_PACKAGES = {
+    "numpy",
+    "onnxruntime",
+    "tokenizers",
+    "jinja2",
+    "starlette",
+    "uvicorn",
+    "prometheus_client",
+    "llguidance",
+}
 
 
 def _top_level_imports(path):

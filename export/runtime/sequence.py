@@ -14,7 +14,8 @@ if _HERE not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from sampling import Picker, noise, seed_to_int32, token_logprobs  # noqa: E402
+from constraint import allowed_tokens  # noqa: E402
+from sampling import NEG, Picker, noise, seed_to_int32, token_logprobs  # noqa: E402
 
 __all__ = ["Sequence", "choose"]
 
@@ -35,6 +36,8 @@ class Sequence:
         num_beams, length_penalty: beam search (run whole, beside the batch).
         logprobs: None, or report each token's log-probability with this many most likely alternatives
             (0 to 20): the token events are then ("token", (id, (logprob, top ids, top logprobs))).
+        constraint: None, or the sequence's own grammar matcher (`constraint.Grammars.matcher`): its tokens
+            are chosen among those the grammar allows, and it is told each one.
         deadline: `time.monotonic()` after which the sequence finishes with "timeout": at that time while
             it waits, at the next step while it holds a row or runs whole (beam search).
     """
@@ -54,6 +57,7 @@ class Sequence:
         length_penalty=1.0,
         deadline=None,
         logprobs=None,
+        constraint=None,
     ):
         self.prompt_ids, self.max_tokens, self.on_event = list(prompt_ids), int(max_tokens), on_event
         self.temperature, self.top_k, self.top_p = float(temperature), top_k, top_p
@@ -62,7 +66,7 @@ class Sequence:
         self.noise_seed = None if seed is None else seed_to_int32(seed)
         self.choice, self.stop_token_ids = int(choice), tuple(stop_token_ids)
         self.num_beams, self.length_penalty, self.deadline = int(num_beams), float(length_penalty), deadline
-        self.logprobs = logprobs
+        self.logprobs, self.constraint = logprobs, constraint
         self.generated = []
         self.cancelled = False  # set by any thread; the scheduler frees the row at the next step boundary
         self.queued = False  # in one of the scheduler's waiting queues (guarded by its lock)
@@ -97,6 +101,8 @@ class Sequence:
         """Record and announce a token (chosen from `logits` (V,), the raw logits of its position) -> the finish
         reason, or None to go on."""
         self.generated.append(token)
+        if self.constraint is not None:
+            self.constraint.consume_token(token)
         if self.logprobs is None:
             self.on_event("token", token)
         else:  # one event: a reader never sees a token without its entry
@@ -114,7 +120,15 @@ class Sequence:
 def choose(sequences, logits, positions):
     """Each sequence's next token from its logits (N, V) at its position (N,) -> (N,) ids: greedy rows by one
     argmax, random rows grouped by their (temperature, top_k, top_p), each group drawn at once with each
-    row's own noise."""
+    row's own noise. A constrained row chooses among the tokens its grammar allows."""
+    masked = [row for row, sequence in enumerate(sequences) if sequence.constraint is not None]
+    if masked:  # on a copy: the raw logits stay for the logprobs
+        allowed = allowed_tokens([sequences[row].constraint for row in masked], logits.shape[-1])  # (C, V)
+        for i, row in enumerate(masked):
+            if not allowed[i].any():  # a failed matcher: end the sequence
+                allowed[i, list(sequences[row].stop_token_ids)] = True
+        logits = logits.copy()
+        logits[masked] = np.where(allowed, logits[masked], NEG)
     chosen = np.argmax(logits, axis=-1)
     groups = collections.defaultdict(list)
     for row, sequence in enumerate(sequences):

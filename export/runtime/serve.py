@@ -9,8 +9,10 @@ requirements.txt: numpy, onnxruntime, tokenizers, jinja2, starlette, uvicorn, pr
 Endpoints:
     POST /v1/completions        prompt (a string, a list of them, or token ids), max_tokens, temperature
                                 (0: greedy), top_p, top_k, seed, stop, n, stream (server-sent events),
-                                logprobs (0-20), echo; extensions: num_beams, length_penalty (beam search,
-                                not streamed), timeout (seconds, at most the server's --timeout)
+                                logprobs (0-20), echo, response_format (json_object, json_schema);
+                                extensions: num_beams, length_penalty (beam search, not streamed),
+                                timeout (seconds, at most the server's --timeout), structured_outputs
+                                (vLLM's: json, regex, choice, grammar; constraint.py)
     POST /v1/chat/completions   messages, rendered by the bundle's chat template; the same options, and
                                 logprobs (true/false) with top_logprobs (0-20)
                                 Any other field gets a 400 naming it (serve_fields.py).
@@ -57,6 +59,7 @@ from starlette.applications import Starlette  # noqa: E402
 
 import batching  # noqa: E402
 from bundle_files import read_json  # noqa: E402
+from constraint import Grammars  # noqa: E402
 from decode_loop import auto_stop_tokens  # noqa: E402
 from encoder import Encoder  # noqa: E402
 from generator import Generator  # noqa: E402
@@ -89,6 +92,11 @@ class Service:
                 self.generator, max_rows=max_batch, max_queue=max_queue, on_step=self.relay.flush
             )
             self.max_length = int(self.generator.config["max_length"])
+            self.grammars = Grammars(
+                os.path.join(self.bundle_dir, "tokenizer.json"),
+                self.bundle["vocabulary_size"],
+                auto_stop_tokens(self.generator.config),
+            )
         self.metrics = Metrics(self)
 
     # --- requests -> sequences ------------------------------------------------
@@ -104,9 +112,10 @@ class Service:
     def submit(self, prompt_ids, options, n, inbox, timeout):
         """Queue n sequences per prompt, due in `timeout` seconds; their events (index, kind, value),
         index = prompt * n + choice, go to `inbox`."""
-        sequences = []
+        sequences, options = [], dict(options)
         deadline = time.monotonic() + timeout
         stop_ids = auto_stop_tokens(self.generator.config)
+        grammar = options.pop("grammar", None)  # compiled: each sequence gets a matcher of its own
         try:
             for p, ids in enumerate(prompt_ids):
                 for c in range(n):
@@ -117,6 +126,7 @@ class Service:
                         choice=c,
                         stop_token_ids=stop_ids,
                         deadline=deadline,
+                        constraint=None if grammar is None else self.grammars.matcher(grammar),
                         **options,
                     )
                     self.scheduler.submit(sequence)

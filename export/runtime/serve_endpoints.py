@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from bundle_files import chat_template
+from serve_constraints import compile_constraint, constraint_of
 from serve_fields import check_fields
 from serve_logprobs import prompt_entries
 from serve_streaming import completion_response
@@ -74,6 +75,9 @@ async def completions(request, service):
     options, n, stop, stream, usage = sampling_options(body, len(prompt_ids))
     options["logprobs"] = logprob_options(body, False, options["num_beams"])
     service.check_logprobs(options["logprobs"], "logprobs")
+    constraint = constraint_of(body)
+    if constraint is not None:
+        options["grammar"] = await compile_constraint(service, constraint, options["num_beams"])
     max_tokens = field(body, "max_tokens", int, default=16, check=lambda m: m >= 1, rule="a positive integer")
     options["max_tokens"] = service.limits(
         prompt_ids, max_tokens, "max_tokens" in body and body["max_tokens"] is not None
@@ -117,6 +121,9 @@ async def chat_completions(request, service):
     options, n, stop, stream, usage = sampling_options(body, 1)
     options["logprobs"] = logprob_options(body, True, options["num_beams"])
     service.check_logprobs(options["logprobs"], "logprobs")
+    constraint = constraint_of(body)
+    if constraint is not None:
+        options["grammar"] = await compile_constraint(service, constraint, options["num_beams"])
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = field(body, name, int, default=service.max_length, check=lambda m: m >= 1, rule="a positive integer")
     explicit = body.get(name) is not None

@@ -19,6 +19,8 @@ _SHARED = {
     "stream",
     "stream_options",
     "logprobs",
+    "response_format",
+    "structured_outputs",
     "user",  # an end-user id for the provider's abuse monitoring: no effect on the answer
     "top_k",
     "num_beams",
