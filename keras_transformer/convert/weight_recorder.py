@@ -1,6 +1,7 @@
 """WeightRecorder: a converter's `load_weights` run backwards, to write our weights in a checkpoint's layout."""
 
 import bisect
+import weakref
 
 import keras
 import numpy as np
@@ -37,6 +38,7 @@ class WeightRecorder:
         self.sink = sink or self.finished.__setitem__
         self.sent = set()  # the names handed to the sink
         self.pending = {}  # name -> [buffer (N,), write counts (N,), elements written]
+        self.handed_out = {}  # id(numbers) -> (name, weak reference to the numbers `get` returned)
 
     def has(self, name):
         return name in self.shapes
@@ -45,7 +47,9 @@ class WeightRecorder:
         if name not in self.shapes:
             raise ValueError(f"The Hugging Face model has no tensor {name!r}, which the export needs.")
         start = self.starts[self.names.index(name)]
-        return np.arange(start, start + self._size(name), dtype=self.index_dtype).reshape(self.shapes[name])
+        numbers = np.arange(start, start + self._size(name), dtype=self.index_dtype)
+        self.handed_out[id(numbers)] = (name, weakref.ref(numbers))  # to know it again in `assign` (see `_whole`)
+        return numbers.reshape(self.shapes[name])
 
     def assign(self, variable, value, source):
         index = np.asarray(value)
@@ -59,6 +63,11 @@ class WeightRecorder:
         else:  # a variable, or a tensor (a LoRA layer's `kernel` reads kernel + (alpha / r) A @ B)
             values = keras.ops.convert_to_numpy(keras.ops.cast(variable, "float32"))
         values = np.asarray(values, dtype="float32")
+        whole = self._whole(index)
+        if whole is not None:  # the tensor exactly as `get` gave it (e.g. an embedding): no buffer, no scatter
+            self.sent.add(whole)
+            self.sink(whole, values.reshape(self.shapes[whole]))
+            return
         # In slices along the first axis, so that the flattened numbers (a copy when the converter transposed
         # them) and their offsets never cost more than a slice: a large embedding's are 3x its size otherwise.
         rows = max(1, _SLICE // max(1, int(np.prod(index.shape[1:], dtype=np.int64)))) if index.ndim else 1
@@ -101,6 +110,17 @@ class WeightRecorder:
 
     def _size(self, name):
         return int(np.prod(self.shapes[name], dtype=np.int64))
+
+    def _whole(self, index):
+        """The name of the tensor whose numbers `index` is, in order, as `get` returned them; else None."""
+        root = index
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        name, numbers = self.handed_out.get(id(root), (None, None))
+        if numbers is None or numbers() is not root:
+            return None
+        whole = index.flags.c_contiguous and index.size == root.size and index.ctypes.data == root.ctypes.data
+        return name if whole and name not in self.pending and name not in self.sent else None
 
     def _tensor_of(self, element):
         return bisect.bisect_right(self.starts, int(element)) - 1
