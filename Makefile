@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 XDIST ?= -n 2 --dist loadfile
 export TF_CPP_MIN_LOG_LEVEL := 3
 
-.PHONY: install demo lint test test-fast test-tensorflow test-jax test-torch notebooks bench gpu-check gpu-check-peers clean
+.PHONY: install demo lint test test-fast test-tensorflow test-jax test-torch notebooks bench gpu-check gpu-check-peers gpu-wheels clean
 
 install: $(STAMP)
 
@@ -65,24 +65,46 @@ bench: install
 # A GPU machine that cannot reach a package registry can use its own Python instead of the venv
 # (keras, keras-hub and the backends importable there; the repository on PYTHONPATH):
 #   make gpu-check PY=python3 GPU_INSTALL= BACKENDS="jax torch"
+# Each benchmark's output also goes to $(GPU_OUT)/BACKEND_BENCHMARK.txt as it prints, so that a run cut short keeps
+# what it measured. On the lent device (its README): `make gpu-wheels` here, then carry .whl and run
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+#     .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD && make gpu-check PY=python3 GPU_INSTALL= \
+#     BACKENDS="jax torch" GPU_OUT=$OUT
 GPU_INSTALL ?= install
-GPU_BENCHMARKS_jax = "decode_gpu.py" "generate.py --repeats 2" "generate_seq2seq.py --repeats 2" \
+GPU_OUT ?= gpu_results
+GPU_BENCHMARKS_jax = "decode_gpu.py" "decode_gpu.py --peers ours --xla-command-buffers" \
+	"moe_speed.py --shape gpu --repeats 2" "generate.py --repeats 2" "generate_seq2seq.py --repeats 2" \
 	"train.py --shape gpt2 --dtype mixed_bfloat16 --steps 10 --rounds 2"
-GPU_BENCHMARKS_torch = "decode_gpu.py" "train.py --shape gpt2 --dtype mixed_bfloat16 --steps 10 --rounds 2"
+GPU_BENCHMARKS_torch = "decode_gpu.py" "moe_speed.py --shape gpu --repeats 2" \
+	"train.py --shape gpt2 --dtype mixed_bfloat16 --steps 10 --rounds 2"
 GPU_BENCHMARKS_tensorflow = "decode_gpu.py --peers ours,keras-hub"
 GPU_PEER_BENCHMARKS = "attention.py" "attention.py --dtype bfloat16" "generate.py --repeats 2" \
 	"generate_seq2seq.py --repeats 2" "bert_forward.py --repeats 3" "generate_llama.py --repeats 1"
 gpu-check: $(GPU_INSTALL)
-	nvidia-smi
+	@mkdir -p $(GPU_OUT); nvidia-smi | tee $(GPU_OUT)/nvidia-smi.txt
 	@status=0; for b in $(BACKENDS); do \
 	  echo "=== KERAS_BACKEND=$$b ==="; \
 	  case $$b in jax) benches='$(GPU_BENCHMARKS_jax)';; torch) benches='$(GPU_BENCHMARKS_torch)';; \
 	    *) benches='$(GPU_BENCHMARKS_tensorflow)';; esac; \
 	  eval "set -- $$benches"; for bench in "$$@"; do \
-	    echo "--- $$bench"; \
-	    KERAS_BACKEND=$$b $(PY) benchmarks/$$bench || { echo "FAILED: KERAS_BACKEND=$$b $$bench"; status=1; }; \
+	    echo "--- $$bench"; out="$(GPU_OUT)/$$(printf "%s" "$$b $$bench" | tr -c 'A-Za-z0-9._-' '_').txt"; \
+	    { PYTHONUNBUFFERED=1 KERAS_BACKEND=$$b $(PY) benchmarks/$$bench 2>&1; echo "exit status $$?"; } | tee "$$out"; \
+	    tail -n 1 "$$out" | grep -qx "exit status 0" || { echo "FAILED: KERAS_BACKEND=$$b $$bench"; status=1; }; \
 	  done; \
 	done; exit $$status
+
+# The packages a GPU machine lacks (it has PyTorch, JAX and transformers, no package index), as Python 3.12 wheels
+# in .whl/ (git-ignored) to carry there: keras, keras-hub and their own needs, at the tested versions.
+GPU_WHEELS = keras keras-hub namex optree kagglehub kagglesdk
+gpu-wheels:
+	rm -rf .whl && mkdir -p .whl
+	for name in $(GPU_WHEELS); do \
+	  version=$$(grep -i "^$$name==" constraints.txt | cut -d= -f3); \
+	  $(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+	    --platform manylinux2014_x86_64 --platform any -d .whl "$$name==$$version" || exit 1; \
+	done
+	ls .whl
 
 gpu-check-peers: $(GPU_INSTALL)
 	nvidia-smi

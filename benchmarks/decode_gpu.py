@@ -3,6 +3,11 @@ memory-bandwidth floor beside each: ours, keras-hub and (on PyTorch) transformer
 
     KERAS_BACKEND=torch python benchmarks/decode_gpu.py            # the full table on this backend's device
     KERAS_BACKEND=jax python benchmarks/decode_gpu.py --shape tiny # a 2-layer model: a quick check on a CPU
+    KERAS_BACKEND=jax python benchmarks/decode_gpu.py --peers ours --xla-command-buffers
+
+`--xla-command-buffers` (JAX on a GPU): XLA records whole loops and branches as CUDA command buffers
+(`--xla_gpu_enable_command_buffer` with WHILE and CONDITIONAL added to its default kinds), a variant only a GPU
+can decide; the rows say so.
 
 Rows (tokens/s over all rows; 16 random prompt tokens, `--new` new tokens, no stop token; greedy and
 beam-4; batch 1 and 8; float32 and bfloat16):
@@ -26,6 +31,9 @@ import traceback
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUDNN,CUSTOM_CALL,WHILE,CONDITIONAL"
+if "--xla-command-buffers" in sys.argv:  # read by XLA when JAX starts, so before keras imports it
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {COMMAND_BUFFERS}".strip()
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -156,6 +164,7 @@ def main():
     parser.add_argument("--new", type=int, default=128, help="new tokens per row")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--peers", default="ours,keras-hub,transformers", help="comma-separated subset")
+    parser.add_argument("--xla-command-buffers", action="store_true", help="JAX: loops as CUDA command buffers")
     args = parser.parse_args()
     backend, device = keras.config.backend(), device_name()
     bandwidth = next((b for name, b in BANDWIDTH.items() if name in device), None)
@@ -167,7 +176,8 @@ def main():
     cases = []
     for dtype in ("float32", "bfloat16"):
         if "ours" in peers:
-            cases.append(("ours", dtype, lambda d=dtype: Ours(args.shape, d), [(1, 1), (1, 8), (4, 1), (4, 8)]))
+            label = "ours, command buffers" if args.xla_command_buffers else "ours"
+            cases.append((label, dtype, lambda d=dtype: Ours(args.shape, d), [(1, 1), (1, 8), (4, 1), (4, 8)]))
         if "keras-hub" in peers:
             # keras-hub's PyTorch generation runs eagerly (about 20 s a call at this shape on an H200): greedy at
             # batch 1 only there, to stay inside one device call.
@@ -187,7 +197,7 @@ def main():
             print(f"| {name} | {dtype} | failed to build: {traceback.format_exc(limit=1).splitlines()[-1]} |")
             failed = True
             continue
-        if parameters is None and name == "ours":
+        if parameters is None and name.startswith("ours"):
             parameters = model.parameters
         for beams, batch in runs:
             prompts = rng.integers(1, SHAPES[args.shape]["vocabulary_size"], (batch, PROMPT)).astype("int32")

@@ -2,6 +2,7 @@
 
     KERAS_BACKEND=jax python benchmarks/moe_speed.py
     KERAS_BACKEND=torch python benchmarks/moe_speed.py [--repeats 5] [--shape tiny]
+    KERAS_BACKEND=jax python benchmarks/moe_speed.py --shape gpu --repeats 2   # in `make gpu-check`
 
 Shape ("small", the default): a LlamaBackbone of 4 layers, width 512, 8 heads, 2 key/value heads, vocabulary
 8000. The MoE model's every feed-forward is E = 16 experts of width 1024 with k = 2 per token; the dense model's a
@@ -31,6 +32,8 @@ SHAPES = {
     # name: (layers, width, heads, key/value heads, vocabulary, experts, k, expert width)
     "small": (4, 512, 8, 2, 8000, 16, 2, 1024),
     "tiny": (2, 64, 4, 2, 500, 16, 2, 64),
+    # `make gpu-check`: the SmolLM2-135M shape (its dense feed-forward, 1536 wide, is two experts' worth)
+    "gpu": (30, 576, 9, 3, 49152, 16, 2, 768),
 }
 PROMPT, NEW_TOKENS = 16, 64
 BATCH, LENGTH = 8, 128
@@ -90,7 +93,8 @@ def main():
 
     tokens = 2 * BATCH * LENGTH
     print(f"backend {keras.config.backend()}, shape {args.shape} {SHAPES[args.shape]}, {args.repeats} rounds")
-    print("| | MoE (E=16, k=2) | dense, same active size | MoE / dense | target |")
+    experts, k = SHAPES[args.shape][5:7]
+    print(f"| | MoE (E={experts}, k={k}) | dense, same active size | MoE / dense | target |")
     print("|---|---:|---:|---:|---|")
     print(
         f"| decoding, greedy batch 1, ms per token | {1000 * best[0] / NEW_TOKENS:.2f} | "
