@@ -1,13 +1,14 @@
 """The `keras-transformer` command line.
 
     keras-transformer presets
-    keras-transformer export PRESET_OR_DIR OUT_DIR --format onnx|tf_saved_model|huggingface
-        [--overwrite] [--quantize int8|int4]
+    keras-transformer export PRESET_OR_DIR OUT_DIR --format onnx|tf_saved_model|huggingface|gguf
+        [--overwrite] [--quantize int8|int4] [--gguf-type f32|f16|bf16|q8_0|q4_0]
     keras-transformer generate BUNDLE_OR_PRESET --prompt "..." [--sampler greedy|random|beam]
-    keras-transformer convert HF_DIR OUT_PRESET_DIR [--allow-pickle] [--overwrite]
+    keras-transformer convert HF_DIR_OR_GGUF OUT_PRESET_DIR [--allow-pickle] [--overwrite]
     keras-transformer serve BUNDLE [--host 127.0.0.1] [--port 8000] [serve.py's options]
 
-Wherever a preset is taken, so is a Hugging Face Hub handle: hf://org/name[@revision] (see hub.py).
+Wherever a preset is taken, so is a GGUF file and a Hugging Face Hub handle: hf://org/name[@revision] or
+hf://org/name/file.gguf[@revision] (see hub.py).
 
 Keras (and the backend) loads only for the commands that need it, without TensorFlow's and XLA's
 startup log lines; KERAS_TRANSFORMER_VERBOSE=1 shows them (see startup.py).
@@ -89,7 +90,9 @@ def _presets(parser):
 # --- export -----------------------------------------------------------------
 
 
-@command("export", help="Export a preset to an ONNX bundle, a TensorFlow SavedModel or a Hugging Face folder.")
+@command(
+    "export", help="Export a preset to an ONNX bundle, a TensorFlow SavedModel, a Hugging Face folder or a GGUF file."
+)
 def _export(parser):
     parser.add_argument(
         "preset",
@@ -97,7 +100,7 @@ def _export(parser):
         help="a registered preset name, a preset directory or hf://org/name[@revision]",
     )
     parser.add_argument("out_dir", metavar="OUT_DIR")
-    parser.add_argument("--format", default="onnx", choices=("onnx", "tf_saved_model", "huggingface"))
+    parser.add_argument("--format", default="onnx", choices=("onnx", "tf_saved_model", "huggingface", "gguf"))
     parser.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
     parser.add_argument(
         "--quantize", choices=("int8", "int4"), default=None, help="ONNX only: the graphs' weights in 8 or 4 bits"
@@ -114,11 +117,22 @@ def _export(parser):
         help="huggingface only: split the weights into shards of at most this size, e.g. 5GB",
     )
 
+    parser.add_argument(
+        "--gguf-type",
+        choices=("f32", "f16", "bf16", "q8_0", "q4_0"),
+        default=None,
+        help="gguf only: the weights' type, as llama.cpp's converter names them (default f16)",
+    )
+
     def run(args):
         import_keras_quietly()
         from keras_transformer import export
 
         options = {}
+        if args.gguf_type is not None and args.format != "gguf":
+            raise ValueError(f"--gguf-type applies to --format gguf. Received: --format {args.format}")
+        if args.format == "gguf":
+            return _export_gguf(args, export)
         if args.format == "huggingface":
             size = args.max_shard_size or "5GB"
             options = {"dtype": args.dtype, "max_shard_size": int(size) if size.isdigit() else size}  # bytes or "5GB"
@@ -134,6 +148,14 @@ def _export(parser):
         print(f"Exported {type(task).__name__} to {path} ({args.format}{quantized}).")
 
     return run
+
+
+def _export_gguf(args, export):
+    if args.quantize or args.dtype or args.max_shard_size:
+        raise ValueError("--quantize, --dtype and --max-shard-size do not apply to --format gguf: use --gguf-type.")
+    task = export.load_preset_task(args.preset)
+    path = task.export(args.out_dir, format="gguf", overwrite=args.overwrite, gguf_type=args.gguf_type or "f16")
+    print(f"Exported {type(task).__name__} to {path} (gguf, {args.gguf_type or 'f16'}).")
 
 
 # --- generate ---------------------------------------------------------------
@@ -223,12 +245,17 @@ def _generate_with_keras(preset, prompts, options):
 # --- convert ----------------------------------------------------------------
 
 
-@command("convert", help="Convert a Hugging Face checkpoint (a directory or hf://org/name[@revision]) into a preset.")
+@command(
+    "convert",
+    help="Convert a Hugging Face checkpoint (a directory or hf://org/name[@revision]) or a GGUF file "
+    "(model.gguf or hf://org/name/file.gguf[@revision]) into a preset.",
+)
 def _convert(parser):
     parser.add_argument(
         "hf_dir",
         metavar="HF_DIR",
-        help="a directory with config.json, model.safetensors and tokenizer.json, or hf://org/name[@revision]",
+        help="a directory with config.json, model.safetensors and tokenizer.json, hf://org/name[@revision], "
+        "a .gguf file or hf://org/name/file.gguf[@revision]",
     )
     parser.add_argument("out_dir", metavar="OUT_PRESET_DIR")
     parser.add_argument(

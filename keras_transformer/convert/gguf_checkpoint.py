@@ -1,5 +1,6 @@
 """GGUF checkpoints (llama.cpp, Ollama, LM Studio) as presets: `from_preset("model.gguf")`,
-`from_preset("hf://org/name/model.gguf")` and `keras-transformer convert model.gguf OUT`.
+`from_preset("hf://org/name/model.gguf")` and `keras-transformer convert model.gguf OUT` (`convert.convert`, which
+takes a GGUF file wherever it takes a Hugging Face folder).
 
 A GGUF file is read with llama.cpp's own `gguf` package (gguf_file.py), its metadata mapped onto the config.json
 and its tensors onto the tensor names of the Hugging Face checkpoint it stands for (gguf_names.py), and that is
@@ -24,12 +25,9 @@ Example:
 
 from pathlib import Path
 
-from keras_transformer import presets
 from keras_transformer.convert import gguf_names, gguf_tokenizer, hugging_face
 from keras_transformer.convert.checkpoint import CheckpointWeights
 from keras_transformer.convert.gguf_file import GGUFFile
-from keras_transformer.models.backbone import Backbone
-from keras_transformer.models.task import Task
 
 SUFFIX = ".gguf"
 
@@ -80,23 +78,4 @@ def convert_config(path, allow_pickle=False):
     return config
 
 
-def convert(gguf_path, preset_dir, overwrite=False):
-    """Convert a GGUF checkpoint into a keras_transformer preset directory (the `keras-transformer convert` command).
-
-    Returns:
-        The converted task (a CausalLM).
-    """
-    if Path(preset_dir).exists() and not overwrite:
-        raise ValueError(f"{preset_dir} already exists. Pass overwrite=True to replace it.")
-    _, config = presets.load_config(gguf_path)
-    task_spec = config.get("task")
-    if task_spec is None:
-        model = presets.get_class(config["backbone"]["class_name"], Backbone).from_preset(gguf_path)
-        presets.save_backbone(model, preset_dir, overwrite=overwrite)
-        return model
-    model = presets.get_class(task_spec["class_name"], Task).from_preset(gguf_path)
-    model.save_to_preset(preset_dir, overwrite=overwrite)
-    return model
-
-
-__all__ = ["SUFFIX", "convert", "convert_config"]
+__all__ = ["SUFFIX", "convert_config"]

@@ -150,3 +150,29 @@ def requantize(source, target, kind):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def rewrite(source, target, architecture=None, drop=(), add=None, tensors=None):
+    """A copy of the GGUF file `source` with its architecture renamed (its `{arch}.` keys too), metadata keys
+    dropped or added ({key: (value, gguf.GGUFValueType)}), and tensors added ({name: float32 array}): the damaged
+    files of the refusal tests, written by the gguf package."""
+    reader = gguf.GGUFReader(source)
+    old = reader.fields["general.architecture"].contents()
+    architecture = architecture or old
+    writer = gguf.GGUFWriter(str(target), architecture)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture" or name in drop:
+            continue
+        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        renamed = architecture + name[len(old) :] if name.startswith(old + ".") else name
+        writer.add_key_value(renamed, field.contents(), field.types[0], sub_type=sub_type)
+    for name, (value, kind) in (add or {}).items():
+        writer.add_key_value(name, value, kind)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
+    for name, array in (tensors or {}).items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
