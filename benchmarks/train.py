@@ -36,6 +36,17 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 SHAPES = {
+    # a quick check on a CPU that the script runs (every peer), not a measurement
+    "tiny": dict(
+        family="gpt",
+        vocabulary_size=512,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=64,
+        intermediate_dim=128,
+        sequence=32,
+        batch=4,
+    ),
     "cpu": dict(
         family="gpt",
         vocabulary_size=8000,
