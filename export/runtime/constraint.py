@@ -27,7 +27,7 @@ try:
 except ModuleNotFoundError:  # the bundle serves unconstrained requests without it
     llguidance = llguidance_numpy = None
 
-KINDS = ("json", "regex", "choice", "grammar")
+KINDS = ("json", "regex", "choice", "grammar", "lark")
 # JSON as the model writes it: no whitespace between tokens (a model that may write any amount can spend
 # every token it has on spaces), "," and ":" as separators.
 JSON_OPTIONS = {"whitespace_flexible": False}
@@ -68,8 +68,8 @@ class Grammars:
 
     def compile(self, kind, spec):
         """A grammar of `kind` ("json": a JSON schema (a dict, or True for any JSON object), "regex", "choice":
-        a list of strings, "grammar": Lark or GBNF text) -> llguidance's grammar, checked; a ValueError says
-        what is wrong with it."""
+        a list of strings, "grammar": Lark or GBNF text, "lark": llguidance's Lark as it is) -> llguidance's
+        grammar, checked; a ValueError says what is wrong with it."""
         if kind not in KINDS:
             raise ValueError(f"The constraint's kind must be one of {KINDS}. Received: {kind!r}")
         tokenizer = self.tokenizer
@@ -89,7 +89,7 @@ class Grammars:
         else:
             if not isinstance(spec, str) or not spec.strip():
                 raise ValueError(f"A grammar must be Lark or GBNF text. Received: {spec!r:.80}")
-            grammar = llguidance.grammar_from("grammar", spec)
+            grammar = llguidance.grammar_from("grammar" if kind == "grammar" else "lark", spec)
         error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
         if error:
             raise ValueError(error.strip())

@@ -14,7 +14,8 @@ Endpoints:
                                 timeout (seconds, at most the server's --timeout), structured_outputs
                                 (vLLM's: json, regex, choice, grammar; constraint.py)
     POST /v1/chat/completions   messages, rendered by the bundle's chat template; the same options, and
-                                logprobs (true/false) with top_logprobs (0-20)
+                                logprobs (true/false) with top_logprobs (0-20), tools and tool_choice
+                                (Qwen-style <tool_call> JSON parsed into tool_calls: serve_tools.py)
                                 Any other field gets a 400 naming it (serve_fields.py).
     POST /v1/embeddings         input (a string or a list): encoder bundles; the model's pooled output
     GET  /v1/models, /v1/models/{name}

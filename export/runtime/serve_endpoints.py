@@ -18,6 +18,7 @@ from serve_constraints import compile_constraint, constraint_of
 from serve_fields import check_fields
 from serve_logprobs import prompt_entries
 from serve_streaming import completion_response
+from serve_tools import template_messages, tool_options
 from serve_validation import (
     ApiError,
     check_messages,
@@ -113,8 +114,13 @@ async def chat_completions(request, service):
         variables = chat_template.check_template_kwargs(body.get("chat_template_kwargs"))
     except ValueError as error:
         raise ApiError(str(error), "chat_template_kwargs") from error
+    tools = await asyncio.to_thread(tool_options, body, service.grammars)
+    if tools is not None:
+        variables = {**variables, "tools": body["tools"]}  # the template renders them
     try:
-        text = service.generator.apply_chat_template(messages, add_generation_prompt=True, **variables)
+        text = service.generator.apply_chat_template(
+            template_messages(messages), add_generation_prompt=True, **variables
+        )
     except ValueError as error:
         raise ApiError(str(error), "messages") from error
     prompt_ids = [service.generator.tokenizer.encode(text, add_special_tokens=False).ids]
@@ -122,8 +128,16 @@ async def chat_completions(request, service):
     options["logprobs"] = logprob_options(body, True, options["num_beams"])
     service.check_logprobs(options["logprobs"], "logprobs")
     constraint = constraint_of(body)
+    if constraint is not None and tools is not None and tools["grammar"] is not None:
+        raise ApiError("A forced tool call ('tool_choice') and an output constraint cannot both apply.", "tool_choice")
     if constraint is not None:
         options["grammar"] = await compile_constraint(service, constraint, options["num_beams"])
+    elif tools is not None and tools["grammar"] is not None:
+        options["grammar"] = tools["grammar"]
+        if options["num_beams"] > 1 or not service.scheduler.batched:
+            raise ApiError(
+                "A forced tool call needs sampling (not beam search) and continuous batching.", "tool_choice"
+            )
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = field(body, name, int, default=service.max_length, check=lambda m: m >= 1, rule="a positive integer")
     explicit = body.get(name) is not None
@@ -133,7 +147,17 @@ async def chat_completions(request, service):
         error.param = "messages" if error.param == "prompt" else name
         raise
     return await completion_response(
-        service, request, "chat_completions", prompt_ids, options, n, stop, stream, usage, chat=True
+        service,
+        request,
+        "chat_completions",
+        prompt_ids,
+        options,
+        n,
+        stop,
+        stream,
+        usage,
+        chat=True,
+        tools=None if tools is None or tools["choice"] == "none" else tools["names"],
     )
 
 

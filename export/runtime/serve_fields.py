@@ -29,7 +29,8 @@ _SHARED = {
 }
 IMPLEMENTED = {
     "completions": _SHARED | {"prompt", "echo"},
-    "chat_completions": _SHARED | {"messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs"},
+    "chat_completions": _SHARED
+    | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "chat_template_kwargs"},
     "embeddings": {"model", "input", "encoding_format", "user"},
 }
 

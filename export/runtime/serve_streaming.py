@@ -13,6 +13,8 @@ import time
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from serve_logprobs import TokenStrings, chat_logprobs, completion_logprobs
+from serve_tools import START as TOOL_CALL_START
+from serve_tools import parse_tool_calls
 from serve_validation import ApiError
 
 
@@ -65,11 +67,14 @@ class Relay:
 
 
 class _Choice:
-    """One choice's text as its tokens arrive: stop strings cut it, and what might begin one is held back."""
+    """One choice's text as its tokens arrive: stop strings cut it, and what might begin one is held back.
+    With `tools` (the declared function names), the text from the first `<tool_call>` on is held back too, and
+    parsed into `tool_calls` once the choice ends (`end_tools`)."""
 
-    def __init__(self, tokenizer, stop):
-        self.tokenizer, self.stop = tokenizer, stop
+    def __init__(self, tokenizer, stop, tools=None):
+        self.tokenizer, self.stop, self.tools = tokenizer, stop, tools
         self.ids, self.sent, self.finish, self.first_token_at = [], "", None, None
+        self.text, self.tool_calls = "", []  # the text so far (before a stop string), what tool calls it held
 
     def add(self, tokens):
         """New tokens -> the new text to send (possibly empty); sets `finish` = "stop" when a stop string appears.
@@ -101,7 +106,23 @@ class _Choice:
         """-> the text held back (the sequence ended without completing a stop string)."""
         return self._send(self.tokenizer.decode(self.ids, skip_special_tokens=True))
 
-    def _send(self, text):
+    def end_tools(self):
+        """At the choice's end: its tool calls parsed from the text held back; -> the text still to send (the
+        held text, when it holds no call that parses)."""
+        if self.tools is None:
+            return ""
+        content, self.tool_calls = parse_tool_calls(self.text, self.tools)
+        return self._send(content if self.tool_calls else self.text, hold=False)
+
+    def _send(self, text, hold=True):
+        self.text = text if hold else self.text
+        if hold and self.tools is not None:  # from a tool call's start on, or what may begin one
+            at = text.find(TOOL_CALL_START)
+            if at < 0:
+                at = len(text) - max(
+                    (k for k in range(1, len(TOOL_CALL_START)) if text.endswith(TOOL_CALL_START[:k])), default=0
+                )
+            text = text[:at]
         new = text[len(self.sent) :] if text.startswith(self.sent) else ""
         self.sent = text if text.startswith(self.sent) else self.sent
         return new
@@ -116,13 +137,14 @@ async def _watch_disconnect(request, inbox):
 
 
 async def completion_response(
-    service, request, endpoint, prompt_ids, options, n, stop, stream, include_usage, chat, echo=None
+    service, request, endpoint, prompt_ids, options, n, stop, stream, include_usage, chat, echo=None, tools=None
 ):
     """Submit a completion (n sequences per prompt) -> its answer: one JSON body, or a stream of
     server-sent events when `stream`. `chat` picks the chat completion's shapes over the text one's.
     `echo`: None, or {"texts": each prompt's text, "entries": None or each prompt's token logprob entries}:
-    each choice's text starts with its prompt's (and its logprobs with the prompt's tokens')."""
-    completion = _Completion(service, request, endpoint, prompt_ids, options, n, stop, chat, echo)
+    each choice's text starts with its prompt's (and its logprobs with the prompt's tokens'). `tools`: None, or
+    the declared function names, whose calls are parsed out of each chat choice (`serve_tools.py`)."""
+    completion = _Completion(service, request, endpoint, prompt_ids, options, n, stop, chat, echo, tools)
     if not stream:
         return await completion.json_response()
     return StreamingResponse(
@@ -135,7 +157,7 @@ async def completion_response(
 class _Completion:
     """A submitted request: its sequences on the scheduler, its choices' text as it comes, its answer."""
 
-    def __init__(self, service, request, endpoint, prompt_ids, options, n, stop, chat, echo):
+    def __init__(self, service, request, endpoint, prompt_ids, options, n, stop, chat, echo, tools):
         self.started, self.inbox = time.perf_counter(), Inbox()
         self.logprobs, self.strings = options["logprobs"] is not None, TokenStrings(service.generator.tokenizer)
         self.prompt_ids, self.n, self.echo = prompt_ids, n, echo
@@ -146,7 +168,7 @@ class _Completion:
         self.sequences = service.submit(prompt_ids, options, n, self.inbox, self.timeout)
         self.prompt_tokens = sum(len(ids) for ids in prompt_ids) * n
         service.metrics.prompt_tokens.inc(self.prompt_tokens)
-        self.choices = [_Choice(service.generator.tokenizer, stop) for _ in self.sequences]
+        self.choices = [_Choice(service.generator.tokenizer, stop, tools) for _ in self.sequences]
         prefix = "chatcmpl" if chat else "cmpl"
         self.head = {
             "id": f"{prefix}-{service.next_id()}",
@@ -198,7 +220,7 @@ class _Completion:
                 "index": i,
                 "finish_reason": c.finish,
                 "logprobs": self._logprobs(i, c.ids[: len(entries[i])], entries[i], True),
-                **({"message": {"role": "assistant", "content": texts[i]}} if self.chat else {"text": texts[i]}),
+                **({"message": _message(texts[i], c.tool_calls)} if self.chat else {"text": texts[i]}),
             }
             for i, c in enumerate(self.choices)
         ]
@@ -226,6 +248,10 @@ class _Completion:
             async for index, text, finish, entries in self._deltas(watch_disconnect=False):
                 if chat:
                     delta = f'{{"content": {_json(text)}}}' if text or not finish else "{}"
+                    calls = self.choices[index].tool_calls if finish else None
+                    if calls:  # the calls, whole, with the choice's last event
+                        listed = [{"index": k, **call} for k, call in enumerate(calls)]
+                        delta = f'{delta[:-1]}{", " if len(delta) > 2 else ""}"tool_calls": {_json(listed)}}}'
                     part = f'"delta": {delta}'
                 else:
                     part = f'"text": {_json(text)}'
@@ -292,7 +318,17 @@ class _Completion:
             if choice.finish is None:
                 text += choice.close()
                 choice.finish = "stop" if finish == "stop" else "length"
+            text += choice.end_tools()
+            if choice.tool_calls:
+                choice.finish = "tool_calls"
         return text, taken
+
+
+def _message(text, tool_calls):
+    """A chat choice's message: its text, and its tool calls when it made some (then no text is None)."""
+    if not tool_calls:
+        return {"role": "assistant", "content": text}
+    return {"role": "assistant", "content": text or None, "tool_calls": tool_calls}
 
 
 def _drain(inbox):

@@ -56,6 +56,7 @@ RUNTIME_FILES = (
     "serve_fields.py",
     "serve_logprobs.py",
     "serve_streaming.py",
+    "serve_tools.py",
     "serve_validation.py",
     "requirements.txt",
 )

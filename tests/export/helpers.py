@@ -60,6 +60,7 @@ BUNDLE_RUNTIME_FILES = [
     "serve_fields.py",
     "serve_logprobs.py",
     "serve_streaming.py",
+    "serve_tools.py",
     "serve_validation.py",
 ]
 CORPUS = [

@@ -222,23 +222,27 @@ def test_the_stop_token_is_allowed_exactly_when_the_grammar_accepts(bundle):
     assert sequence.choose(rows, np.zeros((1, vocabulary), np.float32), np.array([1]))[0] == eos
 
 
-@pytest.fixture(scope="module")
-def stdlib_server(tmp_path_factory):
+def stdlib_bundle(directory):
     """The trained gpt_stdlib preset's ONNX bundle, exported once per machine (keyed by the preset's files and
-    the package's and runtime's sources), served."""
+    the package's and runtime's sources), copied into `directory`."""
     digest = hashlib.sha256()
     for folder, pattern in (("models/gpt_stdlib", "*"), ("keras_transformer", "*.py"), ("export/runtime", "*")):
         for file in sorted((_ROOT / folder).rglob(pattern)):
             digest.update(str(file.relative_to(_ROOT)).encode() + file.read_bytes())
     stored = TEST_CACHE / f"gpt_stdlib-{digest.hexdigest()[:32]}"
     if not stored.is_dir():
-        staging = tmp_path_factory.mktemp("stdlib") / "bundle"
+        staging = Path(directory) / "staging"
         GPTCausalLM.from_preset("gpt_stdlib").export(staging, format="onnx")
         TEST_CACHE.mkdir(parents=True, exist_ok=True)
         shutil.copytree(staging, stored, dirs_exist_ok=True)
-    bundle = tmp_path_factory.mktemp("stdlib_served") / "gpt_stdlib"
+    bundle = Path(directory) / "gpt_stdlib"
     shutil.copytree(stored, bundle)
-    server = Server(bundle)
+    return bundle
+
+
+@pytest.fixture(scope="module")
+def stdlib_server(tmp_path_factory):
+    server = Server(stdlib_bundle(tmp_path_factory.mktemp("stdlib")))
     yield server
     server.stop()
 
