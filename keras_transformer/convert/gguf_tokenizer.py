@@ -8,7 +8,8 @@ template. The pipeline built here is the one transformers' GGUF tokenizer builds
 - `gpt2`: the tokens as spelled (a token outside the byte alphabet respelled byte by byte), the file's merges,
   byte-level pre-tokenization with the split that `tokenizer.ggml.pre` names (GPT-2's own without one we know);
 - `llama`: the tokens, the file's merges or merges recovered from the scores (transformers' `generate_merges`),
-  a Metaspace pre-tokenizer ("▁", prepended to the first word), byte fallback;
+  a Metaspace pre-tokenizer ("▁", prepended to the first word), byte fallback; Phi-3 prepends "▁" and replaces
+  spaces in a normalizer instead (text starting with a space keeps one more "▁"), as its tokenizer.json does;
 - control tokens (type 3) are special added tokens, user-defined ones (type 4) plain added tokens.
 Any other tokenizer model is refused by name, as is a `tokenizer.ggml.pre` split we do not know.
 """
@@ -16,7 +17,7 @@ Any other tokenizer model is refused by name, as is a `tokenizer.ggml.pre` split
 import json
 
 import tokenizers
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 
 from keras_transformer import tokenizers as kt_tokenizers
 
@@ -67,6 +68,9 @@ def read_tokenizer(checkpoint):
     else:
         scores = checkpoint.value("tokenizer.ggml.scores")
         backend = _sentencepiece(tokens, merges, scores, checkpoint.value("tokenizer.ggml.add_space_prefix", True))
+        if checkpoint.architecture == "phi3":  # its prefix space from a normalizer, as Phi-3's tokenizer.json
+            backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+            backend.pre_tokenizer = None
     _add_special(backend, tokens, types, byte_level=model == "gpt2")
     special = _special_tokens(checkpoint, tokens)
     tokenizer = kt_tokenizers.BytePairTokenizer(

@@ -46,6 +46,9 @@ def llama_cpp_files(tmp_path_factory):
         "qwen3": hf_models.llama_style(root / "qwen3", "qwen3", head_dim=16),
         "gpt2": hf_models.gpt2(root / "gpt2"),
         "sentencepiece": gguf_models.sentencepiece_llama(root / "sentencepiece"),
+        "phi3": gguf_models.phi3(root / "phi3"),
+        "qwen3moe": gguf_models.mixture_of_experts(root / "qwen3moe", "qwen3_moe"),
+        "mixtral": gguf_models.mixture_of_experts(root / "mixtral", "mixtral"),
     }
     hf_models.edit_config(root / "gpt2", n_ctx=64)  # llama.cpp's GPT-2 converter reads n_ctx
     jobs = [{"source": str(root / name), "out": str(root / f"{name}.gguf"), "type": "f32"} for name in peers]

@@ -100,9 +100,8 @@ def convert(jobs):
         raise RuntimeError(f"llama.cpp's convert_hf_to_gguf.py failed:\n{result.stderr[-3000:]}")
 
 
-def sentencepiece_llama(directory, seed=0):
-    """A random LlamaForCausalLM with a Llama-2-style SentencePiece BPE tokenizer.model (byte fallback), which
-    llama.cpp's converter writes as tokenizer.ggml.model "llama" (tokens, scores, token types; no merges)."""
+def _sentencepiece(directory):
+    """A SentencePiece BPE tokenizer.model with byte fallback (400 pieces), trained here and saved in `directory`."""
     model = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
         sentence_iterator=iter(hf_models.TEXTS * 5),
@@ -115,20 +114,63 @@ def sentencepiece_llama(directory, seed=0):
     )
     Path(directory).mkdir(parents=True, exist_ok=True)
     (Path(directory) / "tokenizer.model").write_bytes(model.getvalue())
-    config = transformers.LlamaConfig(
-        vocab_size=400,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        bos_token_id=1,
-        eos_token_id=2,
-        attn_implementation="eager",
-    )
-    peer = hf_models.randomize(transformers.LlamaForCausalLM(config), seed)
+
+
+SMALL = dict(
+    vocab_size=400,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    bos_token_id=1,
+    eos_token_id=2,
+    attn_implementation="eager",
+)
+
+
+def sentencepiece_llama(directory, seed=0):
+    """A random LlamaForCausalLM with a Llama-2-style SentencePiece BPE tokenizer.model (byte fallback), which
+    llama.cpp's converter writes as tokenizer.ggml.model "llama" (tokens, scores, token types; no merges)."""
+    _sentencepiece(directory)
+    peer = hf_models.randomize(transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL)), seed)
     peer.save_pretrained(directory)
+    return peer
+
+
+def phi3(directory, seed=0):
+    """A random Phi3ForCausalLM (fused qkv_proj and gate_up_proj, half of each head rotated, a window of 16) with a
+    SentencePiece tokenizer.model (llama.cpp's Phi-3 converter reads only that)."""
+    _sentencepiece(directory)
+    config = transformers.Phi3Config(
+        **{**SMALL, "hidden_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1},
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        sliding_window=16,
+        pad_token_id=2,
+    )
+    peer = hf_models.randomize(transformers.Phi3ForCausalLM(config), seed)
+    peer.save_pretrained(directory)
+    return peer
+
+
+def mixture_of_experts(directory, model_type, seed=0):
+    """A random Qwen3MoeForCausalLM (every layer routed: llama.cpp's qwen3moe has no dense layers) or
+    MixtralForCausalLM, 2 of 4 experts, with the byte-level BPE tokenizer of hf_models."""
+    options = {
+        "qwen3_moe": dict(head_dim=16, num_experts=4, moe_intermediate_size=16, norm_topk_prob=True),
+        "mixtral": dict(num_local_experts=4),
+    }[model_type]
+    config_cls, model_cls = {
+        "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
+        "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
+    }[model_type]
+    tokenizer = hf_models.BytePairTokenizer.train(hf_models.TEXTS, vocabulary_size=300)
+    special = {"vocab_size": 300, "bos_token_id": 0, "eos_token_id": 0}
+    config = config_cls(**{**SMALL, **special}, num_experts_per_tok=2, **options)
+    peer = hf_models.randomize(model_cls(config), seed)
+    peer.save_pretrained(directory)
+    hf_models.save_hf_tokenizer(tokenizer, directory, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
     return peer
 
 

@@ -54,12 +54,16 @@ def loaded(llama_cpp_files):
         ("qwen2", LlamaCausalLM),
         ("qwen3", LlamaCausalLM),
         ("gpt2", GPTCausalLM),
+        ("phi3", LlamaCausalLM),
+        ("qwen3moe", LlamaCausalLM),
+        ("mixtral", LlamaCausalLM),
     ],
 )
 def test_f32_logits_equal_the_source_model(llama_cpp_files, loaded, name, cls):
     """llama: query/key rows permuted by llama.cpp (undone here), head size 16 (not D / H); llama_bias: biases on
     all four attention projections (the query and key biases permuted too); qwen2: query/key/value biases, tied head;
-    qwen3: query/key norms; gpt2: fused, transposed Conv1D."""
+    qwen3: query/key norms; gpt2: fused, transposed Conv1D; phi3: fused qkv and gate/up, partial rotary
+    (rope.dimension_count), a window; qwen3moe / mixtral: stacked experts (E, I, D) and the router, top 2 of 4."""
     lm = loaded(name)
     assert type(lm) is cls
     peer = llama_cpp_files[name][1]
@@ -107,10 +111,11 @@ def test_dtype_bfloat16(llama_cpp_files, loaded):
     )
 
 
-@pytest.mark.parametrize("name", ["gpt2", "qwen2", "sentencepiece"])
+@pytest.mark.parametrize("name", ["gpt2", "qwen2", "sentencepiece", "phi3"])
 def test_tokenizer_ids_equal_transformers_gguf_tokenizer(llama_cpp_files, loaded, name):
     """gpt2 / qwen2: byte-level BPE (tokenizer.ggml.model "gpt2"); sentencepiece: Llama 2 style ("llama": tokens,
-    scores, byte fallback, no merges in the file), with the start token added to a prompt as transformers adds it."""
+    scores, byte fallback, no merges in the file), and Phi-3's (the same file, its prefix space from a normalizer), with
+    the start token added to a prompt as transformers adds it."""
     path, _ = llama_cpp_files[name]
     theirs = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     tokenizer = loaded(name).preprocessor.tokenizer
@@ -120,7 +125,7 @@ def test_tokenizer_ids_equal_transformers_gguf_tokenizer(llama_cpp_files, loaded
     # A prompt as the model sees it: the start token where the file asks for it (the SentencePiece file).
     prompts = loaded(name).preprocessor.generate_preprocess(TEXTS)
     assert prompts == [theirs(text)["input_ids"] for text in TEXTS]
-    assert (prompts[0][0] == tokenizer.bos_token_id) == (name == "sentencepiece")
+    assert (prompts[0][0] == tokenizer.bos_token_id) == (name in ("sentencepiece", "phi3"))
 
 
 def test_sentencepiece_logits(llama_cpp_files, loaded):
