@@ -61,9 +61,12 @@ class Grammars:
                     raise ValueError(f"Constrained decoding needs the bundle's tokenizer.json: {self.tokenizer_file}")
                 with open(self.tokenizer_file, encoding="utf-8") as file:
                     text = file.read()
-                self._tokenizer = llguidance.LLTokenizer(
-                    text, n_vocab=self.vocabulary_size, eos_token=list(self.stop_token_ids)
-                )
+                try:
+                    self._tokenizer = llguidance.LLTokenizer(
+                        text, n_vocab=self.vocabulary_size, eos_token=list(self.stop_token_ids)
+                    )
+                except Exception as error:  # a tokenizer llguidance cannot read: the request's fault is none
+                    raise ValueError(f"The grammar engine cannot read this bundle's tokenizer.json: {error}") from error
             return self._tokenizer
 
     def compile(self, kind, spec):
