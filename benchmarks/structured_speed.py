@@ -2,6 +2,7 @@
 mask (llguidance) against the same decoding unconstrained, at batch 1 and with 8 concurrent sequences.
 
     python benchmarks/structured_speed.py [--bundle DIR] [--tokens 64] [--rounds 3]
+    python benchmarks/structured_speed.py --keras [--tokens 64] [--rounds 3]    # lm.generate_constrained
 
 Exports `smollm2_135m` (the SmolLM2-135M shape and its real 49,152-token tokenizer, random weights) to an ONNX
 bundle unless --bundle is given, then runs the bundle's own `batching.Scheduler` in this process (what
@@ -10,6 +11,9 @@ unconstrained and under a schema whose answers cannot end within them (an array 
 so both runs decode the same number of tokens), rounds interleaved. Prints the median wall time per decoding
 step (one token for every row) of each, their ratio (issue 42's target: at most 1.3), and the time the masks of
 a step took (`sequence.allowed_tokens`, all the constrained rows of the step), which depends less on the load.
+
+`--keras`: instead, Keras's `lm.generate_constrained(json_schema=...)` (a host-stepped loop of eager cached
+steps) against `lm.generate` (the compiled loop), batch 1, gpt_stdlib (trained; 128 positions) on the current backend.
 """
 
 import argparse
@@ -105,12 +109,38 @@ def run(runtime, scheduler, grammars, grammar, prompts, tokens):
     return seconds, scheduler.steps - steps, sum(len(s.generated) for s in sequences)
 
 
+def keras_cost(tokens, rounds):
+    """Keras: time per token of the constrained host loop against the compiled loop (batch 1, gpt_stdlib)."""
+    lm = kt.models.GPTCausalLM.from_preset("gpt_stdlib")
+    prompt = lm.preprocessor.generate_preprocess(["rows = "])
+    lm.generate(prompt, max_new_tokens=tokens, stop_token_ids=None)  # compile
+    lm.generate_constrained(prompt, max_new_tokens=4, json_schema=SCHEMA)  # warm up
+    times = {"compiled": [], "json_schema": []}
+    for _ in range(rounds):
+        started = time.perf_counter()
+        lm.generate(prompt, max_new_tokens=tokens, stop_token_ids=None)
+        times["compiled"].append((time.perf_counter() - started) / tokens)
+        started = time.perf_counter()
+        rows = lm.generate_constrained(prompt, max_new_tokens=tokens, json_schema=SCHEMA)
+        assert len(rows[0]) == len(prompt[0]) + tokens  # no early end: the same number of tokens
+        times["json_schema"].append((time.perf_counter() - started) / tokens)
+    compiled, constrained = (statistics.median(times[name]) * 1e3 for name in ("compiled", "json_schema"))
+    backend = os.environ.get("KERAS_BACKEND", "default")
+    print(
+        f"Keras ({backend}), gpt_stdlib, batch 1, {tokens} tokens: compiled loop {compiled:.2f} ms/token, "
+        f"json_schema host loop {constrained:.2f} ms/token, ratio {constrained / compiled:.2f}"
+    )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bundle", help="an LM bundle (default: export smollm2_135m with random weights)")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--keras", action="store_true", help="Keras's constrained generate instead")
     args = parser.parse_args()
+    if args.keras:
+        return keras_cost(args.tokens, args.rounds)
     with tempfile.TemporaryDirectory() as directory:
         bundle = args.bundle or export(directory)
         runtime = bundle_modules(bundle)

@@ -6,6 +6,7 @@ from keras import ops
 
 from keras_transformer.metrics import Perplexity
 from keras_transformer.models.backbone import call_layer
+from keras_transformer.models.constrained_generation import constrained_generate
 from keras_transformer.models.language_model import LanguageModel
 from keras_transformer.models.task import transposed_embedding
 from keras_transformer.tokenizers.chat_template import as_conversations
@@ -65,6 +66,28 @@ class CausalLM(LanguageModel):
         """
         hidden, cache = self.backbone.call_with_cache(token_ids, cache, cache_index, padding_mask, call_layer)
         return ops.cast(self.compute_logits(hidden, head, call_layer), "float32"), cache
+
+    def generate_constrained(
+        self, inputs, max_new_tokens=32, sampler=None, stop_token_ids="auto", json_schema=None, regex=None, grammar=None
+    ):
+        """Generate under a grammar: `json_schema` (a dict), `regex` or `grammar` (Lark or GBNF text), one of them.
+
+        The grammar engine (llguidance) masks each step's logits, so the text parses unless it ran out of
+        `max_new_tokens`; the end token is allowed exactly when the grammar accepts. This runs a host-stepped
+        loop (eager cached steps, a prompt at a time; its cost against `generate`'s compiled loop is in
+        benchmarks/RESULTS.md, "Constrained decoding"), with greedy or `RandomSampler(temperature, seed)`
+        choices. Inputs and outputs as `generate`'s: strings (prompt + continuation) or id lists.
+
+        Example:
+        >>> from keras_transformer.models import GPTCausalLM
+        >>> lm = GPTCausalLM.from_preset("gpt_stdlib")
+        >>> import re
+        >>> text = lm.generate_constrained("x = ", max_new_tokens=24, regex="[0-9]{1,3}( \\\\+ [0-9]{1,3})?")
+        >>> bool(re.fullmatch("x = [0-9]{1,3}( \\\\+ [0-9]{1,3})?", text))
+        True
+        """
+        constraints = {"json_schema": json_schema, "regex": regex, "grammar": grammar}
+        return constrained_generate(self, inputs, max_new_tokens, sampler, stop_token_ids, constraints)
 
     def score(self, token_ids, padding_mask=None, scoring_mode="logits", target_ids=None):
         """Score sequences with one forward pass (no cache), as keras-hub's `CausalLM.score`.
