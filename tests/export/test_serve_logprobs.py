@@ -7,6 +7,7 @@ The tiny GPT bundle is exported once per session (conftest.py) and served as dep
 
 import json
 import shutil
+import threading
 
 import keras
 import numpy as np
@@ -244,3 +245,36 @@ def test_bad_logprob_requests_get_a_400_and_the_server_keeps_serving(server):
     assert status == 200 and answer["choices"][0]["logprobs"]["top_logprobs"][0] == {
         answer["choices"][0]["logprobs"]["tokens"][0]: answer["choices"][0]["logprobs"]["token_logprobs"][0]
     }
+
+
+def test_logprobs_of_a_sequence_run_whole_equal_the_batched_ones(bundle, runtime):
+    """A bundle without continuous batching runs a sequence whole (`Generator.generate_ids`) and scores its
+    tokens afterwards by teacher forcing (the prefill graph over the prompt and the tokens): the same tokens and
+    entries as the batched path's step-by-step logits, within 1e-5."""
+    batching = _runtime(bundle, "batching")
+    prompt = runtime.encode("for i in")
+    answers = {}
+    for name in ("batched", "whole"):
+        scheduler = batching.Scheduler(runtime, max_rows=2)
+        if name == "whole":
+            scheduler.decoder = None  # as a bundle whose decode graph cannot write its caches in place
+        events, done = [], threading.Event()
+
+        def on_event(kind, value, events=events, done=done):
+            events.append((kind, value))
+            if kind != "token":
+                done.set()
+
+        scheduler.start()
+        scheduler.submit(batching.Sequence(prompt, 10, on_event, logprobs=4))
+        assert done.wait(60)
+        scheduler.stop(30)
+        answers[name] = [value for kind, value in events if kind == "token"]
+    assert (
+        [t for t, _ in answers["whole"]]
+        == [t for t, _ in answers["batched"]]
+        == runtime.generate_ids([prompt], 10, stop_token_ids=None)[0]
+    )
+    for (_, whole), (_, batched) in zip(answers["whole"], answers["batched"]):
+        assert whole[1] == batched[1]  # the same top ids
+        np.testing.assert_allclose([whole[0], *whole[2]], [batched[0], *batched[2]], atol=1e-5)
