@@ -131,7 +131,7 @@ def _torch_kernels(task, length):
 class _Compiled:
     """A function of tensors compiled for the current backend; counts its traces."""
 
-    def __init__(self, task, fn, step=False):
+    def __init__(self, task, fn, step=False, other_models=()):
         self.traces = 0
 
         def traced(*args):
@@ -142,7 +142,11 @@ class _Compiled:
         if backend == "jax":
             import jax
 
-            variables = list(task.trainable_variables) + list(task.non_trainable_variables)
+            variables = [
+                v
+                for model in (task, *other_models)
+                for v in [*model.trainable_variables, *model.non_trainable_variables]
+            ]
 
             @jax.jit
             def stateless(values, *args):
@@ -205,16 +209,17 @@ def _torch_compiled_step(traced, fn):
     return call
 
 
-def compiled(task, key, build, step=False):
+def compiled(task, key, build, step=False, other_models=()):
     """The compiled function `build()` for `task` under `key`, made once.
 
     A compiled function holds the task's variables: when they change (LoRA enabled or merged, weights
     quantized), every function is made anew, once. step=True: a PyTorch decoding step, compiled by
-    `torch.compile` (see `plan`).
+    `torch.compile` (see `plan`). other_models: models whose variables the function reads too (a draft model):
+    on JAX they are passed in as state, as the task's are (a draft's changed weights are read at the next call).
     """
     functions = compiled_cache(task).functions
     if key not in functions:
-        functions[key] = _Compiled(task, build(), step=step)
+        functions[key] = _Compiled(task, build(), step=step, other_models=other_models)
     return functions[key]
 
 

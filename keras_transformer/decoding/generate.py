@@ -128,8 +128,10 @@ def generate_with(task, inputs, options):
         source = ABSENT  # a seq2seq model's source, which prompt lookup matches before the output
         if present(call.encoder_token_ids):
             source = np.where(call.encoder_padding_mask, call.encoder_token_ids, -1).astype("int32")
+        if options.draft_model is not None:
+            source = ABSENT
         outputs = speculative_decode(
-            task, sampler, decode_options, speculation, arrays, source, streamer=options.streamer
+            task, sampler, decode_options, speculation, arrays, source, options.streamer, options.draft_model
         )
     results, scores, logits = cut_results(outputs, call.prompts, sampler, options.max_new_tokens, call.stop_ids)
     logprobs = chosen_logprobs(results, call.prompts, logits)
@@ -155,11 +157,31 @@ def _speculation(task, sampler, options):
             "Speculative decoding runs with greedy decoding only so far (random sampling's rejection rule is not "
             f"implemented yet). Received: {asked}, sampler={sampler!r}"
         )
-    if options.draft_model is not None:
+    if options.draft_model is None:
+        return Speculation(options.prompt_lookup_num_tokens, options.max_matching_ngram_size or 2)
+    _check_draft(task, options.draft_model)
+    return Speculation(options.num_draft_tokens or 5)
+
+
+def _check_draft(task, draft):
+    """A draft model must be a language model of the same kind (causal or seq2seq), vocabulary and length."""
+    kind = "a seq2seq LM" if hasattr(task, "compute_cross_cache") else "a causal LM"
+    if not hasattr(draft, "call_with_cache") or hasattr(draft, "compute_cross_cache") != hasattr(
+        task, "compute_cross_cache"
+    ):
+        raise ValueError(f"`draft_model` must be {kind}, as the model is. Received: draft_model={draft!r}")
+    ours, theirs = task.backbone.vocabulary_size, draft.backbone.vocabulary_size
+    if ours != theirs:
         raise ValueError(
-            f"Speculative decoding with a draft model is not implemented yet: use prompt lookup. Received: {asked}"
+            f"`draft_model` must have the model's vocabulary: vocabulary_size={ours}. Received: draft_model with "
+            f"vocabulary_size={theirs}"
         )
-    return Speculation(options.prompt_lookup_num_tokens, options.max_matching_ngram_size or 2)
+    ours, theirs = task.backbone.max_sequence_length, draft.backbone.max_sequence_length
+    if theirs < ours:
+        raise ValueError(
+            f"`draft_model` must take as many positions as the model: max_sequence_length >= {ours}. Received: "
+            f"draft_model with max_sequence_length={theirs}"
+        )
 
 
 def _read_call(task, inputs, options):

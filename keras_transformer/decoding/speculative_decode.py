@@ -16,7 +16,7 @@ from keras_transformer.decoding.speculative_loop import speculative_one_step, sp
 from keras_transformer.decoding.speculative_loop import speculative_start, speculative_step
 
 
-def speculative_decode(task, sampler, options, speculation, inputs, source=ABSENT, streamer=None):
+def speculative_decode(task, sampler, options, speculation, inputs, source=ABSENT, streamer=None, draft=None):
     """Run the compiled prefill and speculative loop on numpy `inputs`; returns the outputs as numpy:
     "token_ids" (R, L), "logits" (R, L, V) where asked, "steps" (the verify passes run).
 
@@ -27,6 +27,7 @@ def speculative_decode(task, sampler, options, speculation, inputs, source=ABSEN
             prompt lookup matches before the output.
         streamer: None, or a callable receiving the (R,) numpy array of each position's tokens in order
             (-1 where a row produced none); a step that accepts several tokens calls it several times.
+        draft: None (prompt lookup), or the draft model (a task of the same kind and vocabulary).
     """
     rows, length = inputs.loop.token_ids.shape
     bits = int("".join(c for c in cache_dtype(task) if c.isdigit()))
@@ -38,30 +39,47 @@ def speculative_decode(task, sampler, options, speculation, inputs, source=ABSEN
     source = ops.convert_to_tensor(source) if present(source) else ABSENT
     prepared = prepare_compiled(spec, plan, prefill_inputs)
     key = ("speculative", sampler._trace_key(), spec.options, speculation)
+    others, draft_prepared, draft_kernels = (), ABSENT, None
+    if draft is not None:  # its own compiled prefill; its variables read by the loop as the task's are
+        draft_plan = compile_lib.plan(draft, sampler, options, (rows, length), cache_bytes)
+        draft_prepared = prepare_compiled(LoopSpec(draft, sampler, draft_plan.options), draft_plan, prefill_inputs)
+        others, draft_kernels = (draft,), draft_plan.kernels
+        key += ("draft", id(draft), tuple(map(id, draft.variables)))
+
+    def with_draft(kernels_of_draft):
+        return None if draft is None else (draft, kernels_of_draft)
+
     if streamer is None and not plan.stepwise:
         loop = compile_lib.compiled(
-            task, ("run",) + key, lambda: lambda x, p, s, k: speculative_run(spec, speculation, x, p, s, k)
+            task,
+            ("run",) + key,
+            lambda: lambda x, p, s, k, dk, dp: speculative_run(spec, speculation, x, p, s, k, with_draft(dk), dp),
+            other_models=others,
         )
-        return compile_lib.to_numpy(loop(loop_inputs, prepared, source, kernels))
+        return compile_lib.to_numpy(loop(loop_inputs, prepared, source, kernels, draft_kernels, draft_prepared))
     begin = compile_lib.compiled(
-        task, ("start",) + key, lambda: lambda x, p: speculative_start(spec, speculation, x, p)
+        task,
+        ("start",) + key,
+        lambda: lambda x, p, dp: speculative_start(spec, speculation, x, p, dp),
+        other_models=others,
     )
     if plan.stepwise:  # each step one compiled graph (PyTorch)
         one = compile_lib.compiled(
             task,
             ("step", length) + key,
-            lambda: lambda x, i, st, s, k: speculative_step(spec, speculation, x, i, st, s, k),
+            lambda: lambda x, i, st, s, k, dk: speculative_step(spec, speculation, x, i, st, s, k, with_draft(dk)),
             step=True,
         )
     else:  # a one-iteration loop (XLA), so that the streamer sees every step
         one = compile_lib.compiled(
             task,
             ("step",) + key,
-            lambda: lambda x, i, st, s, k: speculative_one_step(spec, speculation, x, i, st, s, k),
+            lambda: lambda x, i, st, s, k, dk: speculative_one_step(spec, speculation, x, i, st, s, k, with_draft(dk)),
+            other_models=others,
         )
-    i, state = begin(loop_inputs, prepared)
+    i, state = begin(loop_inputs, prepared, draft_prepared)
     while int(ops.convert_to_numpy(i)) < length and bool(ops.convert_to_numpy(sampler._is_running(state))):
-        i, state = one(loop_inputs, i, state, source, kernels)
+        i, state = one(loop_inputs, i, state, source, kernels, draft_kernels)
         if streamer is not None:
             emitted = ops.convert_to_numpy(state.sampler.emitted)  # (R, K + 1)
             for column in emitted.T:

@@ -28,9 +28,10 @@ from keras import ops
 
 from keras_transformer.decoding.cache_schedule import loop_cache, model_cache, widen
 from keras_transformer.decoding.decode_loop import model_step, start
+from keras_transformer.decoding.draft_model import draft_proposals, draft_state
 from keras_transformer.decoding.loop_state import ABSENT, present
 from keras_transformer.decoding.prompt_lookup import propose
-from keras_transformer.samplers.processors import is_stop_token, process
+from keras_transformer.samplers.processors import NEG, is_stop_token, process
 from keras_transformer.samplers.rows import column, write_column
 
 
@@ -40,17 +41,20 @@ class SpeculativeState(NamedTuple):
     done: Any  # (R,) bool: the row stopped, or reached its limit
     emitted: Any  # (R, K + 1) int32: the tokens the row produced at the last step, in order, -1 where none
     steps: Any  # int32 scalar: verify passes run so far
+    draft: Any = ABSENT  # a draft model's `DraftState`
 
 
-def speculative_start(spec, speculation, inputs, prepared):
-    """Loop state from the prepared cache, its cache one width L. Returns (i, state)."""
+def speculative_start(spec, speculation, inputs, prepared, draft_prepared=ABSENT):
+    """Loop state from the prepared cache (and the draft model's), its cache one width L. Returns (i, state)."""
     i, state = start(spec, inputs, prepared)
-    state = widen(state, inputs.token_ids.shape[1])
+    length = inputs.token_ids.shape[1]
+    state = widen(state, length)
     rows = ops.shape(inputs.token_ids)[0]
     own = SpeculativeState(
         done=state.sampler.done,
         emitted=ops.full((rows, draft_count(speculation, inputs.token_ids.shape[1]) + 1), -1, "int32"),
         steps=ops.zeros((), "int32"),
+        draft=draft_state(draft_prepared, length, spec.options.flat_cache) if present(draft_prepared) else ABSENT,
     )
     return i, state._replace(sampler=own)
 
@@ -60,13 +64,21 @@ def draft_count(speculation, length):
     return max(1, min(speculation.num_draft_tokens, length - 1))
 
 
-def speculative_body(spec, speculation, ctx, i, state, source=ABSENT, head=None, kernels=None):
-    """One step: propose, verify, accept (see the module docstring). Returns (next i, state)."""
+def speculative_body(spec, speculation, ctx, i, state, source=ABSENT, head=None, kernels=None, draft=None):
+    """One step: propose, verify, accept (see the module docstring). Returns (next i, state).
+
+    draft: None (prompt lookup), or (the draft task, its `call_layer` or None).
+    """
     options, rows, done = spec.options, state.rows, state.sampler.done
     L = ctx.length
     K = draft_count(speculation, L)
     known = ops.maximum(i, ctx.prompt_lengths)  # (R,): each row knows its tokens [0, known)
-    hypothesis = _hypothesis(rows.tokens, known, _drafts(rows.tokens, known, source, speculation, K), K)  # (R, L)
+    if draft is None:
+        hypothesis = _hypothesis(rows.tokens, known, _drafts(rows.tokens, known, source, speculation, K), K)  # (R, L)
+    else:
+        drafts, drafted = draft_proposals(*draft, spec.sampler, ctx, i, known, rows.tokens, state.sampler.draft, K)
+        hypothesis = _hypothesis(rows.tokens, ops.zeros_like(known) + i, drafts, K)
+        state = state._replace(sampler=state.sampler._replace(draft=drafted))
     s = ops.minimum(i - 1, L - K - 1)  # the window [s, s + K]
     window = _columns(hypothesis, s, K + 1, options.gather_columns)  # (R, K + 1)
     cache = model_cache(rows.cache, ctx.num_rows, options.flat_cache)
@@ -116,6 +128,8 @@ def _choices(spec, ctx, rows, hypothesis, logits, i, s, K):
     """The sampler's token (R,) for each position p_j = s + 1 + j, j <= K, its logits processed as plain
     decoding processes them at p_j after the hypothesis (the seen tokens grow with the drafts before p_j)."""
     sampler, options = spec.sampler, spec.options
+    if not options.repetition and not options.no_repeat_ngram_size:  # processors that read no tokens: at once
+        return _choices_at_once(sampler, ctx, logits, s, K)
     seen = rows.seen
     chosen = []
     for j in range(K + 1):
@@ -128,6 +142,20 @@ def _choices(spec, ctx, rows, hypothesis, logits, i, s, K):
             new = ops.logical_and(ops.one_hot(token, ctx.vocabulary_size, dtype="int32") > 0, p >= i)
             seen = ops.logical_or(seen, new)
     return chosen
+
+
+def _choices_at_once(sampler, ctx, logits, s, K):
+    """`_choices` where the only processor is the minimum length (`processors.process`'s last one), which reads
+    the position only: every position's choice in one (R * (K + 1), V) pick."""
+    scores = sampler._prepare_scores(logits)  # (R, K + 1, V)
+    if ctx.stop_token_ids:
+        positions = s + 1 + ops.arange(K + 1, dtype="int32")  # (K + 1,)
+        too_early = (positions[None, :] - ctx.prompt_lengths[:, None]) < ctx.min_new_tokens  # (R, K + 1)
+        stop = is_stop_token(ops.arange(ctx.vocabulary_size, dtype="int32"), ctx.stop_token_ids)  # (V,)
+        scores = ops.where(ops.logical_and(too_early[:, :, None], stop), NEG, scores)
+    picked = sampler.get_next_token(ops.reshape(scores, (-1, ctx.vocabulary_size)), None)  # (R * (K + 1),)
+    picked = ops.reshape(ops.cast(picked, "int32"), (-1, K + 1))  # -> (R, K + 1)
+    return [picked[:, j] for j in range(K + 1)]
 
 
 def _write(ctx, rows, state, i, s, following, chosen, logits, K):
@@ -159,14 +187,17 @@ def _write(ctx, rows, state, i, s, following, chosen, logits, K):
         done = ops.where(active, finished, done)
         emitted.append(ops.where(out, token, -1))
     rows = rows._replace(tokens=tokens, seen=seen, logits=kept)
-    own = SpeculativeState(done=done, emitted=ops.stack(emitted, axis=1), steps=state.sampler.steps + 1)
+    own = state.sampler._replace(done=done, emitted=ops.stack(emitted, axis=1), steps=state.sampler.steps + 1)
     return state._replace(rows=rows, sampler=own)
 
 
-def speculative_run(spec, speculation, inputs, prepared, source=ABSENT, kernels=None):
-    """The whole speculative loop in one traced function (one while loop)."""
+def speculative_run(
+    spec, speculation, inputs, prepared, source=ABSENT, kernels=None, draft=None, draft_prepared=ABSENT
+):
+    """The whole speculative loop in one traced function (one while loop). draft: as `speculative_body`'s;
+    draft_prepared: the draft's prefill (`Prepared`)."""
     task, sampler = spec.task, spec.sampler
-    i, state = speculative_start(spec, speculation, inputs, prepared)
+    i, state = speculative_start(spec, speculation, inputs, prepared, draft_prepared)
     ctx = spec.context(inputs)
     head = None
     if hasattr(task, "decode_head") and (kernels is None or getattr(kernels, "takes_decode_head", False)):
@@ -176,18 +207,18 @@ def speculative_run(spec, speculation, inputs, prepared, source=ABSENT, kernels=
         return ops.logical_and(i < ctx.length, sampler._is_running(state))
 
     def body(i, state):
-        return speculative_body(spec, speculation, ctx, i, state, source, head, kernels)
+        return speculative_body(spec, speculation, ctx, i, state, source, head, kernels, draft)
 
     i, state = ops.while_loop(cond, body, (i, state))
     return speculative_outputs(spec, state)
 
 
-def speculative_step(spec, speculation, inputs, i, state, source=ABSENT, kernels=None):
+def speculative_step(spec, speculation, inputs, i, state, source=ABSENT, kernels=None, draft=None):
     """One step run on its own (a PyTorch step compiled one by one)."""
-    return speculative_body(spec, speculation, spec.context(inputs), i, state, source, kernels=kernels)
+    return speculative_body(spec, speculation, spec.context(inputs), i, state, source, kernels=kernels, draft=draft)
 
 
-def speculative_one_step(spec, speculation, inputs, i, state, source=ABSENT, kernels=None):
+def speculative_one_step(spec, speculation, inputs, i, state, source=ABSENT, kernels=None, draft=None):
     """One step as a one-iteration loop (XLA: `i` a loop variable, not a compile-time constant)."""
     first = i
     ctx = spec.context(inputs)
@@ -196,7 +227,7 @@ def speculative_one_step(spec, speculation, inputs, i, state, source=ABSENT, ker
         return ops.logical_and(i <= first, i < ctx.length)
 
     def body(i, state):
-        return speculative_body(spec, speculation, ctx, i, state, source, kernels=kernels)
+        return speculative_body(spec, speculation, ctx, i, state, source, kernels=kernels, draft=draft)
 
     return ops.while_loop(cond, body, (i, state))
 

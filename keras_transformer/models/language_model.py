@@ -104,13 +104,17 @@ class LanguageModel(Task):
                 the row occurred before, in the prompt and the output so far (for an encoder-decoder LM, in
                 the source, then the output), and the model checks them all in one cached step of K + 1
                 tokens. Greedy decoding only so far; the tokens are exactly plain greedy decoding's. With
-                several prompts, all rows advance by the smallest number of tokens any row accepted.
+                several prompts, all rows advance by the smallest number of tokens any row accepted (a
+                row that agreed further proposes those tokens again). Beam search: a ValueError. The
+                latest earlier occurrence of the n-gram is followed (transformers: the earliest).
             max_matching_ngram_size: None (2), or N >= 1: prompt lookup's longest n-gram matched (tried
-                from N down to 1, the earliest occurrence first), transformers' `max_matching_ngram_size`.
-            draft_model: None, or a language model with the same vocabulary that proposes the drafts
-                (transformers' `assistant_model`). Not implemented yet: a ValueError.
+                from N down to 1, the latest occurrence), transformers' `max_matching_ngram_size`.
+            draft_model: None, or a smaller language model of the same kind (causal or seq2seq), with the
+                same vocabulary and at least as many positions, that proposes the drafts: K greedy steps of
+                its own cache per verify pass (transformers' `assistant_model`). Greedy decoding only so far;
+                the tokens are exactly plain greedy decoding's.
             num_draft_tokens: None (5), or K >= 1: a draft model's tokens per step (transformers'
-                `num_assistant_tokens`).
+                `num_assistant_tokens`, here fixed for the call).
             chat_template_kwargs: None, or a dict of other variables the chat template reads, for chat
                 messages only, as `transformers`' `apply_chat_template(..., **kwargs)` (and a server's
                 `chat_template_kwargs`): e.g. `{"enable_thinking": False}` for Qwen3, `{"tools": [...]}`.

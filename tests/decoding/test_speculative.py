@@ -76,8 +76,9 @@ def test_prompt_lookup_gives_plain_greedy_tokens(tasks, family, num_tokens, step
 
 def test_rows_accept_differently_and_advance_together(tasks, steps):
     """Each row alone needs its own number of verify passes; together they advance by the smallest accepted
-    count and still give plain greedy's tokens."""
-    task, prompts = tasks["llama"], _prompts()
+    count and still give plain greedy's tokens (T5: the tiny random decoder-only models fall into the same
+    one-token loop from every prompt)."""
+    task, prompts = tasks["t5"], _prompts()
     alone = []
     for prompt in prompts:
         task.generate([prompt], max_new_tokens=NEW, stop_token_ids=None, prompt_lookup_num_tokens=3)
@@ -129,22 +130,60 @@ def test_the_compiled_pytorch_step(tasks, monkeypatch, steps):
     assert steps[-1] < NEW
 
 
+@pytest.fixture(scope="module")
+def drafts():
+    """Per family a one-layer draft of the same vocabulary, other random weights."""
+    keras.utils.set_random_seed(8)
+    return {name: build(num_layers=1) for name, build in FAMILIES.items()}
+
+
+@pytest.mark.parametrize("family, num_tokens", [("gpt", 3), ("t5", 3), ("llama", 1), ("llama", 3), ("llama", 5)])
+def test_a_draft_model_gives_plain_greedy_tokens(tasks, drafts, family, num_tokens, steps):
+    """A one-layer draft (batch 3, ragged, a stop token) and the model as its own draft (batch 1: every draft
+    accepted, so each verify pass writes K + 1 tokens)."""
+    task, prompts = tasks[family], _prompts()
+    stop = _ids(task.generate(prompts[:1], max_new_tokens=NEW, stop_token_ids=None))[0][-NEW + 4]
+    plain = _ids(task.generate(prompts, max_new_tokens=NEW, stop_token_ids=[stop]))
+    speculative = task.generate(
+        prompts, max_new_tokens=NEW, stop_token_ids=[stop], draft_model=drafts[family], num_draft_tokens=num_tokens
+    )
+    assert _ids(speculative) == plain
+    if num_tokens == 3:
+        one = [prompts[1]]
+        plain = _ids(task.generate(one, max_new_tokens=NEW, stop_token_ids=None))
+        assert _ids(task.generate(one, max_new_tokens=NEW, stop_token_ids=None, draft_model=task)) == plain
+        assert steps[-1] == -(-NEW // 6)  # num_draft_tokens=None: 5 drafts, 6 tokens a pass
+
+
+def test_a_draft_model_of_another_vocabulary_or_kind_is_a_value_error(tasks):
+    keras.utils.set_random_seed(9)
+    other = MODELS["gpt"](vocabulary_size=VOCABULARY + 1)
+    with pytest.raises(ValueError, match=f"vocabulary_size={VOCABULARY}.*vocabulary_size={VOCABULARY + 1}"):
+        tasks["gpt"].generate([[1, 2, 3]], max_new_tokens=4, draft_model=other)
+    with pytest.raises(ValueError, match="must be a causal LM"):
+        tasks["gpt"].generate([[1, 2, 3]], max_new_tokens=4, draft_model=tasks["t5"])
+    with pytest.raises(ValueError, match="beam search"):
+        tasks["gpt"].generate([[1, 2, 3]], max_new_tokens=4, draft_model=tasks["llama"], sampler="beam")
+
+
 def _lookup_reference(history, num_tokens, max_ngram):
-    """transformers' PromptLookupCandidateGenerator.get_candidates on one row of known tokens (numpy)."""
+    """transformers' PromptLookupCandidateGenerator.get_candidates on one row of known tokens (numpy), with
+    the latest match instead of the earliest and the continuation repeated past the end."""
     length = len(history)
     for n in range(max_ngram, 0, -1):
         if n >= length:
             continue
         ngram = history[-n:]
-        for start in range(length - n + 1):
+        for start in reversed(range(length - n + 1)):
             if list(history[start : start + n]) == list(ngram) and start + n < length:
-                return list(history[start + n : min(start + n + num_tokens, length)])
+                continuation = list(history[start + n :])
+                return [continuation[t % len(continuation)] for t in range(num_tokens)]
     return []
 
 
-def test_drafts_are_transformers_prompt_lookup_candidates():
+def test_drafts_are_prompt_lookup_candidates_from_the_latest_match():
     rng = np.random.default_rng(0)
-    rows = [rng.integers(0, 4, size).tolist() for size in (1, 2, 5, 9, 12, 12)] + [[1, 2, 3, 1, 2], [5, 6, 7, 8]]
+    rows = [rng.integers(0, 4, size).tolist() for size in (1, 2, 5, 9, 12, 12, 13)] + [[1, 2, 3, 1, 2], [5, 6, 7, 8]]
     width, num_tokens = 14, 4
     for max_ngram in (1, 2, 3):
         history = np.full((len(rows), width), -1, "int32")
