@@ -103,6 +103,15 @@ def sampling_options(body, n_prompts):
         )
     stream = field(body, "stream", bool, default=False)
     stream_options = field(body, "stream_options", dict, default={})
+    unknown = sorted(
+        key for key, value in stream_options.items() if key != "include_usage" and value not in (None, False)
+    )
+    if unknown:
+        raise ApiError(
+            "'stream_options' takes 'include_usage' only on this server. "
+            f"Received: stream_options={stream_options!r:.80}",
+            "stream_options",
+        )
     if options["num_beams"] > 1:
         if stream:
             raise ApiError(

@@ -84,6 +84,7 @@ UNSUPPORTED = {
         "logit_bias": {"5": 10},
         "best_of": 3,
         "suffix": "end",
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         "not_an_openai_field": 1,
     },
     "chat_completions": {
