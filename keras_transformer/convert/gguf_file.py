@@ -12,6 +12,7 @@ Tensors are dequantized by `gguf.quants.dequantize` (the same code llama.cpp's P
 numpy arrays in the reader's (torch-like) axis order: a weight stored with ggml dims (in, out) reads (out, in).
 """
 
+import functools
 import re
 from pathlib import Path
 
@@ -121,6 +122,21 @@ class GGUFFile:
         return np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype="float32").reshape(self.shape(name))
 
 
+def open_checkpoint(path):
+    """GGUFFile(path), parsed once while its files are unchanged: one `from_preset` reads a preset's config several
+    times, and gguf's reader spends seconds in Python on a large vocabulary's metadata (benchmarks/RESULTS.md,
+    "Load time and memory at the SmolLM2-135M shape")."""
+    parts = split_parts(Path(path).absolute())  # not resolve(): a part linked from elsewhere keeps its folder
+    stamps = tuple((str(part), part.stat().st_mtime_ns, part.stat().st_size) for part in parts if part.is_file())
+    return _open(Path(path).absolute(), stamps)
+
+
+@functools.lru_cache(maxsize=2)
+def _open(path, stamps):
+    del stamps  # the cache key: a rewritten file is parsed again
+    return GGUFFile(path)
+
+
 def _field_value(field, default=None):
     if field is None:
         return default
@@ -137,4 +153,4 @@ def _reworded(error, part):
     return text or type(error).__name__
 
 
-__all__ = ["TENSOR_TYPES", "GGUFFile", "split_parts"]
+__all__ = ["TENSOR_TYPES", "GGUFFile", "open_checkpoint", "split_parts"]
