@@ -157,7 +157,7 @@ async def chat_completions(request, service):
         stream,
         usage,
         chat=True,
-        tools=None if tools is None or tools["choice"] == "none" else tools["names"],
+        tools=None if tools is None or tools["choice"] == "none" else tools,
     )
 
 

@@ -30,7 +30,15 @@ _SHARED = {
 IMPLEMENTED = {
     "completions": _SHARED | {"prompt", "echo"},
     "chat_completions": _SHARED
-    | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "chat_template_kwargs"},
+    | {
+        "messages",
+        "max_completion_tokens",
+        "top_logprobs",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "chat_template_kwargs",
+    },
     "embeddings": {"model", "input", "encoding_format", "user"},
 }
 
@@ -41,7 +49,6 @@ _NEUTRAL = {
     "logit_bias": ({},),
     "best_of": (1,),
     "suffix": ("",),
-    "parallel_tool_calls": (True,),
     "store": (False,),
     "metadata": ({},),
     "service_tier": ("auto", "default"),

@@ -68,8 +68,8 @@ class Relay:
 
 class _Choice:
     """One choice's text as its tokens arrive: stop strings cut it, and what might begin one is held back.
-    With `tools` (the declared function names), the text from the first `<tool_call>` on is held back too, and
-    parsed into `tool_calls` once the choice ends (`end_tools`)."""
+    With `tools` (`serve_tools.tool_options`'s: the declared names, parallel calls or not), the text from the
+    first `<tool_call>` on is held back too, and parsed into `tool_calls` once the choice ends (`end_tools`)."""
 
     def __init__(self, tokenizer, stop, tools=None):
         self.tokenizer, self.stop, self.tools = tokenizer, stop, tools
@@ -111,7 +111,8 @@ class _Choice:
         held text, when it holds no call that parses)."""
         if self.tools is None:
             return ""
-        content, self.tool_calls = parse_tool_calls(self.text, self.tools)
+        content, calls = parse_tool_calls(self.text, self.tools["names"])
+        self.tool_calls = calls if self.tools["parallel"] else calls[:1]
         return self._send(content if self.tool_calls else self.text, hold=False)
 
     def _send(self, text, hold=True):
@@ -143,7 +144,7 @@ async def completion_response(
     server-sent events when `stream`. `chat` picks the chat completion's shapes over the text one's.
     `echo`: None, or {"texts": each prompt's text, "entries": None or each prompt's token logprob entries}:
     each choice's text starts with its prompt's (and its logprobs with the prompt's tokens'). `tools`: None, or
-    the declared function names, whose calls are parsed out of each chat choice (`serve_tools.py`)."""
+    `serve_tools.tool_options`'s answer: the calls of the declared functions are parsed out of each chat choice."""
     completion = _Completion(service, request, endpoint, prompt_ids, options, n, stop, chat, echo, tools)
     if not stream:
         return await completion.json_response()

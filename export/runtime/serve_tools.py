@@ -26,7 +26,8 @@ _EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
 def tool_options(body, grammars):
     """The request's tools -> None (no tools, or tool_choice "none" with none), or {"names": declared names,
-    "choice": "auto" | "required" | "none" | a name, "grammar": the compiled grammar forcing calls, or None}."""
+    "choice": "auto" | "required" | "none" | a name, "grammar": the compiled grammar forcing calls, or None,
+    "parallel": `parallel_tool_calls` (False: at most one call is returned, the first)}."""
     tools = field(body, "tools", list)
     choice = body.get("tool_choice")
     if not tools:
@@ -63,11 +64,12 @@ def tool_options(body, grammars):
             f'{{"type": "function", "function": {{"name": ...}}}}. Received: tool_choice={choice!r:.80}',
             "tool_choice",
         )
+    parallel = field(body, "parallel_tool_calls", bool, default=True)
     grammar = None
     if choice not in ("auto", "none"):
         forced = schemas if choice == "required" else {choice: schemas[choice]}
         grammar = grammars.compile("lark", _calls_grammar(forced))
-    return {"names": set(schemas), "choice": choice, "grammar": grammar}
+    return {"names": set(schemas), "choice": choice, "grammar": grammar, "parallel": parallel}
 
 
 def _calls_grammar(schemas):

@@ -104,7 +104,6 @@ UNSUPPORTED = {
         "safety_identifier": "user-1",
         "function_call": {"name": "f"},
         "functions": [{"name": "f", "parameters": {"type": "object"}}],
-        "parallel_tool_calls": False,
         "not_an_openai_field": 1,
     },
 }

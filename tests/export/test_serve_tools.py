@@ -169,6 +169,12 @@ def test_auto_parses_the_calls_the_model_writes(client):
         [("add", '{"a": 1, "b": 2}')],
         "tool_calls",
     )
+    twice = "Sure\\. " + (written + "\n" + written).replace("{", "\\{").replace("}", "\\}")
+    for parallel, count in ((True, 2), (False, 1)):
+        choice = client.chat.completions.create(
+            **{**options, "extra_body": {"structured_outputs": {"regex": twice}}}, parallel_tool_calls=parallel
+        ).choices[0]
+        assert [c.function.name for c in choice.message.tool_calls] == ["add"] * count, choice
     plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS, temperature=0, max_tokens=8)
     assert plain.choices[0].message.tool_calls is None and plain.choices[0].message.content
     none = client.chat.completions.create(**{**options, "tool_choice": "none"}).choices[0]
