@@ -28,6 +28,7 @@ from keras_transformer.decoding.loop_state import ABSENT, present
 from keras_transformer.decoding.speculation import Speculation
 from keras_transformer.decoding.speculative_decode import speculative_decode
 from keras_transformer.samplers.greedy_sampler import GreedySampler
+from keras_transformer.samplers.random_sampler import RandomSampler
 from keras_transformer.samplers.registry import get
 
 __all__ = ["LENGTH_BUCKET", "PREFILL_BUCKET", "generate", "generate_with"]
@@ -152,10 +153,12 @@ def _speculation(task, sampler, options):
     )
     if sampler.reorders_rows:
         raise ValueError(f"Speculative decoding does not run with beam search. Received: {asked}, sampler={sampler!r}")
-    if not isinstance(sampler, GreedySampler):
+    if not isinstance(sampler, (GreedySampler, RandomSampler)) or (
+        options.draft_model is not None and not isinstance(sampler, GreedySampler)
+    ):
         raise ValueError(
-            "Speculative decoding runs with greedy decoding only so far (random sampling's rejection rule is not "
-            f"implemented yet). Received: {asked}, sampler={sampler!r}"
+            "Speculative decoding runs with greedy decoding, or random sampling with prompt lookup (a draft "
+            f"model's rejection rule is not implemented yet). Received: {asked}, sampler={sampler!r}"
         )
     if options.draft_model is None:
         return Speculation(options.prompt_lookup_num_tokens, options.max_matching_ngram_size or 2)

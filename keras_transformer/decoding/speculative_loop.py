@@ -31,6 +31,7 @@ from keras_transformer.decoding.decode_loop import model_step, start
 from keras_transformer.decoding.draft_model import draft_proposals, draft_state
 from keras_transformer.decoding.loop_state import ABSENT, present
 from keras_transformer.decoding.prompt_lookup import propose
+from keras_transformer.decoding.rejection import sampled_choices
 from keras_transformer.samplers.processors import NEG, is_stop_token, process
 from keras_transformer.samplers.rows import column, write_column
 
@@ -128,20 +129,22 @@ def _choices(spec, ctx, rows, hypothesis, logits, i, s, K):
     """The sampler's token (R,) for each position p_j = s + 1 + j, j <= K, its logits processed as plain
     decoding processes them at p_j after the hypothesis (the seen tokens grow with the drafts before p_j)."""
     sampler, options = spec.sampler, spec.options
-    if not options.repetition and not options.no_repeat_ngram_size:  # processors that read no tokens: at once
+    random = ctx.seed is not None  # a sampler that draws: the rejection rule (`rejection.py`)
+    if not random and not options.repetition and not options.no_repeat_ngram_size:  # no processor reads tokens
         return _choices_at_once(sampler, ctx, logits, s, K)
     seen = rows.seen
-    chosen = []
+    scores = []
     for j in range(K + 1):
         p = s + 1 + j
         view = rows._replace(tokens=hypothesis, seen=seen)
-        scores = process(sampler._prepare_scores(logits[:, j]), view, p, ctx)  # (R, V)
-        chosen.append(ops.cast(sampler.get_next_token(scores, None), "int32"))
+        scores.append(process(sampler._prepare_scores(logits[:, j]), view, p, ctx))  # (R, V)
         if options.repetition and j < K:  # the hypothesis' token at p is seen by the choices after it
             token = column(hypothesis, ops.minimum(p, ctx.length - 1), options.gather_columns)
             new = ops.logical_and(ops.one_hot(token, ctx.vocabulary_size, dtype="int32") > 0, p >= i)
             seen = ops.logical_or(seen, new)
-    return chosen
+    if random:
+        return sampled_choices(sampler, ctx, scores, hypothesis, s, options.gather_columns)
+    return [ops.cast(sampler.get_next_token(score, None), "int32") for score in scores]
 
 
 def _choices_at_once(sampler, ctx, logits, s, K):

@@ -103,7 +103,10 @@ class LanguageModel(Task):
                 `prompt_lookup_num_tokens`). Each step copies K draft tokens from where the last n-gram of
                 the row occurred before, in the prompt and the output so far (for an encoder-decoder LM, in
                 the source, then the output), and the model checks them all in one cached step of K + 1
-                tokens. Greedy decoding only so far; the tokens are exactly plain greedy decoding's. With
+                tokens. Greedy: the tokens are exactly plain greedy decoding's. A `RandomSampler`: the
+                rejection rule of Leviathan et al. / Chen et al. (each draft kept with the probability the
+                model, after the processors, temperature, top-k and top-p, gives it; else a token drawn
+                from the rest), so each token is distributed as the sampler's own; seeded, reproducible. With
                 several prompts, all rows advance by the smallest number of tokens any row accepted (a
                 row that agreed further proposes those tokens again). Beam search: a ValueError. The
                 latest earlier occurrence of the n-gram is followed (transformers: the earliest).
@@ -111,8 +114,8 @@ class LanguageModel(Task):
                 from N down to 1, the latest occurrence), transformers' `max_matching_ngram_size`.
             draft_model: None, or a smaller language model of the same kind (causal or seq2seq), with the
                 same vocabulary and at least as many positions, that proposes the drafts: K greedy steps of
-                its own cache per verify pass (transformers' `assistant_model`). Greedy decoding only so far;
-                the tokens are exactly plain greedy decoding's.
+                its own cache per verify pass (transformers' `assistant_model`). Greedy decoding only so far
+                (random sampling: a ValueError); the tokens are exactly plain greedy decoding's.
             num_draft_tokens: None (5), or K >= 1: a draft model's tokens per step (transformers'
                 `num_assistant_tokens`, here fixed for the call).
             chat_template_kwargs: None, or a dict of other variables the chat template reads, for chat

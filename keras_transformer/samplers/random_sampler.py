@@ -61,13 +61,18 @@ class RandomSampler(Sampler):
         return np.int32(seed_to_int32(seed))
 
     def get_next_token(self, logits, uniform):
+        return sample_categorical(self.filtered_logits(logits), uniform)
+
+    def filtered_logits(self, logits):
+        """logits (R, V) -> the logits this sampler draws from: divided by the temperature, the tokens outside
+        top-k and top-p set to NEG (speculative decoding's acceptance reads their probabilities)."""
         logits = ops.convert_to_tensor(logits) / self.temperature  # (R, V); numpy logits too
         vocabulary_size = logits.shape[-1]
         if self.top_k is not None and self.top_k < vocabulary_size:
             logits = keep_top_k(logits, self.top_k)
         if self.top_p is not None and self.top_p < 1:
             logits = keep_nucleus(logits, self.top_p)
-        return sample_categorical(logits, uniform)
+        return logits
 
 
 def keep_top_k(logits, k):

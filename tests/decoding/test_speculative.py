@@ -204,10 +204,65 @@ def test_drafts_are_prompt_lookup_candidates_from_the_latest_match():
         (dict(prompt_lookup_num_tokens=-2), "prompt_lookup_num_tokens=-2"),
         (dict(prompt_lookup_num_tokens=3, max_matching_ngram_size=0), "max_matching_ngram_size=0"),
         (dict(prompt_lookup_num_tokens=3, sampler=BeamSampler(num_beams=2)), "beam search"),
-        (dict(prompt_lookup_num_tokens=3, sampler=RandomSampler(seed=1)), "greedy decoding only"),
+        (dict(draft_model="llama", sampler=RandomSampler(seed=1)), "rejection rule is not implemented"),
         (dict(num_draft_tokens=3), "needs a `draft_model`"),
     ],
 )
 def test_bad_speculation_is_a_value_error(tasks, kwargs, message):
+    if "draft_model" in kwargs:
+        kwargs = {**kwargs, "draft_model": tasks[kwargs["draft_model"]]}
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         tasks["gpt"].generate([[1, 2, 3]], max_new_tokens=4, **kwargs)
+
+
+CHI_SQUARE_999 = {24: 51.18, 15: 37.70}  # the chi-square distribution's 0.999 quantile by degrees of freedom
+
+
+def _chi_square(counts, expected):
+    return float(np.sum((counts - expected) ** 2 / expected))
+
+
+def _pairs(task, prompt, rows, sampler):
+    """The first two new tokens of `rows` samples, as counts (V, V)."""
+    out = np.asarray(
+        task.generate(
+            np.array([prompt] * rows, "int32"), max_new_tokens=2, stop_token_ids=None, sampler=sampler,
+            prompt_lookup_num_tokens=2,
+        )
+    )  # fmt: skip
+    counts = np.zeros((5, 5))
+    np.add.at(counts, (out[:, len(prompt)], out[:, len(prompt) + 1]), 1)
+    return counts, out
+
+
+def test_prompt_lookup_sampling_draws_from_the_model_distribution(monkeypatch):
+    """Vocabulary 5, a prompt whose drafts are certain (1 2 3 1 2 3 1 2: drafts 3, 1): the first two new tokens of
+    2000 rows against the model's own joint distribution (temperature 1.5), chi-square at 0.999 over 25 cells.
+    The same test fails a rule that keeps every draft; a seed gives the same tokens twice, another seed others."""
+    keras.utils.set_random_seed(3)
+    task = MODELS["gpt"](vocabulary_size=5)
+    prompt, rows, temperature = [1, 2, 3, 1, 2, 3, 1, 2], 2000, 1.5
+
+    def next_probabilities(ids):
+        logits = keras.ops.convert_to_numpy(
+            task({"token_ids": np.array([ids]), "padding_mask": np.ones((1, len(ids)), bool)})
+        )
+        z = logits[0, -1] / temperature
+        return np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+
+    first = next_probabilities(prompt)
+    expected = np.stack([first[a] * next_probabilities(prompt + [a]) for a in range(5)]) * rows  # (V, V)
+    assert expected.min() > 5  # every cell counts: the chi-square approximation holds
+    counts, out = _pairs(task, prompt, rows, RandomSampler(temperature=temperature, seed=11))
+    assert _chi_square(counts, expected) < CHI_SQUARE_999[24]
+    again = _pairs(task, prompt, 50, RandomSampler(temperature=temperature, seed=11))[1]
+    other = _pairs(task, prompt, 50, RandomSampler(temperature=temperature, seed=12))[1]
+    assert (again == _pairs(task, prompt, 50, RandomSampler(temperature=temperature, seed=11))[1]).all()
+    assert (again != other).any()
+
+    rejection = importlib.import_module("keras_transformer.decoding.rejection")
+    monkeypatch.setattr(rejection, "uniform_noise", lambda seed, step, rows: keras.ops.full((rows,), 1e-6))
+    broken = MODELS["gpt"](vocabulary_size=5)  # its own compiled loop, traced with the broken rule
+    broken.set_weights(task.get_weights())
+    counts, _ = _pairs(broken, prompt, rows, RandomSampler(temperature=temperature, seed=11))
+    assert _chi_square(counts, expected) > CHI_SQUARE_999[24]
