@@ -4,8 +4,8 @@ takes a GGUF file wherever it takes a Hugging Face folder).
 
 A GGUF file is read with llama.cpp's own `gguf` package (gguf_file.py), its metadata mapped onto the config.json
 and its tensors onto the tensor names of the Hugging Face checkpoint it stands for (gguf_names.py), and that is
-handed to the family's Hugging Face converter (hf_llama.py, hf_gpt2.py, hf_phi3.py, hf_moe.py): the same code
-builds the model and assigns its weights from either format. The tokenizer comes from the metadata
+handed to the family's Hugging Face converter (hf_llama.py, hf_gpt2.py, hf_phi3.py, hf_gemma.py, hf_moe.py): the
+same code builds the model and assigns its weights from either format. The tokenizer comes from the metadata
 (gguf_tokenizer.py).
 
 Everything that can be refused is refused before a model is built: the magic, the tensor table (types and
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from keras_transformer.convert import gguf_names, gguf_tokenizer, hugging_face
 from keras_transformer.convert.checkpoint import CheckpointWeights
-from keras_transformer.convert.gguf_file import GGUFFile
+from keras_transformer.convert.gguf_file import open_checkpoint
 
 SUFFIX = ".gguf"
 
@@ -52,7 +52,7 @@ def convert_config(path, allow_pickle=False):
     returns for a folder: {"family", "backbone", "task", "preprocessor", "tokenizer", "weights": callable(model)}.
     `allow_pickle` is accepted for the loader's sake and means nothing here (a GGUF holds no pickle)."""
     del allow_pickle
-    checkpoint = GGUFFile(path)
+    checkpoint = open_checkpoint(path)
     hf_config = gguf_names.hf_config(checkpoint)
     sources = gguf_names.hf_tensors(checkpoint, hf_config)
     tokenizer = gguf_tokenizer.read_tokenizer(checkpoint)

@@ -1,12 +1,14 @@
 """GGUF names onto the Hugging Face ones: a GGUF checkpoint's metadata as the config.json its Hugging Face
-converter (hf_llama.py, hf_gpt2.py, hf_phi3.py, hf_moe.py) reads, and its tensors under the names and layouts of
-that checkpoint. No model is described here; the Hugging Face converters build and fill the model.
+converter (hf_llama.py, hf_gpt2.py, hf_phi3.py, hf_gemma.py, hf_moe.py) reads, and its tensors under the names and
+layouts of that checkpoint. No model is described here; the Hugging Face converters build and fill the model.
 
 Axes: D model width, H query heads, Hkv key/value heads, Dh head size, F feed-forward width, E experts,
 I one expert's inner width, V vocabulary.
 
 The names are llama.cpp's (`gguf.constants.MODEL_TENSORS`, `convert_hf_to_gguf.py`):
-- `llama` (Llama, Mistral; with `expert_count`, Mixtral), `qwen2`, `qwen3`, `qwen3moe`, `phi3`, `gpt2`;
+- `llama` (Llama, Mistral; with `expert_count`, Mixtral), `qwen2`, `qwen3`, `qwen3moe`, `phi3`, `gemma3`, `gpt2`;
+- Gemma 3 as llama.cpp runs it: its norms stored as 1 + w (the 1 taken off again, which rounds the smallest
+  weights in float32), every 6th layer global (the pattern is not in the file);
 - every `{arch}.` metadata key is either mapped (`_KEYS`) or refused with a ValueError naming it, as is any
   tensor no Hugging Face name stands for: nothing is dropped silently;
 - weights are (out, in) as torch's Linear; GPT-2's Conv1D tensors were transposed to that by llama.cpp's converter
@@ -17,7 +19,7 @@ The names are llama.cpp's (`gguf.constants.MODEL_TENSORS`, `convert_hf_to_gguf.p
 
 import numpy as np
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gpt2")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3", "gpt2")
 # Metadata keys under `{arch}.` that map onto the config (any other is refused by name).
 _COMMON_KEYS = (
     "context_length",
@@ -40,7 +42,14 @@ _KEYS = {
     "qwen3moe": _COMMON_KEYS + _ROPE_KEYS + _RMS + _EXPERTS,
     "phi3": _COMMON_KEYS + _ROPE_KEYS + _RMS + ("attention.sliding_window", "rope.scaling.original_context_length"),
     "gpt2": _COMMON_KEYS + ("attention.layer_norm_epsilon",),
+    "gemma3": _COMMON_KEYS
+    + _ROPE_KEYS
+    + _RMS
+    + ("attention.sliding_window", "rope.freq_base_swa", "final_logit_softcapping"),
 }
+# llama.cpp's Gemma 3: every 6th layer global, the others windowed; the windowed layers' rotary base 10000 where
+# the file names none (rope.freq_base_swa).
+_GEMMA3_PATTERN, _GEMMA3_LOCAL_BASE = 6, 10000.0
 # GGUF block tensor -> the Hugging Face tensor under `model.layers.{i}.` (the Llama layout).
 _LLAMA_BLOCK = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -62,6 +71,12 @@ _LLAMA_BLOCK = {
     "ffn_down.weight": "mlp.down_proj.weight",
     "ffn_down.bias": "mlp.down_proj.bias",
     "ffn_gate_inp.weight": "mlp.gate.weight",  # the router (E, D)
+}
+_GEMMA3_BLOCK = {
+    **{name: hf for name, hf in _LLAMA_BLOCK.items() if name != "ffn_norm.weight"},
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
 }
 _PHI3_BLOCK = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -158,6 +173,8 @@ def hf_config(checkpoint):
         "tie_word_embeddings": "output.weight" not in checkpoint.tensors,
     }
     rotary = get("rope.dimension_count", head_dim)
+    if architecture == "gemma3":
+        return {**config, **_gemma3_config(get, head_dim, num_heads)}
     if architecture == "phi3":
         config.update(
             model_type="phi3", partial_rotary_factor=rotary / head_dim, sliding_window=get("attention.sliding_window")
@@ -181,6 +198,24 @@ def hf_config(checkpoint):
     else:
         config["model_type"] = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe"}[architecture]
     return config
+
+
+def _gemma3_config(get, head_dim, num_heads):
+    """Gemma 3 as llama.cpp runs it: its layer pattern is fixed (not in the file); queries
+    scaled by 1 / sqrt(key_length), but for its 27B (62 layers) by 1 / sqrt(D / H)."""
+    layers = get("block_count")
+    window = get("attention.sliding_window")
+    pattern = [(i + 1) % _GEMMA3_PATTERN != 0 and window is not None for i in range(layers)]
+    scalar = get("embedding_length") // num_heads if layers == 62 else head_dim
+    return {
+        "model_type": "gemma3_text",
+        "query_pre_attn_scalar": scalar,
+        "sliding_window": window,
+        "layer_types": ["sliding_attention" if sliding else "full_attention" for sliding in pattern],
+        "rope_local_base_freq": float(get("rope.freq_base_swa", _GEMMA3_LOCAL_BASE)),
+        "final_logit_softcapping": get("final_logit_softcapping"),
+        "hidden_activation": "gelu_pytorch_tanh",
+    }
 
 
 def _gpt2_config(get, vocabulary):
@@ -239,6 +274,8 @@ def _source(checkpoint, config, architecture, name):
     load = checkpoint.tensor
     if not name.startswith("blk."):
         table = _GPT2_GLOBAL if architecture == "gpt2" else _GLOBAL
+        if architecture == "gemma3" and name == "output_norm.weight":
+            return table.get(name), (lambda: load(name) - 1.0)
         return table.get(name), (lambda: load(name))
     _, layer, rest = name.split(".", 2)
     if architecture == "gpt2":
@@ -248,11 +285,13 @@ def _source(checkpoint, config, architecture, name):
         return f"transformer.h.{layer}.{hf_name}", (lambda: load(name).T if transpose else load(name))
     if rest.endswith("_exps.weight"):  # ffn_gate_exps / ffn_up_exps / ffn_down_exps: (E, I, D) / (E, D, I)
         return f"model.layers.{layer}.mlp.experts.", None
-    table = _PHI3_BLOCK if architecture == "phi3" else _LLAMA_BLOCK
+    table = {"phi3": _PHI3_BLOCK, "gemma3": _GEMMA3_BLOCK}.get(architecture, _LLAMA_BLOCK)
     hf_name = table.get(rest)
     if hf_name is None:
         return None, None
     hf_name = f"model.layers.{layer}.{hf_name}"
+    if architecture == "gemma3" and rest.endswith("norm.weight"):  # llama.cpp stores Gemma's (1 + w) norms as 1 + w
+        return hf_name, (lambda: load(name) - 1.0)
     if architecture == "llama" and rest in ("attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias"):
         heads = config["num_attention_heads"] if rest.startswith("attn_q") else config["num_key_value_heads"]
         return hf_name, (lambda: _unpermute(load(name), heads))

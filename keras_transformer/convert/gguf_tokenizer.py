@@ -10,6 +10,7 @@ template. The pipeline built here is the one transformers' GGUF tokenizer builds
 - `llama`: the tokens, the file's merges or merges recovered from the scores (transformers' `generate_merges`),
   a Metaspace pre-tokenizer ("▁", prepended to the first word), byte fallback; Phi-3 prepends "▁" and replaces
   spaces in a normalizer instead (text starting with a space keeps one more "▁"), as its tokenizer.json does;
+  Gemma 3's merges follow the tokens' order, with no prefix space (`_gemma`);
 - control tokens (type 3) are special added tokens, user-defined ones (type 4) plain added tokens.
 Any other tokenizer model is refused by name, as is a `tokenizer.ggml.pre` split we do not know.
 """
@@ -65,6 +66,8 @@ def read_tokenizer(checkpoint):
     merges = checkpoint.value("tokenizer.ggml.merges")
     if model == "gpt2":
         backend = _byte_level(checkpoint, tokens, merges)
+    elif checkpoint.architecture == "gemma3":
+        backend = _gemma(tokens, checkpoint.value("tokenizer.ggml.unknown_token_id"))
     else:
         scores = checkpoint.value("tokenizer.ggml.scores")
         backend = _sentencepiece(tokens, merges, scores, checkpoint.value("tokenizer.ggml.add_space_prefix", True))
@@ -139,6 +142,22 @@ def _sentencepiece(tokens, merges, scores, add_space_prefix):
     if add_space_prefix:
         steps.append(decoders.Strip(content=" ", left=1))
     backend.decoder = decoders.Sequence(steps)
+    return backend
+
+
+def _gemma(tokens, unknown_id):
+    """Gemma's SentencePiece vocabulary as transformers' GGUF tokenizer builds it: a token of spaces only respelled
+    with "▁" (the file stores real spaces), merges recovered by the tokens' order (Gemma's scores do not follow its
+    merges), spaces made "▁" by a normalizer, no prefix space."""
+    tokens = ["▁" * len(token) if " " in token and not token.strip() else token for token in tokens]
+    vocab = {token: index for index, token in enumerate(tokens)}
+    merges = _merges_from_scores(vocab, {token: -index for index, token in enumerate(tokens)})
+    unknown = tokens[int(unknown_id)] if unknown_id is not None else None
+    model = models.BPE(vocab=vocab, merges=merges, fuse_unk=True, unk_token=unknown, byte_fallback=True)
+    backend = tokenizers.Tokenizer(model)
+    backend.normalizer = normalizers.Replace(" ", "▁")
+    backend.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False)
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
     return backend
 
 

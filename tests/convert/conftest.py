@@ -47,6 +47,7 @@ def llama_cpp_files(tmp_path_factory):
         "gpt2": hf_models.gpt2(root / "gpt2"),
         "sentencepiece": gguf_models.sentencepiece_llama(root / "sentencepiece"),
         "phi3": gguf_models.phi3(root / "phi3"),
+        "gemma3": gguf_models.gemma3(root / "gemma3"),
         "qwen3moe": gguf_models.mixture_of_experts(root / "qwen3moe", "qwen3_moe"),
         "mixtral": gguf_models.mixture_of_experts(root / "mixtral", "mixtral"),
     }

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import gguf
 import sentencepiece
+import torch
 import transformers
 
 from tests.convert import hf_models
@@ -150,6 +151,30 @@ def phi3(directory, seed=0):
         pad_token_id=2,
     )
     peer = hf_models.randomize(transformers.Phi3ForCausalLM(config), seed)
+    peer.save_pretrained(directory)
+    return peer
+
+
+def gemma3(directory, seed=0):
+    """A random Gemma3ForCausalLM as llama.cpp runs one: both layers windowed (4; llama.cpp's layers are global only
+    every 6th), queries scaled by 1 / sqrt(head size 16), a SentencePiece tokenizer.model; norms around 0 (Gemma
+    scales by 1 + w) and a smaller embedding (times sqrt(D))."""
+    _sentencepiece(directory)
+    config = transformers.Gemma3TextConfig(
+        **SMALL,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        sliding_window=4,
+        layer_types=["sliding_attention", "sliding_attention"],
+        pad_token_id=0,
+    )
+    peer = hf_models.randomize(transformers.Gemma3ForCausalLM(config), seed)
+    with torch.no_grad():
+        for name, parameter in peer.named_parameters():
+            if "norm" in name:
+                parameter.sub_(1.0)
+            elif "embed_tokens" in name:
+                parameter.mul_(0.3)
     peer.save_pretrained(directory)
     return peer
 

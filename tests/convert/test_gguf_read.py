@@ -4,17 +4,20 @@ transformers models they were converted from, and against transformers' own GGUF
 Axes: B batch, T length, V vocabulary.
 """
 
+from pathlib import Path
+
+import gguf
 import numpy as np
 import pytest
 import torch
 import transformers
 
 from keras_transformer import cli, hub
-from keras_transformer.models import CausalLM, GPTCausalLM, LlamaCausalLM
+from keras_transformer.models import CausalLM, GemmaCausalLM, GPTCausalLM, LlamaCausalLM
 from tests.conftest import to_numpy
 
 ATOL = 1e-4
-TOKEN_IDS = np.array([[5, 17, 42, 99, 100, 3, 7, 250], [1, 2, 3, 4, 5, 6, 7, 8]])  # (B, T)
+TOKEN_IDS = np.array([[5, 17, 42, 99, 100, 3, 7, 250], [1, 2, 3, 4, 5, 6, 7, 8]])  # (B, T): T past gemma3's window
 TEXTS = ["def add(a, b):\n    return a + b", "  the quick  brown fox 🙂 é", "hello world </s> <|endoftext|> x"]
 # Each stored type's largest weight error, relative to the tensor's largest magnitude, with 5% for a block's float16
 # scale: f16 and bf16 round to 11 and 8 significant bits; Q8_0 to half a step of amax / 127; Q4_1 / Q5_1 to half a
@@ -55,6 +58,7 @@ def loaded(llama_cpp_files):
         ("qwen3", LlamaCausalLM),
         ("gpt2", GPTCausalLM),
         ("phi3", LlamaCausalLM),
+        ("gemma3", GemmaCausalLM),
         ("qwen3moe", LlamaCausalLM),
         ("mixtral", LlamaCausalLM),
     ],
@@ -63,7 +67,8 @@ def test_f32_logits_equal_the_source_model(llama_cpp_files, loaded, name, cls):
     """llama: query/key rows permuted by llama.cpp (undone here), head size 16 (not D / H); llama_bias: biases on
     all four attention projections (the query and key biases permuted too); qwen2: query/key/value biases, tied head;
     qwen3: query/key norms; gpt2: fused, transposed Conv1D; phi3: fused qkv and gate/up, partial rotary
-    (rope.dimension_count), a window; qwen3moe / mixtral: stacked experts (E, I, D) and the router, top 2 of 4."""
+    (rope.dimension_count), a window; qwen3moe / mixtral: stacked experts (E, I, D) and the router, top 2 of 4;
+    gemma3: norms stored as 1 + w, a window of 4 on both layers, the local rotary base from rope.freq_base_swa."""
     lm = loaded(name)
     assert type(lm) is cls
     peer = llama_cpp_files[name][1]
@@ -111,11 +116,12 @@ def test_dtype_bfloat16(llama_cpp_files, loaded):
     )
 
 
-@pytest.mark.parametrize("name", ["gpt2", "qwen2", "sentencepiece", "phi3"])
+@pytest.mark.parametrize("name", ["gpt2", "qwen2", "sentencepiece", "phi3", "gemma3"])
 def test_tokenizer_ids_equal_transformers_gguf_tokenizer(llama_cpp_files, loaded, name):
     """gpt2 / qwen2: byte-level BPE (tokenizer.ggml.model "gpt2"); sentencepiece: Llama 2 style ("llama": tokens,
-    scores, byte fallback, no merges in the file), and Phi-3's (the same file, its prefix space from a normalizer), with
-    the start token added to a prompt as transformers adds it."""
+    scores, byte fallback, no merges in the file), Phi-3's (the same file, its prefix space from a normalizer) and
+    Gemma 3's (merges by the tokens' order, no prefix space), with the start token added to a prompt as transformers
+    adds it."""
     path, _ = llama_cpp_files[name]
     theirs = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     tokenizer = loaded(name).preprocessor.tokenizer
@@ -125,7 +131,7 @@ def test_tokenizer_ids_equal_transformers_gguf_tokenizer(llama_cpp_files, loaded
     # A prompt as the model sees it: the start token where the file asks for it (the SentencePiece file).
     prompts = loaded(name).preprocessor.generate_preprocess(TEXTS)
     assert prompts == [theirs(text)["input_ids"] for text in TEXTS]
-    assert (prompts[0][0] == tokenizer.bos_token_id) == (name in ("sentencepiece", "phi3"))
+    assert (prompts[0][0] == tokenizer.bos_token_id) == (name in ("sentencepiece", "phi3", "gemma3"))
 
 
 def test_sentencepiece_logits(llama_cpp_files, loaded):
@@ -162,3 +168,17 @@ def test_hub_file_handle(llama_cpp_files, loaded, monkeypatch):
         hub.parse_handle("hf://org/name@main/model.gguf")
     with pytest.raises(ValueError, match="Malformed"):
         hub.parse_handle("hf://name/model.gguf")
+
+
+KQUANTS = Path(__file__).parent / "data" / "llama_kquants.gguf"  # made by data/make_kquants_gguf.sh
+
+
+def test_k_quants_agree_with_transformers_reader():
+    """Q2_K, Q3_K, Q4_K, Q5_K, Q6_K tensors written by llama.cpp's compiled llama-quantize (test data, 620 KB): our
+    load equals transformers' dequantization of the same file (its own code) within 1e-4."""
+    kinds = {t.tensor_type.name for t in gguf.GGUFReader(KQUANTS).tensors}
+    assert kinds == {"F32", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(
+        KQUANTS.parent, gguf_file=KQUANTS.name, attn_implementation="eager", dtype=torch.float32
+    ).eval()
+    np.testing.assert_allclose(ours_logits(CausalLM.from_preset(KQUANTS)), peer_logits(theirs), atol=ATOL, rtol=0)
