@@ -101,15 +101,18 @@ def test_typed_round_trip(models, exported, gguf_type):
     np.testing.assert_allclose(logits(back), transformers_logits(path), atol=ATOL, rtol=0)
 
 
-def test_llama_cpp_file_round_trips_to_the_same_tensors(llama_cpp_files, tmp_path):
-    """llama.cpp's F32 file -> ours -> our export: the same tensors (llama's permuted query/key rows included), bit
-    for bit, and the same metadata values where both write a key."""
-    source, _ = llama_cpp_files["llama"]
-    out = CausalLM.from_preset(source).export(tmp_path / "again.gguf", format="gguf", gguf_type="f32")
+@pytest.mark.parametrize("name, gguf_type", [("llama", "f32"), ("llama_f16", "f16")])
+def test_llama_cpp_file_round_trips_to_the_same_tensors(llama_cpp_files, tmp_path, name, gguf_type):
+    """llama.cpp's F32 / F16 file -> ours (float32) -> our export in the same type: the same tensors (llama's permuted
+    query/key rows included) of the same types, bit for bit, and the same metadata values where both write a key."""
+    source, _ = llama_cpp_files[name]
+    out = CausalLM.from_preset(source).export(tmp_path / "again.gguf", format="gguf", gguf_type=gguf_type)
     theirs, ours = tensors(source), tensors(out)
     assert sorted(theirs) == sorted(ours)
-    for name, array in theirs.items():
-        np.testing.assert_array_equal(ours[name], array, err_msg=name)
+    for tensor_name, array in theirs.items():
+        np.testing.assert_array_equal(ours[tensor_name], array, err_msg=tensor_name)
+    types = [{t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors} for path in (source, out)]
+    assert types[0] == types[1]
     a, b = gguf.GGUFReader(source).fields, gguf.GGUFReader(out).fields
     for key in ("llama.attention.key_length", "llama.attention.head_count_kv", "llama.rope.freq_base"):
         assert a[key].contents() == b[key].contents(), key
