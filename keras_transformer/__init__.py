@@ -22,12 +22,12 @@ check_backend_installed()
 entry_points.declare(
     entry_points.CHECKPOINT_READERS, "model_type", "keras_transformer.convert.hugging_face:convert_config"
 )
-# A `.gguf` file (llama.cpp's format) is converted on the fly, and written by `Task.export(format="gguf")`.
-entry_points.declare(entry_points.FILE_READERS, ".gguf", "keras_transformer.convert.gguf_checkpoint:convert_config")
-entry_points.declare(entry_points.EXPORTERS, "gguf", "keras_transformer.convert.gguf_export:export_gguf")
 for _format in ("onnx", "tf_saved_model", "huggingface"):  # keras_transformer.export.FORMATS
     entry_points.declare(entry_points.EXPORTERS, _format, "keras_transformer.export:export_model")
 del _format
+# A `.gguf` file (llama.cpp's format) is converted on the fly, and written by `Task.export(format="gguf")`.
+entry_points.declare(entry_points.FILE_READERS, ".gguf", "keras_transformer.convert.gguf_checkpoint:convert_config")
+entry_points.declare(entry_points.EXPORTERS, "gguf", "keras_transformer.convert.gguf_export:export_gguf")
 
 __all__ = ["layers", "list_presets", "metrics", "models", "samplers", "tokenizers", "__version__"]
 _SUBPACKAGES = ("convert", "distribution", "export", "layers", "metrics", "models", "presets", "samplers", "tokenizers")

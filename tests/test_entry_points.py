@@ -8,17 +8,20 @@ import pytest
 
 import keras_transformer.export
 from keras_transformer import entry_points
-from keras_transformer.convert import hugging_face
+from keras_transformer.convert import gguf_checkpoint, gguf_export, hugging_face
 from tests.export.helpers import run_python
 
 
 def test_the_declared_providers_are_the_ones_that_exist():
-    assert entry_points.names(entry_points.EXPORTERS) == keras_transformer.export.FORMATS
+    assert entry_points.names(entry_points.EXPORTERS) == (*keras_transformer.export.FORMATS, gguf_export.FORMAT)
     assert {entry_points.load(entry_points.EXPORTERS, name) for name in keras_transformer.export.FORMATS} == {
         keras_transformer.export.export_model
     }
+    assert entry_points.load(entry_points.EXPORTERS, gguf_export.FORMAT) is gguf_export.export_gguf
     assert entry_points.names(entry_points.CHECKPOINT_READERS) == ("model_type",)
     assert entry_points.load(entry_points.CHECKPOINT_READERS, "model_type") is hugging_face.convert_config
+    assert entry_points.names(entry_points.FILE_READERS) == (gguf_checkpoint.SUFFIX,)
+    assert entry_points.load(entry_points.FILE_READERS, gguf_checkpoint.SUFFIX) is gguf_checkpoint.convert_config
 
 
 def test_a_reference_names_a_module_and_an_attribute():
