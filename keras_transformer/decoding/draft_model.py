@@ -16,6 +16,9 @@ from keras import ops
 
 from keras_transformer.decoding.cache_schedule import loop_cache, model_cache
 from keras_transformer.decoding.decode_loop import model_step
+from keras_transformer.decoding.rejection import noise_step
+from keras_transformer.samplers.noise import uniform_noise
+from keras_transformer.samplers.random_sampler import sample_categorical
 from keras_transformer.samplers.rows import column
 
 
@@ -36,11 +39,13 @@ def draft_state(prepared, length, flat):
     return DraftState(loop_cache(cache, flat), prepared.encoded)
 
 
-def draft_proposals(draft, kernels, sampler, ctx, i, known, tokens, state, K):
-    """(drafts (R, K) for the positions [i, i + K), the new `DraftState`): a row still inside its prompt
-    proposes its prompt; the others the draft's greedy tokens.
+def draft_proposals(draft, kernels, sampler, ctx, i, known, tokens, state, K, verify_pass=0):
+    """(drafts (R, K) for the positions [i, i + K), their distributions q (R, K, V) or None (greedy), the new
+    `DraftState`): a row still inside its prompt proposes its prompt; the others the draft's tokens, greedy or
+    drawn as the sampler draws (its temperature, top-k and top-p on the draft's logits).
 
-    draft: the draft task; kernels: its `call_layer` (PyTorch's kernels) or None; state: its `DraftState`.
+    draft: the draft task; kernels: its `call_layer` (PyTorch's kernels) or None; state: its `DraftState`;
+    verify_pass: the passes run so far (the noise's counter, see `rejection.noise_step`).
     """
     options, L = ctx.options, ctx.length
     cache = model_cache(state.cache, ctx.num_rows, options.flat_cache)
@@ -48,17 +53,24 @@ def draft_proposals(draft, kernels, sampler, ctx, i, known, tokens, state, K):
     pair = _pair(tokens, first, options.gather_columns)  # (R, 2)
     logits, cache = model_step(draft, pair, cache, first, state.encoded, kernels=kernels)  # (R, 2, V)
     last = ops.where(i - 1 - first > 0, logits[:, 1], logits[:, 0])  # the logits of position i
-    drafts = []
+    drafts, probabilities = [], []
     for k in range(K):
         p = i + k
         at = ops.minimum(p, L - 1)
-        picked = ops.cast(sampler.get_next_token(last, None), "int32")  # (R,)
-        token = ops.where(p < known, column(tokens, at, options.gather_columns), picked)
+        if ctx.seed is None:  # greedy
+            picked = sampler.get_next_token(last, None)  # (R,)
+        else:  # a draw from q, the draft's distribution through the sampler's filters, which the rule reads
+            filtered = sampler.filtered_logits(last)  # (R, V)
+            probabilities.append(ops.softmax(filtered, axis=-1))
+            noise = uniform_noise(ctx.seed, noise_step(p, verify_pass, L, 2), ctx.num_rows)
+            picked = sample_categorical(filtered, noise)
+        token = ops.where(p < known, column(tokens, at, options.gather_columns), ops.cast(picked, "int32"))
         drafts.append(token)
         if k < K - 1:  # feed it (a position past the buffer writes the last one: a draft's cache, never read wrong)
             logits, cache = model_step(draft, token[:, None], cache, at, state.encoded, kernels=kernels)
             last = logits[:, 0]
-    return ops.stack(drafts, axis=1), state._replace(cache=loop_cache(cache, options.flat_cache))
+    q = ops.stack(probabilities, axis=1) if probabilities else None  # (R, K, V)
+    return ops.stack(drafts, axis=1), q, state._replace(cache=loop_cache(cache, options.flat_cache))
 
 
 def _pair(tokens, first, gather):

@@ -153,12 +153,10 @@ def _speculation(task, sampler, options):
     )
     if sampler.reorders_rows:
         raise ValueError(f"Speculative decoding does not run with beam search. Received: {asked}, sampler={sampler!r}")
-    if not isinstance(sampler, (GreedySampler, RandomSampler)) or (
-        options.draft_model is not None and not isinstance(sampler, GreedySampler)
-    ):
+    if not isinstance(sampler, (GreedySampler, RandomSampler)):
         raise ValueError(
-            "Speculative decoding runs with greedy decoding, or random sampling with prompt lookup (a draft "
-            f"model's rejection rule is not implemented yet). Received: {asked}, sampler={sampler!r}"
+            "Speculative decoding runs with greedy decoding or a RandomSampler (the rejection rule). "
+            f"Received: {asked}, sampler={sampler!r}"
         )
     if options.draft_model is None:
         return Speculation(options.prompt_lookup_num_tokens, options.max_matching_ngram_size or 2)

@@ -74,10 +74,13 @@ def speculative_body(spec, speculation, ctx, i, state, source=ABSENT, head=None,
     L = ctx.length
     K = draft_count(speculation, L)
     known = ops.maximum(i, ctx.prompt_lengths)  # (R,): each row knows its tokens [0, known)
+    draft_probabilities = None  # a copied draft is certain
     if draft is None:
         hypothesis = _hypothesis(rows.tokens, known, _drafts(rows.tokens, known, source, speculation, K), K)  # (R, L)
     else:
-        drafts, drafted = draft_proposals(*draft, spec.sampler, ctx, i, known, rows.tokens, state.sampler.draft, K)
+        drafts, draft_probabilities, drafted = draft_proposals(
+            *draft, spec.sampler, ctx, i, known, rows.tokens, state.sampler.draft, K, state.sampler.steps
+        )
         hypothesis = _hypothesis(rows.tokens, ops.zeros_like(known) + i, drafts, K)
         state = state._replace(sampler=state.sampler._replace(draft=drafted))
     s = ops.minimum(i - 1, L - K - 1)  # the window [s, s + K]
@@ -85,7 +88,7 @@ def speculative_body(spec, speculation, ctx, i, state, source=ABSENT, head=None,
     cache = model_cache(rows.cache, ctx.num_rows, options.flat_cache)
     logits, cache = model_step(spec.task, window, cache, s, state.encoded, head, kernels)  # (R, K + 1, V)
     rows = rows._replace(cache=loop_cache(cache, options.flat_cache))
-    chosen = _choices(spec, ctx, rows, hypothesis, logits, i, s, K)  # K + 1 x (R,)
+    chosen = _choices(spec, ctx, rows, hypothesis, logits, i, s, K, draft_probabilities, state.sampler.steps)
     agreed = ops.ones_like(done)  # (R,) the row's drafts agreed so far
     accepted = ops.zeros(ops.shape(done), "int32")
     for j in range(K):
@@ -125,7 +128,7 @@ def _columns(tokens, first, count, gather):
     return ops.slice(tokens, (0, first), (ops.shape(tokens)[0], count))
 
 
-def _choices(spec, ctx, rows, hypothesis, logits, i, s, K):
+def _choices(spec, ctx, rows, hypothesis, logits, i, s, K, draft_probabilities=None, verify_pass=0):
     """The sampler's token (R,) for each position p_j = s + 1 + j, j <= K, its logits processed as plain
     decoding processes them at p_j after the hypothesis (the seen tokens grow with the drafts before p_j)."""
     sampler, options = spec.sampler, spec.options
@@ -143,7 +146,9 @@ def _choices(spec, ctx, rows, hypothesis, logits, i, s, K):
             new = ops.logical_and(ops.one_hot(token, ctx.vocabulary_size, dtype="int32") > 0, p >= i)
             seen = ops.logical_or(seen, new)
     if random:
-        return sampled_choices(sampler, ctx, scores, hypothesis, s, options.gather_columns)
+        return sampled_choices(
+            sampler, ctx, scores, hypothesis, s, options.gather_columns, draft_probabilities, i, verify_pass
+        )
     return [ops.cast(sampler.get_next_token(score, None), "int32") for score in scores]
 
 

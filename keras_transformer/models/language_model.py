@@ -114,8 +114,9 @@ class LanguageModel(Task):
                 from N down to 1, the latest occurrence), transformers' `max_matching_ngram_size`.
             draft_model: None, or a smaller language model of the same kind (causal or seq2seq), with the
                 same vocabulary and at least as many positions, that proposes the drafts: K greedy steps of
-                its own cache per verify pass (transformers' `assistant_model`). Greedy decoding only so far
-                (random sampling: a ValueError); the tokens are exactly plain greedy decoding's.
+                its own cache per verify pass (transformers' `assistant_model`). Greedy: exactly plain greedy
+                decoding's tokens; a `RandomSampler`: the draft draws through the sampler's temperature, top-k
+                and top-p, and the rejection rule keeps each token distributed as the sampler's own.
             num_draft_tokens: None (5), or K >= 1: a draft model's tokens per step (transformers'
                 `num_assistant_tokens`, here fixed for the call).
             chat_template_kwargs: None, or a dict of other variables the chat template reads, for chat

@@ -204,7 +204,6 @@ def test_drafts_are_prompt_lookup_candidates_from_the_latest_match():
         (dict(prompt_lookup_num_tokens=-2), "prompt_lookup_num_tokens=-2"),
         (dict(prompt_lookup_num_tokens=3, max_matching_ngram_size=0), "max_matching_ngram_size=0"),
         (dict(prompt_lookup_num_tokens=3, sampler=BeamSampler(num_beams=2)), "beam search"),
-        (dict(draft_model="llama", sampler=RandomSampler(seed=1)), "rejection rule is not implemented"),
         (dict(num_draft_tokens=3), "needs a `draft_model`"),
     ],
 )
@@ -222,14 +221,14 @@ def _chi_square(counts, expected):
     return float(np.sum((counts - expected) ** 2 / expected))
 
 
-def _pairs(task, prompt, rows, sampler):
-    """The first two new tokens of `rows` samples, as counts (V, V)."""
+def _pairs(task, prompt, rows, sampler, draft=None):
+    """The first two new tokens of `rows` samples, as counts (V, V): prompt lookup, or a draft model's drafts."""
+    speculation = dict(prompt_lookup_num_tokens=2) if draft is None else dict(draft_model=draft, num_draft_tokens=2)
     out = np.asarray(
         task.generate(
-            np.array([prompt] * rows, "int32"), max_new_tokens=2, stop_token_ids=None, sampler=sampler,
-            prompt_lookup_num_tokens=2,
+            np.array([prompt] * rows, "int32"), max_new_tokens=2, stop_token_ids=None, sampler=sampler, **speculation
         )
-    )  # fmt: skip
+    )
     counts = np.zeros((5, 5))
     np.add.at(counts, (out[:, len(prompt)], out[:, len(prompt) + 1]), 1)
     return counts, out
@@ -237,8 +236,9 @@ def _pairs(task, prompt, rows, sampler):
 
 def test_prompt_lookup_sampling_draws_from_the_model_distribution(monkeypatch):
     """Vocabulary 5, a prompt whose drafts are certain (1 2 3 1 2 3 1 2: drafts 3, 1): the first two new tokens of
-    2000 rows against the model's own joint distribution (temperature 1.5), chi-square at 0.999 over 25 cells.
-    The same test fails a rule that keeps every draft; a seed gives the same tokens twice, another seed others."""
+    2000 rows against the model's own joint distribution (temperature 1.5), chi-square at 0.999 over 25 cells; the
+    same with a one-layer draft model's drafts. The test fails a rule that keeps every draft; a seed gives the same
+    tokens twice, another seed others."""
     keras.utils.set_random_seed(3)
     task = MODELS["gpt"](vocabulary_size=5)
     prompt, rows, temperature = [1, 2, 3, 1, 2, 3, 1, 2], 2000, 1.5
@@ -259,6 +259,10 @@ def test_prompt_lookup_sampling_draws_from_the_model_distribution(monkeypatch):
     other = _pairs(task, prompt, 50, RandomSampler(temperature=temperature, seed=12))[1]
     assert (again == _pairs(task, prompt, 50, RandomSampler(temperature=temperature, seed=11))[1]).all()
     assert (again != other).any()
+
+    draft = MODELS["gpt"](vocabulary_size=5, num_layers=1)  # other weights: drafts drawn from another distribution
+    counts, _ = _pairs(task, prompt, rows, RandomSampler(temperature=temperature, seed=13), draft)
+    assert _chi_square(counts, expected) < CHI_SQUARE_999[24]
 
     rejection = importlib.import_module("keras_transformer.decoding.rejection")
     monkeypatch.setattr(rejection, "uniform_noise", lambda seed, step, rows: keras.ops.full((rows,), 1e-6))
