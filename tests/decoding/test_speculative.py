@@ -14,6 +14,7 @@ import pytest
 
 from keras_transformer.decoding import compile as compile_lib
 from keras_transformer.decoding.prompt_lookup import propose
+from keras_transformer.decoding.speculation import Speculation
 from keras_transformer.samplers import BeamSampler, RandomSampler
 from tests.kernels.test_torch_kernels import MODELS, VOCABULARY
 
@@ -270,3 +271,17 @@ def test_prompt_lookup_sampling_draws_from_the_model_distribution(monkeypatch):
     broken.set_weights(task.get_weights())
     counts, _ = _pairs(broken, prompt, rows, RandomSampler(temperature=temperature, seed=11))
     assert _chi_square(counts, expected) > CHI_SQUARE_999[24]
+
+
+def test_a_seq2seq_model_looks_up_its_source_then_its_output():
+    """The decoder knows only its start token (0): the drafts are what followed a 0 in the source (padding, -1,
+    never matched); once the output has its own earlier match, the latest occurrence wins."""
+    loop = importlib.import_module("keras_transformer.decoding.speculative_loop")
+    speculation = Speculation(3, 2)
+    source = keras.ops.convert_to_tensor(np.array([[5, 0, 7, 8, 9, -1, -1]], "int32"))
+    tokens = np.zeros((1, 8), "int32")
+    drafts = loop._drafts(keras.ops.convert_to_tensor(tokens), keras.ops.convert_to_tensor([1]), source, speculation, 3)
+    assert keras.ops.convert_to_numpy(drafts).tolist() == [[7, 8, 9]]
+    tokens[0, :5] = [0, 7, 4, 0, 7]  # the output's own "0 7" came later than the source's: followed by 4
+    drafts = loop._drafts(keras.ops.convert_to_tensor(tokens), keras.ops.convert_to_tensor([5]), source, speculation, 3)
+    assert keras.ops.convert_to_numpy(drafts).tolist() == [[4, 0, 7]]
