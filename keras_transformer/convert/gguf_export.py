@@ -14,9 +14,10 @@ them, one-dimensional tensors (norms, biases) stay F32, and a matrix whose rows 
 quantize=None): a GGUF quantization is chosen by `gguf_type`.
 
 Architectures: `gpt2` (GPTCausalLM), and for a LlamaCausalLM `llama` (no biases, or biases on all four attention
-projections), `qwen2` (query/key/value biases) or `qwen3` (query/key norms). Options llama.cpp reads nowhere from
-these architectures' metadata (a sliding window, partial rotary, layers without rotary positions, mixtures of
-experts, rope scalings but linear) are refused with the option's name before anything is written.
+projections; with Mixtral-style experts), `qwen2` (query/key/value biases), `qwen3` (query/key norms) or `qwen3moe`
+(query/key norms and experts on every layer). Options llama.cpp reads nowhere from these architectures' metadata
+(a sliding window, partial rotary, layers without rotary positions, dense layers among routed ones, a shared expert,
+rope scalings but linear) are refused with the option's name before anything is written.
 """
 
 import logging
@@ -27,7 +28,7 @@ import gguf
 import numpy as np
 
 from keras_transformer import presets
-from keras_transformer.convert import gguf_names, gguf_tokenizer, hf_gpt2, hf_llama
+from keras_transformer.convert import gguf_names, gguf_tokenizer, hf_gpt2, hf_llama, hf_moe
 from keras_transformer.convert.weight_recorder import WeightRecorder
 from keras_transformer.models.lora import lora_layers
 from keras_transformer.models.quantization import quantization_mode
@@ -116,13 +117,17 @@ def _architecture(task):
     if name != "LlamaCausalLM":
         raise ValueError(f"Exporting to GGUF writes GPTCausalLM and LlamaCausalLM tasks. Received: a {name}.")
     head_dim = b.head_dim or b.hidden_dim // b.num_heads
+    moe = dict(b.mixture_of_experts or {})
     refused = {
         "sliding_window": b.sliding_window,
         "layer_types": b.layer_types,
         "rope_layers": b.rope_layers,
-        "mixture_of_experts": b.mixture_of_experts,
         "rotary_dim": b.rotary_dim if b.rotary_dim not in (None, head_dim) else None,
         "mlp_bias": b.mlp_bias or None,
+        # llama.cpp's qwen3moe and llama experts: every layer routed, top-k weights renormalised, no shared expert
+        "moe_layers": b.moe_layers if b.moe_layers is not None and not all(b.moe_layers) else None,
+        "mixture_of_experts['normalize_top_k']": False if moe and not moe.get("normalize_top_k", True) else None,
+        "mixture_of_experts['shared_intermediate_dim']": moe.get("shared_intermediate_dim"),
     }
     scaling = b.rope_scaling or {}
     if scaling and scaling.get("rope_type") != "linear":
@@ -134,7 +139,14 @@ def _architecture(task):
                 "llama, qwen2 and qwen3 architectures read no such option from the file)."
             )
     output_bias = b.attention_bias if b.attention_output_bias is None else b.attention_output_bias
-    if b.query_key_norm == "head" and not b.attention_bias and not output_bias:
+    if moe and (b.attention_bias or output_bias or b.query_key_norm not in (None, "head")):
+        raise ValueError(
+            f"Exporting to GGUF: a mixture of experts with attention_bias={b.attention_bias}, query_key_norm="
+            f"{b.query_key_norm!r} is neither llama.cpp's qwen3moe (per-head norms) nor its llama (Mixtral)."
+        )
+    if moe:
+        architecture = "qwen3moe" if b.query_key_norm == "head" else "llama"
+    elif b.query_key_norm == "head" and not b.attention_bias and not output_bias:
         architecture = "qwen3"
     elif b.query_key_norm is None and b.attention_bias and not output_bias:
         architecture = "qwen2"
@@ -146,7 +158,7 @@ def _architecture(task):
             f"attention_output_bias={b.attention_output_bias} fit none of llama, qwen2, qwen3."
         )
     config = {"num_attention_heads": b.num_heads, "num_key_value_heads": b.num_key_value_heads or b.num_heads}
-    return architecture, config, hf_llama
+    return architecture, config, hf_moe if moe else hf_llama
 
 
 def _hf_shapes(task, architecture):
@@ -179,8 +191,13 @@ def _hf_shapes(task, architecture):
         shapes[p + "self_attn.o_proj.weight"] = (D, H * Dh)
         if architecture == "llama" and b.attention_bias:
             shapes[p + "self_attn.o_proj.bias"] = (D,)
-        if architecture == "qwen3":
+        if b.query_key_norm == "head":
             shapes.update({p + "self_attn.q_norm.weight": (Dh,), p + "self_attn.k_norm.weight": (Dh,)})
+        if b.mixture_of_experts:  # the fused layout hf_moe reads: (E, 2 I, D), (E, D, I), the router (E, D)
+            E, I = b.mixture_of_experts["num_experts"], b.mixture_of_experts["intermediate_dim"]
+            shapes.update({p + "mlp.gate.weight": (E, D), p + "mlp.experts.gate_up_proj": (E, 2 * I, D)})
+            shapes[p + "mlp.experts.down_proj"] = (E, D, I)
+            continue
         shapes.update({p + "mlp.gate_proj.weight": (F, D), p + "mlp.up_proj.weight": (F, D)})
         shapes[p + "mlp.down_proj.weight"] = (D, F)
     if not b.tie_word_embeddings:
@@ -209,6 +226,11 @@ def _write_metadata(writer, task, architecture, config, file_type):
         writer.add_rope_freq_base(float(b.rope_max_wavelength))
         writer.add_layer_norm_rms_eps(b.norm_epsilon)
         writer.add_vocab_size(b.vocabulary_size)
+        if b.mixture_of_experts:
+            writer.add_expert_count(b.mixture_of_experts["num_experts"])
+            writer.add_expert_used_count(b.mixture_of_experts["top_k"])
+            if architecture == "qwen3moe":
+                writer.add_expert_feed_forward_length(b.mixture_of_experts["intermediate_dim"])
         if b.rope_scaling:
             writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             writer.add_rope_scaling_factor(float(b.rope_scaling["factor"]))

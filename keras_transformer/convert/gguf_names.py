@@ -324,6 +324,15 @@ def gguf_tensors(arrays, architecture, config):
             name, transpose = _gpt2_name(hf_name)
             out[name] = array.T if transpose else array
             continue
+        if hf_name.endswith("mlp.experts.gate_up_proj"):  # (E, 2 I, D): the gate's rows first
+            prefix, inner = f"blk.{hf_name.split('.')[2]}.", array.shape[1] // 2
+            out.update(
+                {prefix + "ffn_gate_exps.weight": array[:, :inner], prefix + "ffn_up_exps.weight": array[:, inner:]}
+            )
+            continue
+        if hf_name.endswith("mlp.experts.down_proj"):  # (E, D, I)
+            out[f"blk.{hf_name.split('.')[2]}.ffn_down_exps.weight"] = array
+            continue
         name = _llama_name(hf_name, architecture)
         rest = name.split(".", 2)[-1]
         if architecture == "llama" and rest in ("attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias"):
