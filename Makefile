@@ -65,18 +65,18 @@ bench: install
 # A GPU machine that cannot reach a package registry can use its own Python instead of the venv
 # (keras, keras-hub and the backends importable there; the repository on PYTHONPATH):
 #   make gpu-check PY=python3 GPU_INSTALL= BACKENDS="jax torch"
-# Each benchmark's output also goes to $(GPU_OUT)/BACKEND_BENCHMARK.txt as it prints, so that a run cut short keeps
+# Each benchmark's output also goes to $(GPU_OUT)/gpu-check-BACKEND.txt as it prints, so that a run cut short keeps
 # what it measured. On the lent device (its README): `make gpu-wheels` here, then carry .whl and run
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
 #     .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD && make gpu-check PY=python3 GPU_INSTALL= \
 #     BACKENDS="jax torch" GPU_OUT=$OUT
 GPU_INSTALL ?= install
 GPU_OUT ?= gpu_results
-GPU_BENCHMARKS_jax = "decode_gpu.py" "decode_gpu.py --peers ours --xla-command-buffers" \
-	"moe_speed.py --shape gpu --repeats 2" "generate.py --repeats 2" "generate_seq2seq.py --repeats 2" \
-	"train.py --shape gpt2 --dtype mixed_bfloat16 --steps 10 --rounds 2"
-GPU_BENCHMARKS_torch = "decode_gpu.py" "moe_speed.py --shape gpu --repeats 2" \
-	"train.py --shape gpt2 --dtype mixed_bfloat16 --steps 10 --rounds 2"
+GPU_BENCHMARKS_jax = "decode_gpu.py" "train.py --shape gpt2 --dtype mixed_bfloat16 --steps 10 --rounds 2" \
+	"decode_gpu.py --peers ours --xla-command-buffers" "moe_speed.py --shape gpu --repeats 2" \
+	"generate.py --repeats 2" "generate_seq2seq.py --repeats 2"
+GPU_BENCHMARKS_torch = "decode_gpu.py" "train.py --shape gpt2 --dtype mixed_bfloat16 --steps 10 --rounds 2" \
+	"moe_speed.py --shape gpu --repeats 2"
 GPU_BENCHMARKS_tensorflow = "decode_gpu.py --peers ours,keras-hub"
 GPU_PEER_BENCHMARKS = "attention.py" "attention.py --dtype bfloat16" "generate.py --repeats 2" \
 	"generate_seq2seq.py --repeats 2" "bert_forward.py --repeats 3" "generate_llama.py --repeats 1"
@@ -87,9 +87,10 @@ gpu-check: $(GPU_INSTALL)
 	  case $$b in jax) benches='$(GPU_BENCHMARKS_jax)';; torch) benches='$(GPU_BENCHMARKS_torch)';; \
 	    *) benches='$(GPU_BENCHMARKS_tensorflow)';; esac; \
 	  eval "set -- $$benches"; for bench in "$$@"; do \
-	    echo "--- $$bench"; out="$(GPU_OUT)/$$(printf "%s" "$$b $$bench" | tr -c 'A-Za-z0-9._-' '_').txt"; \
-	    { PYTHONUNBUFFERED=1 KERAS_BACKEND=$$b $(PY) benchmarks/$$bench 2>&1; echo "exit status $$?"; } | tee "$$out"; \
-	    tail -n 1 "$$out" | grep -qx "exit status 0" || { echo "FAILED: KERAS_BACKEND=$$b $$bench"; status=1; }; \
+	    echo "--- $$bench" | tee -a $(GPU_OUT)/gpu-check-$$b.txt; \
+	    { PYTHONUNBUFFERED=1 KERAS_BACKEND=$$b $(PY) benchmarks/$$bench 2>&1; echo $$? > /tmp/gpu-check-status; } \
+	      | tee -a $(GPU_OUT)/gpu-check-$$b.txt; \
+	    [ "$$(cat /tmp/gpu-check-status)" = 0 ] || { echo "FAILED: KERAS_BACKEND=$$b $$bench" | tee -a $(GPU_OUT)/gpu-check-$$b.txt; status=1; }; \
 	  done; \
 	done; exit $$status
 
