@@ -38,6 +38,7 @@ else:
 
 TORCH_COMPILE_ENV = "KERAS_TRANSFORMER_TORCH_COMPILE"
 TORCH_COMPILE_BACKEND_ENV = "KERAS_TRANSFORMER_TORCH_COMPILE_BACKEND"
+TORCH_COMPILE_MODE_ENV = "KERAS_TRANSFORMER_TORCH_COMPILE_MODE"
 _log = logging.getLogger("keras_transformer")
 
 
@@ -181,30 +182,43 @@ def _torch_compiled_step(traced, fn):
     every compiled call then reads."""
     import torch
 
+    from torch.utils import _pytree as pytree
+
+    def leaves(*args):
+        return pytree.tree_leaves(fn(*args))
+
     # Dynamo keeps compiled graphs, and its recompilation limit, per code object: every compiled step
     # gets a code object of its own, so that buckets and models never evict one another.
-    fn = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    leaves = types.FunctionType(
+        leaves.__code__.replace(), leaves.__globals__, leaves.__name__, leaves.__defaults__, leaves.__closure__
+    )
 
     calls = {"n": 0}
     compiled = None
+    structure = None  # the outputs' tree (named tuples holding `ABSENT` empty tuples), from the eager call
 
     def call(*args):
-        nonlocal compiled
+        nonlocal compiled, structure
         calls["n"] += 1
         with torch.no_grad():
             if calls["n"] == 1:
-                return traced(*args)
+                outputs = traced(*args)
+                structure = pytree.tree_structure(outputs)
+                return outputs
             if compiled is None:
-                on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in torch.utils._pytree.tree_leaves(args))
+                on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in pytree.tree_leaves(args))
                 backend = os.environ.get(TORCH_COMPILE_BACKEND_ENV, "inductor")
                 mode = "reduce-overhead" if on_cuda and backend == "inductor" else None
+                mode = os.environ.get(TORCH_COMPILE_MODE_ENV, mode)  # e.g. max-autotune-no-cudagraphs, to compare
                 _log.info(
                     "keras_transformer: compiling the decoding step with torch.compile (backend=%s, mode=%s)",
                     backend,
                     mode,
                 )
-                compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend, mode=mode)
-            return compiled(*args)
+                compiled = torch.compile(leaves, fullgraph=True, dynamic=False, backend=backend, mode=mode)
+            # The compiled graph returns the tensors alone, rebuilt here into the loop state: on CUDA with
+            # torch 2.11 the named tuples a compiled step returned came back malformed (RESULTS, "GPU").
+            return pytree.tree_unflatten(compiled(*args), structure)
 
     return call
 

@@ -94,10 +94,11 @@ class LanguageModel(Task):
                 numpy array of the token each row just produced (-1 for a row that
                 produced none: finished, or still inside its longer prompt). Not with
                 beam search.
-            return_dict: bool, return `{"outputs", "scores", "logits"}`: "scores" are
+            return_dict: bool, return `{"outputs", "scores", "logits", "logprobs"}`: "scores" are
                 beam search's (B, n) normalized scores (else None).
             output_logits: bool, with `return_dict`: "logits" holds, per row, the raw
-                logits (N, V) of each of its N generated tokens (not with beam search).
+                logits (N, V) of each of its N generated tokens (not with beam search), and
+                "logprobs" the (N,) log-softmax of those raw logits at the chosen tokens (else None).
                 The loop then keeps a (B, L, V) buffer: mind large vocabularies.
             prompt_lookup_num_tokens: None, or K >= 1: speculative decoding by prompt lookup (transformers'
                 `prompt_lookup_num_tokens`). Each step copies K draft tokens from where the last n-gram of

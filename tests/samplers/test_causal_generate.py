@@ -60,7 +60,7 @@ def test_padding_never_changes_a_continuation(lm, greedy):
 def test_greedy_equals_one_beam(lm, greedy):
     assert lm.generate(PROMPTS, max_new_tokens=NEW, stop_token_ids=None, sampler=BeamSampler(num_beams=1)) == greedy
     plain = lm.generate(PROMPTS, max_new_tokens=NEW, stop_token_ids=None, return_dict=True)
-    assert plain == {"outputs": greedy, "scores": None, "logits": None}
+    assert plain == {"outputs": greedy, "scores": None, "logits": None, "logprobs": None}
 
 
 def test_random_sampling_stays_in_the_top_k_and_the_nucleus(lm, greedy):
