@@ -13,8 +13,8 @@ Rows (tokens/s over all rows; 16 random prompt tokens, `--new` new tokens, no st
 beam-4; batch 1 and 8; float32 and bfloat16):
 - ours: `LlamaCausalLM` on this backend (PyTorch: the compiled step on CUDA, see decoding/compile.py);
 - keras-hub: `LlamaCausalLM` of the same shape on this backend (its own random weights; the work is the same);
-- PyTorch only: transformers' `LlamaForCausalLM` eager, and with `cache_implementation="static"` and its
-  forward under `torch.compile(mode="reduce-overhead")` (transformers' compiled `generate`), batch 1.
+- PyTorch only: transformers' `LlamaForCausalLM` eager, and with `cache_implementation="static"`, under which its
+  `generate` compiles the forward itself (`torch.compile`, CUDA graphs), batch 1.
 
 The floor: one token reads every weight once, so a step takes at least weight bytes / memory bandwidth
 (tokens/s <= bandwidth / bytes, times the rows at batch 8). The bandwidth comes from the device name
@@ -139,8 +139,10 @@ class Transformers:
         )
         self.static = static
         if static:
+            # transformers compiles the forward itself when the cache is static (its `compile_config`, CUDA graphs
+            # included) and marks each step for the graph trees: a forward compiled by hand here failed on the
+            # H200 (a CUDA graph's output overwritten by the next call).
             self.model.generation_config.cache_implementation = "static"
-            self.model.forward = torch.compile(self.model.forward, mode="reduce-overhead", fullgraph=True)
         self.torch, self.device = torch, device
 
     def generate(self, prompts, new, beams):
