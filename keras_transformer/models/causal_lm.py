@@ -4,6 +4,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_transformer.decoding import GenerateOptions
 from keras_transformer.metrics import Perplexity
 from keras_transformer.models.backbone import call_layer
 from keras_transformer.models.constrained_generation import constrained_generate
@@ -89,6 +90,39 @@ class CausalLM(LanguageModel):
         constraints = {"json_schema": json_schema, "regex": regex, "grammar": grammar}
         return constrained_generate(self, inputs, max_new_tokens, sampler, stop_token_ids, constraints)
 
+    def _generate_constrained(self, inputs, options, constraints, chat_template_kwargs=None):
+        """`generate(..., json_schema= | regex= | grammar=)`: `generate_constrained` on the prompts (chat messages
+        rendered by the template first, the replies returned); the options its loop lacks are refused by name."""
+        defaults = GenerateOptions()
+        lacking = [
+            name
+            for name in (
+                "min_new_tokens",
+                "repetition_penalty",
+                "no_repeat_ngram_size",
+                "streamer",
+                "return_dict",
+                "output_logits",
+                "prompt_lookup_num_tokens",
+                "max_matching_ngram_size",
+                "draft_model",
+                "num_draft_tokens",
+            )
+            if getattr(options, name) != getattr(defaults, name)
+        ]
+        if lacking:
+            raise ValueError(
+                "Constrained generation takes max_new_tokens, sampler and stop_token_ids only. Received: "
+                + ", ".join(f"{name}={getattr(options, name)!r}" for name in lacking)
+            )
+        chat, prompts = self._prompts(inputs, chat_template_kwargs)
+        args = (options.max_new_tokens, options.sampler, options.stop_token_ids, constraints)
+        results = constrained_generate(self, prompts, *args)
+        if chat is None:
+            return results
+        replies = self._chat_replies(prompts, results)
+        return replies[0] if chat[0] else replies
+
     def score(self, token_ids, padding_mask=None, scoring_mode="logits", target_ids=None):
         """Score sequences with one forward pass (no cache), as keras-hub's `CausalLM.score`.
 
@@ -151,13 +185,7 @@ class CausalLM(LanguageModel):
 
     def _generate(self, inputs, options, chat_template_kwargs=None):
         """`generate` (see `LanguageModel.generate`), with chat messages rendered by the template."""
-        chat = as_conversations(inputs)  # (single, conversations), or None for prompts and ids
-        if chat is None and chat_template_kwargs is not None:
-            raise ValueError(
-                "`chat_template_kwargs` applies to chat messages; these inputs are prompts or token ids. Received: "
-                f"chat_template_kwargs={chat_template_kwargs!r} with inputs of type {type(inputs).__name__}"
-            )
-        prompts = inputs if chat is None else self._chat_prompts(chat[1], chat_template_kwargs or {})
+        chat, prompts = self._prompts(inputs, chat_template_kwargs)
         outputs = super()._generate(prompts, options)
         if chat is None:
             return outputs
@@ -165,6 +193,17 @@ class CausalLM(LanguageModel):
         replies = self._chat_replies(prompts, outputs["outputs"] if return_dict else outputs)
         replies = replies[0] if chat[0] else replies
         return {**outputs, "outputs": replies} if return_dict else replies
+
+    def _prompts(self, inputs, chat_template_kwargs):
+        """(chat, prompts): chat is (single, conversations) for chat messages, rendered to prompt ids by the
+        template, else None with the inputs as they are."""
+        chat = as_conversations(inputs)  # (single, conversations), or None for prompts and ids
+        if chat is None and chat_template_kwargs is not None:
+            raise ValueError(
+                "`chat_template_kwargs` applies to chat messages; these inputs are prompts or token ids. Received: "
+                f"chat_template_kwargs={chat_template_kwargs!r} with inputs of type {type(inputs).__name__}"
+            )
+        return chat, (inputs if chat is None else self._chat_prompts(chat[1], chat_template_kwargs or {}))
 
     def _chat_prompts(self, conversations, template_variables):
         """Conversations -> prompt id lists: the template's text (with `template_variables`, e.g.

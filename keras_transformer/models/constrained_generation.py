@@ -1,7 +1,6 @@
 """`CausalLM.generate_constrained(..., json_schema=, regex=, grammar=)`: constrained decoding, host-stepped.
 
-(`generate(..., json_schema=...)` itself will route here once its options take a constraint: a task writes
-no `generate` of its own, tests/models/test_language_model.py.)
+`generate(..., json_schema=...)` routes here (`CausalLM._generate_constrained`).
 
 The grammar engine is llguidance, as in the bundle server (export/runtime/constraint.py): it masks each
 step's logits so that only tokens keeping the text inside the grammar can be chosen, and it allows the end

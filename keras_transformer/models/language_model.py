@@ -52,6 +52,9 @@ class LanguageModel(Task):
         max_matching_ngram_size=None,
         draft_model=None,
         num_draft_tokens=None,
+        json_schema=None,
+        regex=None,
+        grammar=None,
         chat_template_kwargs=None,
     ):
         """Continue prompts (a causal LM) or transduce sources (an encoder-decoder LM), one token
@@ -120,6 +123,11 @@ class LanguageModel(Task):
                 and top-p, and the rejection rule keeps each token distributed as the sampler's own.
             num_draft_tokens: None (5), or K >= 1: a draft model's tokens per step (transformers'
                 `num_assistant_tokens`, here fixed for the call).
+            json_schema, regex, grammar: None, or one of them (a JSON schema dict, a regex, Lark or GBNF text):
+                the output follows it (a causal LM with a preprocessor; llguidance masks each step's logits, the
+                end token allowed exactly when the grammar accepts). It runs `CausalLM.generate_constrained`'s
+                host-stepped loop, not the compiled one (slower: benchmarks/RESULTS.md, "Constrained decoding"),
+                with greedy or a `RandomSampler`'s temperature and seed, and no other option of this list.
             chat_template_kwargs: None, or a dict of other variables the chat template reads, for chat
                 messages only, as `transformers`' `apply_chat_template(..., **kwargs)` (and a server's
                 `chat_template_kwargs`): e.g. `{"enable_thinking": False}` for Qwen3, `{"tools": [...]}`.
@@ -159,10 +167,21 @@ class LanguageModel(Task):
             draft_model=draft_model,
             num_draft_tokens=num_draft_tokens,
         )
-        if chat_template_kwargs is None:
+        variables = None if chat_template_kwargs is None else chat_template.check_template_kwargs(chat_template_kwargs)
+        constraints = {"json_schema": json_schema, "regex": regex, "grammar": grammar}
+        if any(value is not None for value in constraints.values()):
+            return self._generate_constrained(inputs, options, constraints, variables)
+        if variables is None:
             return self._generate(inputs, options)
-        variables = chat_template.check_template_kwargs(chat_template_kwargs)
         return self._generate(inputs, options, chat_template_kwargs=variables)
+
+    def _generate_constrained(self, inputs, options, constraints, chat_template_kwargs=None):
+        """`generate` under a grammar (`json_schema`, `regex` or `grammar`): causal LMs only (CausalLM)."""
+        del inputs, options, chat_template_kwargs
+        given = sorted(name for name, value in constraints.items() if value is not None)
+        raise ValueError(
+            f"Constrained generation ({', '.join(given)}) is for causal LMs; {type(self).__name__} does not take it."
+        )
 
     def _generate(self, inputs, options, chat_template_kwargs=None):
         """`generate` with its keyword arguments as a `decoding.GenerateOptions` (and the chat template's

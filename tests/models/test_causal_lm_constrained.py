@@ -67,6 +67,21 @@ def test_regex_and_grammar(lm):
     assert re.fullmatch(r"\([ab](,[ab])*\)", text), text
 
 
+def test_generate_takes_the_constraint(lm):
+    """`generate(json_schema=...)` runs the same loop as `generate_constrained`, and refuses what that loop lacks."""
+    schema = SCHEMAS[0]
+    rows = lm.generate(PROMPTS, max_new_tokens=30, json_schema=schema)
+    assert rows == lm.generate_constrained(PROMPTS, max_new_tokens=30, json_schema=schema)
+    for prompt, row in zip(PROMPTS, rows):
+        text, ended = _answer(lm, prompt, row)
+        assert ended, text
+        jsonschema.validate(json.loads(text), schema)
+    with pytest.raises(ValueError, match="return_dict=True"):
+        lm.generate(PROMPTS, json_schema=schema, return_dict=True)
+    with pytest.raises(ValueError, match="prompt_lookup_num_tokens=3"):
+        lm.generate(PROMPTS, regex="a", prompt_lookup_num_tokens=3)
+
+
 def test_bad_constraints_are_named(lm):
     with pytest.raises(ValueError, match="json_schema"):
         lm.generate_constrained([1, 5], json_schema={"type": "strin"})

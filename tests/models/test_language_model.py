@@ -23,9 +23,11 @@ def test_the_decoding_function_takes_the_same_arguments():
     def arguments(function, skip):
         return [(p.name, p.default, p.kind) for p in list(inspect.signature(function).parameters.values())[skip:]]
 
-    # LanguageModel.generate(self, inputs, ..., chat_template_kwargs) and decoding.generate(task, inputs, ...): the
-    # chat template's variables are read above the floor (a causal LM renders chat messages to ids before decoding)
+    # LanguageModel.generate(self, inputs, ..., json_schema, regex, grammar, chat_template_kwargs) and
+    # decoding.generate(task, inputs, ...): the constraints and the chat template's variables are read above the
+    # floor (a causal LM renders chat messages to ids before decoding, and runs a constraint's host-stepped loop)
     model_arguments = arguments(LanguageModel.generate, 1)
-    assert model_arguments[-1] == ("chat_template_kwargs", None, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    assert model_arguments[:-1] == arguments(decoding.generate, 1)
+    above = ("json_schema", "regex", "grammar", "chat_template_kwargs")
+    assert model_arguments[-4:] == [(name, None, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in above]
+    assert model_arguments[:-4] == arguments(decoding.generate, 1)
     assert len(arguments(decoding.generate, 1)) == 14  # inputs and the thirteen options
