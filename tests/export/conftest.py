@@ -152,3 +152,21 @@ def saved_model_runs(exported, tmp_path_factory):
     (directory / "jobs.json").write_text(json.dumps(jobs))
     printed = helpers.run_python(RUN_SAVED_MODEL_JOBS, directory / "jobs.json", timeout=600)
     return {name: {"printed": printed[name], "directory": directory / name} for name in jobs}
+
+
+@pytest.fixture(scope="module")
+def server(bundle):
+    """The module's `bundle` served by `python BUNDLE/serve.py` (test_serve.py's `Server`), for the module."""
+    from tests.export.test_serve import Server  # a test module: imported only by the modules that serve
+
+    server = Server(bundle)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """The official `openai` client of the module's `server`."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)

@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import pytest
 
-from tests.export.test_serve import TEMPLATE, Server, _runtime
+from tests.export.test_serve import TEMPLATE, _runtime
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
@@ -38,18 +38,6 @@ def lm(exported):
 @pytest.fixture(scope="module")
 def runtime(bundle):
     return _runtime(bundle).Generator(bundle)
-
-
-@pytest.fixture(scope="module")
-def server(bundle):
-    server = Server(bundle)
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
 def _keras_logprobs(lm, ids):

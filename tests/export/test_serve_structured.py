@@ -63,18 +63,6 @@ def bundle(exported, tmp_path_factory):
     return bundle
 
 
-@pytest.fixture(scope="module")
-def server(bundle):
-    server = Server(bundle)
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
 def _valid(text, schema):
     value = json.loads(text)
     jsonschema.validate(value, schema)

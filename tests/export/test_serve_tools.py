@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.export.test_serve import Server, _runtime
+from tests.export.test_serve import _runtime
 from tests.export.test_serve_structured import stdlib_bundle
 
 openai = pytest.importorskip("openai")
@@ -56,18 +56,6 @@ def bundle(tmp_path_factory):
     config = json.loads((bundle / "tokenizer_config.json").read_text())
     (bundle / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
     return bundle
-
-
-@pytest.fixture(scope="module")
-def server(bundle):
-    server = Server(bundle)
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
 def _streamed(chunks):
