@@ -11,7 +11,8 @@ same code builds the model and assigns its weights from either format. The token
 Everything that can be refused is refused before a model is built: the magic, the tensor table (types and
 extents), the architecture, every `{arch}.` metadata key, every tensor's name, the tokenizer. Quantized tensors
 (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the K-quants) are dequantized by gguf's numpy code, one tensor at a time, into
-float32, then cast to the model's dtype (`from_preset(..., dtype="bfloat16")` keeps bfloat16 variables).
+float32, then cast to the model's dtype (`from_preset(..., dtype="bfloat16")` keeps bfloat16 variables);
+`from_preset(..., quantize="int4")` keeps Q4_0 projections 4-bit instead, in Keras's int4 layers (gguf_int4.py).
 
 Example:
 >>> # Writes a GGUF file, then reads it back.
@@ -25,9 +26,11 @@ Example:
 
 from pathlib import Path
 
-from keras_transformer.convert import gguf_names, gguf_tokenizer, hugging_face
+from keras_transformer.convert import gguf_int4, gguf_names, gguf_tokenizer, hugging_face
 from keras_transformer.convert.checkpoint import CheckpointWeights
 from keras_transformer.convert.gguf_file import open_checkpoint
+from keras_transformer.convert.gguf_int4 import Int4Weights
+from keras_transformer.models.quantization import one_gc_collect
 
 SUFFIX = ".gguf"
 
@@ -68,12 +71,21 @@ def convert_config(path, allow_pickle=False):
             int(context), config["preprocessor"]["config"]["sequence_length"]
         )
 
-    def load_weights(model):
-        weights = _GGUFWeights(checkpoint, sources)
-        family.load_weights(model, weights, hf_config)
+    def load_weights(model, quantize=None):
+        """Assign the file's weights to `model`; quantize="int4" keeps its Q4_0 projections 4-bit (gguf_int4.py)."""
+        if quantize not in (None, *gguf_int4.MODES):
+            raise ValueError(
+                "A GGUF file keeps its Q4_0 weights 4-bit with quantize='int4' (Keras's int4, 32-wide blocks); other "
+                "modes would requantize: load with quantize=None, then task.quantize(mode). "
+                f"Received: quantize={quantize!r}"
+            )
+        with one_gc_collect():  # Keras collects garbage for every float kernel that quantizing drops
+            weights = _GGUFWeights(checkpoint, sources) if quantize is None else Int4Weights(checkpoint, sources, model)
+            family.load_weights(model, weights, hf_config)
         head = tuple(p for task_name, p in family.HEAD_TENSORS.items() if type(model).__name__ != task_name)
         weights.report(model, known_unused=family.KNOWN_UNUSED + head)
 
+    load_weights.quantize_modes = gguf_int4.MODES  # what from_preset(quantize=...) may ask of this checkpoint
     config["weights"] = load_weights
     return config
 

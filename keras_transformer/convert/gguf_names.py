@@ -17,6 +17,8 @@ The names are llama.cpp's (`gguf.constants.MODEL_TENSORS`, `convert_hf_to_gguf.p
   Face's pairs each half with the other); `_unpermute` is the exact inverse of its `LlamaModel.permute`.
 """
 
+import functools
+
 import numpy as np
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3", "gpt2")
@@ -248,7 +250,8 @@ def _rope_scaling(checkpoint, get):
 
 def hf_tensors(checkpoint, config):
     """{Hugging Face tensor name: read()} for every tensor of the checkpoint: `read()` dequantizes the GGUF tensor(s)
-    to float32 in the Hugging Face layout. A tensor with no Hugging Face name is a ValueError naming it."""
+    to float32 in the Hugging Face layout (a TensorRead, but for the stacked experts read from three tensors). A
+    tensor with no Hugging Face name is a ValueError naming it."""
     architecture = checkpoint.architecture
     sources = {}
     experts = {}
@@ -269,20 +272,37 @@ def hf_tensors(checkpoint, config):
     return sources
 
 
+class TensorRead:
+    """`read()` of one GGUF tensor in the Hugging Face layout: `layout` moves its elements (a transpose, llama's
+    query/key rows unpermuted) and `shift` is added to its values (Gemma's norms, stored as 1 + w: -1).
+
+    `layout` works on any array of the tensor's shape, so that gguf_int4.py can move the tensor's element numbers
+    the same way (a layout only, `shift` 0) and keep a Q4_0 tensor's blocks."""
+
+    def __init__(self, checkpoint, name, layout=None, shift=0.0):
+        self.checkpoint, self.name, self.layout, self.shift = checkpoint, name, layout, shift
+
+    def arrange(self, array):
+        """`array` (the GGUF tensor's shape, numpy order) -> the Hugging Face layout."""
+        return array if self.layout is None else self.layout(array)
+
+    def __call__(self):
+        values = self.arrange(self.checkpoint.tensor(self.name))
+        return values + np.float32(self.shift) if self.shift else values
+
+
 def _source(checkpoint, config, architecture, name):
-    """(the Hugging Face name, read()) of the GGUF tensor `name`, or (None, None)."""
-    load = checkpoint.tensor
+    """(the Hugging Face name, a TensorRead or None) of the GGUF tensor `name`, or (None, None)."""
     if not name.startswith("blk."):
         table = _GPT2_GLOBAL if architecture == "gpt2" else _GLOBAL
-        if architecture == "gemma3" and name == "output_norm.weight":
-            return table.get(name), (lambda: load(name) - 1.0)
-        return table.get(name), (lambda: load(name))
+        shift = -1.0 if architecture == "gemma3" and name == "output_norm.weight" else 0.0
+        return table.get(name), TensorRead(checkpoint, name, shift=shift)
     _, layer, rest = name.split(".", 2)
     if architecture == "gpt2":
         hf_name, transpose = _GPT2_BLOCK.get(rest, (None, False))
         if hf_name is None:
             return None, None
-        return f"transformer.h.{layer}.{hf_name}", (lambda: load(name).T if transpose else load(name))
+        return f"transformer.h.{layer}.{hf_name}", TensorRead(checkpoint, name, np.transpose if transpose else None)
     if rest.endswith("_exps.weight"):  # ffn_gate_exps / ffn_up_exps / ffn_down_exps: (E, I, D) / (E, D, I)
         return f"model.layers.{layer}.mlp.experts.", None
     table = {"phi3": _PHI3_BLOCK, "gemma3": _GEMMA3_BLOCK}.get(architecture, _LLAMA_BLOCK)
@@ -291,11 +311,11 @@ def _source(checkpoint, config, architecture, name):
         return None, None
     hf_name = f"model.layers.{layer}.{hf_name}"
     if architecture == "gemma3" and rest.endswith("norm.weight"):  # llama.cpp stores Gemma's (1 + w) norms as 1 + w
-        return hf_name, (lambda: load(name) - 1.0)
+        return hf_name, TensorRead(checkpoint, name, shift=-1.0)
     if architecture == "llama" and rest in ("attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias"):
         heads = config["num_attention_heads"] if rest.startswith("attn_q") else config["num_key_value_heads"]
-        return hf_name, (lambda: _unpermute(load(name), heads))
-    return hf_name, (lambda: load(name))
+        return hf_name, TensorRead(checkpoint, name, functools.partial(_unpermute, heads=heads))
+    return hf_name, TensorRead(checkpoint, name)
 
 
 def _experts(checkpoint, hf_prefix, names):
@@ -380,4 +400,4 @@ def permute(weights, heads):
     return weights.reshape(heads, 2, shape[0] // heads // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
-__all__ = ["ARCHITECTURES", "check_architecture", "gguf_tensors", "hf_config", "hf_tensors", "permute"]
+__all__ = ["ARCHITECTURES", "TensorRead", "check_architecture", "gguf_tensors", "hf_config", "hf_tensors", "permute"]

@@ -77,11 +77,19 @@ def load_tokenizer(preset):
     return Tokenizer.load(path)
 
 
-def load_task(cls, preset, load_weights=True, preprocessor="auto", **kwargs):
+def load_task(cls, preset, load_weights=True, preprocessor="auto", quantize=None, **kwargs):
     """Build the task `cls` on the backbone of `preset`, with the preset's preprocessor when
-    `preprocessor` is "auto" (else the one given, or None), and load its weights."""
+    `preprocessor` is "auto" (else the one given, or None), and load its weights. `quantize` ("int4"): keep a
+    checkpoint's own 4-bit weights 4-bit (a GGUF file's Q4_0 tensors), where its converter offers it."""
     Task = base_class("task")
     path, config = load_config(preset, allow_pickle=kwargs.pop("allow_pickle", False))
+    offered = getattr(config.get("weights"), "quantize_modes", ())
+    if quantize is not None and (quantize not in offered or not load_weights):
+        raise ValueError(
+            f"from_preset(quantize=...) keeps a checkpoint's own quantized weights; {str(preset)!r} offers "
+            f"{list(offered) if load_weights else []} (GGUF files: 'int4' for Q4_0 tensors). Otherwise load the "
+            f"float model and call task.quantize(mode). Received: quantize={quantize!r}"
+        )
     backbone_cls = cls.backbone_cls
     # `dtype` builds the backbone's layers in it (the task itself keeps float32 outputs).
     dtype = {"dtype": kwargs["dtype"]} if kwargs.get("dtype") is not None else {}
@@ -107,7 +115,8 @@ def load_task(cls, preset, load_weights=True, preprocessor="auto", **kwargs):
         if task_kwargs == {**task_kwargs, **kwargs} and (path / TASK_WEIGHTS_FILE).is_file():
             weights.load_weights(task, path, config, TASK_WEIGHTS_FILE)
         elif "weights" in config and not (path / BACKBONE_WEIGHTS_FILE).is_file():
-            config["weights"](task)  # a converter: the backbone and whatever head weights it has
+            # a converter: the backbone and whatever head weights it has
+            config["weights"](task, **({"quantize": quantize} if quantize else {}))
         else:  # a new head (e.g. another num_classes): only the backbone is pretrained
             weights.load_weights(backbone, path, config, BACKBONE_WEIGHTS_FILE)
     return task
