@@ -48,10 +48,13 @@ if _HERE not in sys.path:
 import numpy as np  # noqa: E402
 
 from cache_rows import BatchDecoder  # noqa: E402
+from prefix_cache import PrefixCache  # noqa: E402
 from decode_loop import Interrupted  # noqa: E402
 from sequence import Sequence, choose  # noqa: E402
 
-__all__ = ["BatchDecoder", "QueueFull", "Scheduler", "Sequence", "choose"]
+__all__ = ["BatchDecoder", "PREFIX_CACHE_TOKENS", "QueueFull", "Scheduler", "Sequence", "choose"]
+PREFIX_CACHE_TOKENS = 4096  # the prefix cache's default budget, in prompt positions
+PREFIX_BLOCK = 16  # positions per prefix cache block
 
 
 class QueueFull(Exception):
@@ -71,14 +74,25 @@ class Scheduler:
         on_step: None, or called from a decoding thread after each step's events (tokens of
             every row, finishes) have gone out, with the number of rows stepped: a server wakes
             its readers once per step, or once per few steps of a large batch.
+        prefix_cache_tokens: int >= 0, the most prompt positions whose keys/values are kept for later prompts
+            that start the same (`prefix_cache.PrefixCache`, blocks of `PREFIX_BLOCK` tokens); 0 keeps none.
+            Only a causal LM's batched rows use it, with a decode graph that takes several tokens per row.
     """
 
-    def __init__(self, generator, max_rows=32, max_queue=256, on_step=None):
+    def __init__(self, generator, max_rows=32, max_queue=256, on_step=None, prefix_cache_tokens=PREFIX_CACHE_TOKENS):
         if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0:
             raise ValueError(f"`max_queue` must be a non-negative int. Received: max_queue={max_queue!r}")
         self.generator, self.max_queue, self.on_step = generator, max_queue, on_step
         self.decoder = BatchDecoder(generator, max_rows) if BatchDecoder.supports(generator) else None
         self.max_rows = max_rows if self.decoder is not None else 0
+        tokens = prefix_cache_tokens
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            raise ValueError(
+                f"`prefix_cache_tokens` must be a non-negative int. Received: prefix_cache_tokens={tokens!r}"
+            )
+        cache = PrefixCache(prefix_cache_tokens, PREFIX_BLOCK)
+        usable = self.decoder is not None and generator.kind == "decoder" and generator.multi_token
+        self.prefix_cache = cache if usable and cache.max_blocks > 0 else None
         self.waiting = collections.deque()  # for the batch
         self.waiting_whole = collections.deque()  # to run whole
         self.active = []  # row r of the decoder holds active[r]
@@ -174,21 +188,16 @@ class Scheduler:
                     admitted.append(self._take(self.waiting))
                     self._taken += 1
                 self._prefilling = len(admitted)
-            now, by_length, staged, freed = time.monotonic(), collections.defaultdict(list), [], 0
+            now, live, freed = time.monotonic(), [], 0
             for sequence in admitted:
                 reason = sequence.interrupted(now)
                 if reason is None:
-                    by_length[len(sequence.prompt_ids)].append(sequence)
+                    live.append(sequence)
                 else:
                     sequence.on_event("finish", reason)
                     freed += 1
-            for group in by_length.values():
-                try:
-                    staged.append((group, *self.decoder.prefill([sequence.prompt_ids for sequence in group])))
-                except Exception as error:  # a failing graph run must not leave clients waiting forever
-                    for sequence in group:
-                        sequence.on_event("error", f"{type(error).__name__}: {error}")
-                    freed += len(group)
+            staged, failed = self._prefill(live)
+            freed += failed
             with self._condition:
                 self._taken -= freed
                 self._prefilling = 0
@@ -196,6 +205,54 @@ class Scheduler:
                 self._condition.notify_all()
             if freed:
                 self._stepped(0)
+
+    def _prefill(self, sequences):
+        """Prefill `sequences` -> (staged groups [(sequences, logits, state)], how many failed). A prompt that starts
+        with a stored prefix is prefilled after it (one at a time: the multi-token step's batch is one row); the
+        others in groups of one length. A prompt whose first block an earlier one of this call prefills waits
+        for the next round, and finds it stored. Each prompt's whole blocks are stored after its prefill."""
+        staged, failed, cache = [], 0, self.prefix_cache
+        while sequences:
+            cold, later, firsts = collections.defaultdict(list), [], set()
+            for sequence in sequences:
+                length, past = cache.lookup(sequence.prompt_ids) if cache is not None else (0, None)
+                first = cache.first_key(sequence.prompt_ids) if cache is not None else None
+                if length:
+                    sequence.cached_tokens = length
+                    runs = [
+                        (
+                            [sequence],
+                            lambda s=sequence, p=past, n=length: self.decoder.prefill_after(p, s.prompt_ids[n:]),
+                        )
+                    ]
+                    failed += self._run_groups(runs, staged)
+                elif first is not None and first in firsts:
+                    later.append(sequence)
+                else:
+                    firsts.add(first)
+                    cold[len(sequence.prompt_ids)].append(sequence)
+            runs = [(group, lambda g=group: self.decoder.prefill([s.prompt_ids for s in g])) for group in cold.values()]
+            failed += self._run_groups(runs, staged)
+            sequences = later
+        return staged, failed
+
+    def _run_groups(self, runs, staged):
+        """Run each (group, prefill) -> staged (group, logits, state), its prompts' blocks stored; -> how many
+        sequences failed (each told its error: a failing graph run must not leave clients waiting forever)."""
+        failed = 0
+        for group, prefill in runs:
+            try:
+                logits, state = prefill()
+            except Exception as error:
+                for sequence in group:
+                    sequence.on_event("error", f"{type(error).__name__}: {error}")
+                failed += len(group)
+                continue
+            if self.prefix_cache is not None:
+                for row, sequence in enumerate(group):
+                    self.prefix_cache.store(sequence.prompt_ids, self.decoder.keys_values(state, row))
+            staged.append((group, logits, state))
+        return failed
 
     def _run_batch(self):
         while True:

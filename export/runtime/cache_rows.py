@@ -5,9 +5,10 @@ V vocabulary, S_src a seq2seq source's length.
 
 `BatchDecoder` holds the decode graph's caches for M rows, 2 x layers buffers (M, Hkv, L, Dh),
 with the N active rows in rows [0, N). New sequences are prefilled (those of one prompt length
-together, their keys and values copied into rows [N, N + k)); a step feeds every active row its
-last token at its own position (`position_ids` (N, 1): GroupQueryAttention reads each row's own
-past length) and writes the new position in place; a finished row is replaced by the last active
+together, their keys and values copied into rows [N, N + k)), or, when their prompt starts with a stored
+prefix (`prefix_cache.PrefixCache`), prefilled after it by the decode graph's multi-token step; a step
+feeds every active row its last token at its own position (`position_ids` (N, 1): GroupQueryAttention reads
+each row's own past length) and writes the new position in place; a finished row is replaced by the last active
 row (its written positions copied), so the rows stay packed and a step computes nothing for free
 rows. A seq2seq LM's rows also hold their source's cross-attention keys/values (M, Hkv, S_src, Dh) and
 mask (M, S_src) (each source encoded on arrival, zero past its length); they start empty and are
@@ -86,6 +87,33 @@ class BatchDecoder:
             logits, state = None, self.generator._encode(list(tokens))  # cross: (k, Hkv, T, Dh)
         return logits, {**state, "count": tokens.shape[0], "length": tokens.shape[1]}
 
+    def prefill_after(self, past, tokens):
+        """One prompt whose first P positions' keys/values are known: `past` 2L x (Hkv, P, Dh) (each layer's keys,
+        then values; a `prefix_cache.PrefixCache` hit), `tokens` its T >= 1 other ids -> (the logits of its next
+        position (1, V), its state for `insert`), run by the decode graph's multi-token step on buffers of its
+        own (P + T positions). Touches no row."""
+        P, T = past[0].shape[1], len(tokens)
+        if not 0 < P + T <= self.length - 1 or T < 1:
+            raise ValueError(
+                f"A prompt must hold 1 to {self.length - 1} tokens, one after its past. Received: P={P}, T={T}"
+            )
+        heads, head_dim = self.generator._cache_shape
+        buffers = []
+        for keys in past:
+            buffer = np.empty((1, heads, P + T, head_dim), np.float32)  # (1, Hkv, P + T, Dh)
+            buffer[0, :, :P] = keys
+            buffers.append(buffer)
+        positions = np.arange(P, P + T)[None]  # (1, T)
+        logits = self.generator.step_in_place(buffers, np.asarray(tokens, np.int64)[None], positions)  # (1, T, V)
+        return logits[:, -1], {"past": buffers, "heads_first": True, "count": 1, "length": P + T}
+
+    @staticmethod
+    def keys_values(state, row):
+        """Row `row` of a `prefill` / `prefill_after` state: 2L arrays (Hkv, S, Dh), its keys/values (views)."""
+        if state.get("heads_first"):
+            return [past[row] for past in state["past"]]
+        return [past[row].transpose(1, 0, 2) for past in state["past"]]  # (T, Hkv, Dh) -> (Hkv, T, Dh)
+
     def insert(self, state):
         """A `prefill` state into rows [N, N + k) -> N."""
         count, length = state["count"], state["length"]
@@ -94,7 +122,10 @@ class BatchDecoder:
         rows = slice(self.size, self.size + count)
         if self.encoder_mask is None:
             for cache, past in zip(self.caches, state["past"]):
-                cache[rows, :, :length] = past.transpose(0, 2, 1, 3)  # (k, T, Hkv, Dh) -> (k, Hkv, T, Dh)
+                # prefill_after's heads first already; prefill's (k, T, Hkv, Dh) -> (k, Hkv, T, Dh)
+                cache[rows, :, :length] = (
+                    past[:, :, :length] if state.get("heads_first") else past.transpose(0, 2, 1, 3)
+                )
             self.position_ids[rows] = length
         else:
             for cache, keys in zip(self.cross, state["cross"]):

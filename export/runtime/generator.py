@@ -63,7 +63,10 @@ class Generator:
         }
         # A decode(r) graph with `position_ids` writes its caches in place (see `_cache_buffers`).
         self._step_graph = "decode" if self.kind == "decoder" else "decoder"
-        self._in_place = any(value.name == "position_ids" for value in self.sessions[self._step_graph].get_inputs())
+        step_inputs = {value.name: value for value in self.sessions[self._step_graph].get_inputs()}
+        self._in_place = "position_ids" in step_inputs
+        # An in-place step of several tokens per row after a past (`step_in_place`): a symbolic token axis.
+        self.multi_token = self._in_place and step_inputs["input_ids"].shape[1] != 1
         self.tokenizer = read_tokenizer(self.bundle_dir)
         self.chat_template, self.special_tokens = read_chat_template(self.bundle_dir)
 
@@ -356,6 +359,37 @@ class Generator:
             outputs = self._run("decoder", feeds)
         state = {**state, "past": [outputs[name] for name in self._present_names], "position": state["position"] + 1}
         return outputs["logits"][:, -1], state
+
+    def step_in_place(self, buffers, tokens, positions):
+        """T new tokens per row after each row's past, their keys/values written into `buffers` in place ->
+        the logits of their positions (R, T, V).
+
+        `buffers`: 2L arrays (R, Hkv, S_buf, Dh) (C-contiguous: whole arrays or views of consecutive rows), row r's
+        past in its first p_r positions; `tokens` (R, T) and `positions` (R, T), row r's at p_r .. p_r + T - 1
+        (p_r + T <= S_buf). ONNX Runtime's GroupQueryAttention takes several tokens after a past only in a batch
+        of one: R = 1 when T > 1, unless no row has a past. Needs `multi_token` (a decode graph whose token axis
+        is symbolic) for T > 1.
+        """
+        if self.kind != "decoder":
+            raise ValueError("`step_in_place` runs a causal LM's decode graph; this bundle holds a seq2seq LM.")
+        tokens, positions = np.ascontiguousarray(tokens, np.int64), np.ascontiguousarray(positions, np.int64)
+        if tokens.shape[1] > 1 and not self.multi_token:
+            raise ValueError(
+                f"This bundle's decode graph takes one token per row after a past (exported before multi-token "
+                f"steps, or traced). Received: {tokens.shape[1]} tokens"
+            )
+        session = self.sessions[self._step_graph]
+        binding, values = session.io_binding(), []
+        for buffer, past_name, present_name in zip(buffers, self._past_names, self._present_names):
+            values.append(onnxruntime.OrtValue.ortvalue_from_numpy(buffer))  # shares the buffer's memory
+            binding.bind_ortvalue_input(past_name, values[-1])
+            binding.bind_ortvalue_output(present_name, values[-1])
+        logits = np.empty((*tokens.shape, self.bundle["vocabulary_size"]), np.float32)  # (R, T, V)
+        for name, array in (("input_ids", tokens), ("position_ids", positions), ("logits", logits)):
+            values.append(onnxruntime.OrtValue.ortvalue_from_numpy(array))
+            (binding.bind_ortvalue_output if name == "logits" else binding.bind_ortvalue_input)(name, values[-1])
+        session.run_with_iobinding(binding)
+        return logits
 
     def _run(self, graph, feeds):
         session = self.sessions[graph]

@@ -68,6 +68,7 @@ class Sequence:
         self.num_beams, self.length_penalty, self.deadline = int(num_beams), float(length_penalty), deadline
         self.logprobs, self.constraint = logprobs, constraint
         self.generated = []
+        self.cached_tokens = 0  # prompt positions read from the prefix cache (set before the first token)
         self.cancelled = False  # set by any thread; the scheduler frees the row at the next step boundary
         self.queued = False  # in one of the scheduler's waiting queues (guarded by its lock)
 

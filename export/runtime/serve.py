@@ -17,6 +17,8 @@ Endpoints:
                                 logprobs (true/false) with top_logprobs (0-20), tools and tool_choice
                                 (Qwen-style <tool_call> JSON parsed into tool_calls: serve_tools.py)
                                 Any other field gets a 400 naming it (serve_fields.py).
+                                usage.prompt_tokens_details.cached_tokens: prompt tokens read from
+                                the prefix cache
     POST /v1/embeddings         input (a string or a list): encoder bundles; the model's pooled output
     GET  /v1/models, /v1/models/{name}
     GET  /v2, /v2/health/live, /v2/health/ready, /v2/models/{name}[/ready]   (Open Inference Protocol)
@@ -28,10 +30,13 @@ time). The decoding threads hand tokens to the event loop once per step (`Relay`
 request sends what arrived since its last event as one event. Waiting requests are bounded
 (`--max-queue`; beyond, 503 with Retry-After), each has `--timeout` seconds (or the fewer its
 `timeout` field asks for; a request still queued then is answered 504 at once and never
-decoded), and a client that disconnects frees its row. Bad input gets a 4xx answer whose JSON
-error names the field (`{"error": {"message", "type", "param", "code"}}`, as OpenAI's). SIGTERM stops taking requests
-(503, then connections refused), finishes those in flight, and exits with status 0. The server
-keeps no state between requests: replicas behind any HTTP load balancer scale it out.
+decoded), and a client that disconnects frees its row. A causal LM's prompts that start with a
+recently seen prefix reuse its keys/values (`prefix_cache.PrefixCache`, `--prefix-cache-tokens N`, on by
+default; `--no-prefix-cache`): only the rest is prefilled, and the answers are those without it.
+Bad input gets a 4xx answer whose JSON error names the field (`{"error": {"message", "type", "param",
+"code"}}`, as OpenAI's). SIGTERM stops taking requests (503, then connections refused), finishes those
+in flight, and exits with status 0. The server keeps no state between requests that changes an answer (the
+prefix cache only saves work): replicas behind any HTTP load balancer scale it out.
 
 The server, one job per file: this one holds the service (model, scheduler, metrics), the app and its
 lifecycle; `serve_validation.py` checks requests, `serve_streaming.py` relays tokens and cuts stop
@@ -74,7 +79,16 @@ __all__ = ["Service", "build_app", "main"]
 class Service:
     """The bundle's model, its scheduler (LMs) and the server's metrics; one per app."""
 
-    def __init__(self, bundle_dir, model_name=None, max_batch=32, max_queue=256, timeout=60.0, num_threads=None):
+    def __init__(
+        self,
+        bundle_dir,
+        model_name=None,
+        max_batch=32,
+        max_queue=256,
+        timeout=60.0,
+        num_threads=None,
+        prefix_cache_tokens=batching.PREFIX_CACHE_TOKENS,
+    ):
         self.bundle_dir = os.path.abspath(bundle_dir)
         self.bundle = read_json(os.path.join(self.bundle_dir, "bundle.json"))
         self.name = model_name or os.path.basename(self.bundle_dir.rstrip(os.sep))
@@ -90,7 +104,11 @@ class Service:
             if self.generator.tokenizer is None:
                 raise ValueError(f"Serving needs the bundle's tokenizer.json. Received: bundle_dir={bundle_dir!r}")
             self.scheduler = batching.Scheduler(
-                self.generator, max_rows=max_batch, max_queue=max_queue, on_step=self.relay.flush
+                self.generator,
+                max_rows=max_batch,
+                max_queue=max_queue,
+                on_step=self.relay.flush,
+                prefix_cache_tokens=prefix_cache_tokens,
             )
             self.max_length = int(self.generator.config["max_length"])
             self.grammars = Grammars(
@@ -201,6 +219,12 @@ class _SchedulerCollector:
         yield CounterMetricFamily(
             "kt_decoded_rows", "Rows decoded, summed over steps (/ steps: the mean batch)", value=scheduler.rows_decoded
         )
+        cache = scheduler.prefix_cache
+        yield CounterMetricFamily(
+            "kt_prefix_cache_hit_tokens",
+            "Prompt tokens read from the prefix cache",
+            value=cache.hit_tokens if cache else 0,
+        )
 
 
 def build_app(bundle_dir=None, **service_options):
@@ -261,6 +285,13 @@ def main(argv=None):
     parser.add_argument("--max-queue", type=int, default=256, help="the most requests waiting; beyond, 503")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a request may take (waiting included)")
     parser.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads")
+    parser.add_argument(
+        "--prefix-cache-tokens",
+        type=int,
+        default=batching.PREFIX_CACHE_TOKENS,
+        help="prompt positions whose keys/values are kept for prompts that start the same (blocks of 16, LRU)",
+    )
+    parser.add_argument("--no-prefix-cache", action="store_true", help="keep no prompt prefix (same as 0 above)")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     app = build_app(
@@ -270,6 +301,7 @@ def main(argv=None):
         max_queue=args.max_queue,
         timeout=args.timeout,
         num_threads=args.threads,
+        prefix_cache_tokens=0 if args.no_prefix_cache else args.prefix_cache_tokens,
     )
     # On SIGTERM, answers in flight get --timeout seconds (each request's own limit) and a little more to finish.
     config = uvicorn.Config(

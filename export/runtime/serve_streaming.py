@@ -185,6 +185,8 @@ class _Completion:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": self.prompt_tokens + completion_tokens,
+            # read from the prefix cache instead of prefilled
+            "prompt_tokens_details": {"cached_tokens": sum(s.cached_tokens for s in self.sequences)},
         }
 
     def _echoed(self, index):

@@ -1,12 +1,12 @@
-"""An LM's one-token decode step (and a causal LM's prefill) as ONNX graphs, built by running its own step with ONNX
+"""An LM's decode step (and a causal LM's prefill) as ONNX graphs, built by running its own step with ONNX
 kernels per layer type.
 
 Axes: B rows, T new tokens (1 in a decode step), S_buf cache buffer length, S_enc encoder length, H heads,
 Hkv key/value heads, Dh head size, D model width, F feed-forward width, V vocabulary, P positions.
 
-    causal LM  input_ids (B, 1), position_ids (B, 1) (the new token's position S),
-               past_key_values.{i}.key/value (B, Hkv, S_buf, Dh)
-      -> logits (B, 1, V), present.{i}.key/value (B, Hkv, S_buf, Dh)
+    causal LM  input_ids (B, T), position_ids (B, T) (the new tokens' positions S .. S + T - 1 after the row's
+               past of S), past_key_values.{i}.key/value (B, Hkv, S_buf, Dh)
+      -> logits (B, T, V), present.{i}.key/value (B, Hkv, S_buf, Dh)
     seq2seq    the same, and encoder_attention_mask (B, S_enc) (after position_ids),
                cross_key_values.{i}.key/value (B, Hkv, S_enc, Dh) (after the pasts)
     prefill    (causal LM) input_ids (B, T), attention_mask (B, T) (right padding)
@@ -19,6 +19,11 @@ from the layer types here gets the graph (pre- or post-norm blocks, layer or RMS
 or learned positions, a sliding window, T5's relative position bias, cross-attention over the
 encoder's keys/values); a step that needs something else raises `Unsupported`, and the export
 falls back to the step traced by tf2onnx (graphs.py).
+
+The decode step takes T >= 1 new tokens per row after its past (a symbolic token axis, as fast as a fixed one
+for T = 1; benchmarks/RESULTS.md): a prompt prefilled after a cached prefix, or a speculative verify pass.
+ONNX Runtime's GroupQueryAttention (CPU, 1.31) reads each row's past as its total length (seqlens_k + 1)
+minus T, and refuses T > 1 after a past in a batch of more than one row: such a step runs a row at a time.
 
 Why not the tf2onnx step: it concatenates every layer's whole past to the new keys/values and
 transposes the result twice, a copy of the cache per step that dominated batched and beam
@@ -58,9 +63,9 @@ def decode_model(task, weights=None, quantize=None, phase=QUIET):
     _, layers, _, kv_heads, _, head_dim = backbone.cache_shape(1, 1)
     builder = _Builder(weights, quantize)
     kernels = OnnxKernels(builder, max_positions=getattr(backbone, "max_sequence_length", None), phase=phase)
-    inputs = [
-        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", 1]),
-        helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", 1]),
+    inputs = [  # T new tokens per row (1 in a decode step), at positions S_b .. S_b + T - 1 after each row's past
+        helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"])
+        for name in ("input_ids", "position_ids")
     ]
     if seq2seq:
         inputs.append(
@@ -95,7 +100,8 @@ def decode_model(task, weights=None, quantize=None, phase=QUIET):
         )
     logits = task.compute_logits(hidden, call_layer=kernels)
     builder.rename(logits.materialize(), "logits")
-    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 1, int(backbone.vocabulary_size)])]
+    vocabulary = int(backbone.vocabulary_size)
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "sequence", vocabulary])]
     outputs += _present_outputs(present, ["batch", kv_heads, "present_sequence", head_dim])
     return _model(builder, "decoder" if seq2seq else "decode", inputs, outputs, weights)
 
@@ -170,10 +176,10 @@ class OnnxKernels:
     """`call_layer` for the decode and prefill graphs: each known layer type adds its ONNX nodes; anything else is
     `Unsupported`.
 
-    A decode step reads each row's position from `position_ids` (B, 1); a prefill (`prefill=True`) runs
-    positions [0, T) of every row, its lengths from `attention_mask`. GroupQueryAttention takes each
-    row's last position and the longest total length, computed once for all layers; tables indexed
-    by position (rotary cos/sin) have `max_positions` rows.
+    A decode step reads each row's positions from `position_ids` (B, T) (T consecutive ones after its past); a
+    prefill (`prefill=True`) runs positions [0, T) of every row, its lengths from `attention_mask`.
+    GroupQueryAttention takes each row's last position and the longest total length, computed once for all
+    layers; tables indexed by position (rotary cos/sin) have `max_positions` rows.
     """
 
     def __init__(self, builder, max_positions, prefill=False, phase=QUIET):
@@ -192,8 +198,8 @@ class OnnxKernels:
             builder.node("Expand", [positions, builder.node("Shape", ["input_ids"])], names=["position_ids"])  # (B, T)
             lengths = builder.node("ReduceSum", ["attention_mask", builder.const("axis_1", np.array([1]))], keepdims=0)
             last = builder.node("Sub", [lengths, builder.const("one", np.array(1))])  # (B,): each row's last position
-        else:  # one token per row at its `position_ids` (B, 1)
-            last = builder.node("Squeeze", ["position_ids", builder.const("axis_1", np.array([1]))])  # (B,)
+        else:  # T tokens per row at its `position_ids` (B, T), consecutive after the row's past
+            last = builder.node("ReduceMax", ["position_ids"], axes=[1], keepdims=0)  # (B,)
             self.total_length_int64 = builder.node(
                 "Add", [builder.node("ReduceMax", ["position_ids"], keepdims=0), builder.const("one", np.array(1))]
             )

@@ -49,6 +49,7 @@ RUNTIME_FILES = (
     "batching.py",
     "sequence.py",
     "cache_rows.py",
+    "prefix_cache.py",
     "constraint.py",
     "serve.py",
     "serve_constraints.py",

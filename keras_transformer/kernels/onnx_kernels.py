@@ -1,7 +1,8 @@
-"""The ONNX nodes of each layer type in a one-token decode step (see decode_graph.py), keyed by layer type.
+"""The ONNX nodes of each layer type in a decode step of T >= 1 tokens per row (see decode_graph.py), keyed by
+layer type.
 
-Axes: B rows, D model width, H heads, Hkv key/value heads, Dh head size, F feed-forward width, V vocabulary,
-S_total = S + 1 positions attended, S_enc encoder length, P positions, R rotated dims per head.
+Axes: B rows, T new tokens per row, D model width, H heads, Hkv key/value heads, Dh head size, F feed-forward
+width, V vocabulary, S_total = S + T positions attended, S_enc encoder length, P positions, R rotated dims per head.
 Every kernel takes `(kernels, layer, *call arguments)` as the layer's own `call` does and returns
 `onnx_values.Value`s; what it does not build raises `Unsupported`.
 """
@@ -74,7 +75,7 @@ def _rms_norm(kernels, layer, x):
         # Standard ops (SimplifiedLayerNormalization is ONNX Runtime's, outside opset 17), in the
         # pattern ONNX Runtime fuses into it.
         x = x.materialize()
-        mean = b.node("ReduceMean", [b.node("Pow", [x, b.scalar(2.0)])], axes=[-1], keepdims=1)  # (B, 1, 1)
+        mean = b.node("ReduceMean", [b.node("Pow", [x, b.scalar(2.0)])], axes=[-1], keepdims=1)  # (B, T, 1)
         root = b.node("Sqrt", [b.node("Add", [mean, b.scalar(layer.epsilon)])])
         return Value(b, b.node("Mul", [b.node("Div", [x, root]), scale]))
     return _skip_norm(kernels, "SkipSimplifiedLayerNormalization", x, [scale], layer.epsilon)
@@ -104,22 +105,24 @@ def _dropout(kernels, layer, x, training=None):
 
 
 def _feed_forward(kernels, layer, x, training=None):
-    """`FeedForward.call` at inference: (B, 1, D) -> (B, 1, D), its output bias pending."""
+    """`FeedForward.call` at inference: (B, T, D) -> (B, T, D), its output bias pending."""
     if not layer._gated:
         hidden = _activation(kernels, layer.activation, _matmul(kernels, layer.intermediate_dense, x))
     else:  # act(x W_gate) * (x W_in), act as FeedForward reads its name ("gated-gelu": the tanh approximation)
         hidden = _matmul(kernels, layer.intermediate_dense, x).materialize()
         gate = _activation(kernels, base_activation(layer.activation), _matmul(kernels, layer.gate_dense, x))
         hidden = kernels.builder.node("Mul", [gate, hidden])
-    return _matmul(kernels, layer.output_dense, Value(kernels.builder, hidden))  # (B, 1, F) -> (B, 1, D)
+    return _matmul(kernels, layer.output_dense, Value(kernels.builder, hidden))  # (B, T, F) -> (B, T, D)
 
 
 def _relative_position_bias(kernels, layer, query, key, query_start=0):
-    """T5's causal bias of each row's query (at its `position_ids`) against keys [0, S_total): (B, H, 1, S_total).
+    """T5's causal bias of each row's queries (at its `position_ids` (B, T)) against keys [0, S_total):
+    (B, H, T, S_total).
 
-    Whatever `query_start` and `key` traced: the query is at the row's position and the keys are
+    Whatever `query_start` and `key` traced: the queries are at the row's positions and the keys are
     the positions attended. Distances past `max_distance` share the last bucket, so a table of
-    max_distance + 1 distances, looked up at min(distance, max_distance), covers every position.
+    max_distance + 1 distances, looked up at min(distance, max_distance), covers every position; a key
+    after its query (clipped to distance 0) is masked by the attention's causal mask.
     """
     if layer.bidirectional or kernels.prefill:
         raise Unsupported(f"a relative position bias other than a decode step's causal one ({layer.name})")
@@ -128,22 +131,22 @@ def _relative_position_bias(kernels, layer, query, key, query_start=0):
     buckets = keras.ops.convert_to_numpy(layer._bucket(keras.ops.convert_to_tensor(-distances)))  # key - query = -d
     table = b.const(f"{layer.name}.table", weight(layer.embeddings)[buckets])  # (max_distance + 1, H)
     keys = b.node("Range", [b.const("zero", np.array(0)), kernels.total_length_int64, b.const("one", np.array(1))])
-    distance = b.node("Sub", ["position_ids", keys])  # (B, 1) - (S_total,) -> (B, S_total): query - key
+    queries = b.node("Unsqueeze", ["position_ids", b.const("axis_2", np.array([2]))])  # (B, T, 1)
+    distance = b.node("Sub", [queries, keys])  # (B, T, 1) - (S_total,) -> (B, T, S_total): query - key
     distance = b.node("Clip", [distance, b.const("zero", np.array(0)), b.const("max", np.array(layer.max_distance))])
-    bias = b.node(
-        "Transpose", [b.node("Gather", [table, distance])], perm=[0, 2, 1]
-    )  # (B, S_total, H) -> (B, H, S_total)
-    return Value(b, b.node("Unsqueeze", [bias, b.const("axis_2", np.array([2]))]))  # -> (B, H, 1, S_total)
+    bias = b.node("Gather", [table, distance])  # (B, T, S_total, H)
+    return Value(b, b.node("Transpose", [bias], perm=[0, 3, 1, 2]))  # -> (B, H, T, S_total)
 
 
 def _self_attention(kernels, attention, h, cache, bias=None):
-    """Causal self-attention of one token per row, its keys/values written into the cache buffers in place; in a
-    prefill, of T tokens per row from position 0 with no past, its keys/values the presents (B, T, Hkv, Dh).
+    """Causal self-attention of T tokens per row after its past, its keys/values written into the cache buffers in
+    place; in a prefill, of T tokens per row from position 0 with no past, its keys/values the presents
+    (B, T, Hkv, Dh).
 
     Rotary positions and a sliding window are GroupQueryAttention's own: it rotates the packed
     queries and keys at each row's position with cos/sin tables (P, R/2) (rotate-half layout; its
     CPU kernel takes R/2 a multiple of 8), and `local_window_size` W lets a query at p attend the
-    keys k with p - W < k <= p, as `MultiHeadAttention(sliding_window=W)`. `bias` (B|1, H, 1, S_total)
+    keys k with p - W < k <= p, as `MultiHeadAttention(sliding_window=W)`. `bias` (B|1, H, T, S_total)
     is added to the logits (T5's relative positions).
     """
     b = kernels.builder
@@ -184,8 +187,8 @@ def _self_attention(kernels, attention, h, cache, bias=None):
 
 
 def _query_key_value(kernels, attention, h):
-    """GroupQueryAttention's first three inputs for h (B, 1, D): the packed QKV (B, 1, (H + 2 Hkv) Dh) and two
-    empty names, or with query/key norms the normed queries (B, 1, H Dh), keys (B, 1, Hkv Dh) and values."""
+    """GroupQueryAttention's first three inputs for h (B, T, D): the packed QKV (B, T, (H + 2 Hkv) Dh) and two
+    empty names, or with query/key norms the normed queries (B, T, H Dh), keys (B, T, Hkv Dh) and values."""
     b = kernels.builder
     dense = (attention.query_dense, attention.key_dense, attention.value_dense)
     width = attention.query_dense.kernel.shape[0]
@@ -213,13 +216,13 @@ def _query_key_value(kernels, attention, h):
 
 
 def _normed(kernels, attention, norm, y, heads, head_dim):
-    """`MultiHeadAttention.normalize` of queries or keys y (B, 1, heads Dh) through the RMS norm kernel."""
+    """`MultiHeadAttention.normalize` of queries or keys y (B, T, heads Dh) through the RMS norm kernel."""
     b = kernels.builder
     if attention.query_key_norm == "full":
         return _rms_norm(kernels, norm, Value(b, y)).materialize()
-    split = b.node("Reshape", [y, b.const("heads", np.array([0, 0, heads, head_dim]))])  # -> (B, 1, heads, Dh)
+    split = b.node("Reshape", [y, b.const("heads", np.array([0, 0, heads, head_dim]))])  # -> (B, T, heads, Dh)
     normed = _rms_norm(kernels, norm, Value(b, split)).materialize()
-    return b.node("Reshape", [normed, b.const("width", np.array([0, 0, heads * head_dim]))])  # -> (B, 1, heads Dh)
+    return b.node("Reshape", [normed, b.const("width", np.array([0, 0, heads * head_dim]))])  # -> (B, T, heads Dh)
 
 
 def _rotary_tables(kernels, rotary, head_dim):
@@ -259,7 +262,7 @@ def _rotary_tables(kernels, rotary, head_dim):
 
 
 def _cross_attention(kernels, attention, h, cache, encoder_padding_mask, bias=None):
-    """Attention of one token per row over the encoder's keys/values (B, H, S_enc, Dh), graph inputs: ONNX Runtime's
+    """Attention of T tokens per row over the encoder's keys/values (B, H, S_enc, Dh), graph inputs: ONNX Runtime's
     MultiHeadAttention reads them as they lie (no per-step copy)."""
     b = kernels.builder
     H, Dh = attention.num_heads, attention._head_dim
@@ -267,7 +270,7 @@ def _cross_attention(kernels, attention, h, cache, encoder_padding_mask, bias=No
         raise Unsupported(f"grouped keys/values or soft-capped logits in cross-attention ({attention.name})")
     keys, values = (value.materialize() for value in cache)
     width = attention.query_dense.kernel.shape[0]
-    q = _matmul(kernels, attention.query_dense, h, shape=(width, -1)).materialize()  # (B, 1, D) -> (B, 1, H Dh)
+    q = _matmul(kernels, attention.query_dense, h, shape=(width, -1)).materialize()  # (B, T, D) -> (B, T, H Dh)
     inputs = [q, keys, values, ""]
     if encoder_padding_mask is not None:
         from onnx import TensorProto
@@ -284,7 +287,7 @@ def _cross_attention(kernels, attention, h, cache, encoder_padding_mask, bias=No
         num_heads=H,
         scale=float(attention._scale),
         mask_filter_value=-1.0e9,
-    )  # (B, 1, H Dh)
+    )  # (B, T, H Dh)
     return _matmul(kernels, attention.output_dense, Value(b, out), shape=(H * Dh, -1))
 
 

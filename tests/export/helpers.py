@@ -51,6 +51,7 @@ BUNDLE_RUNTIME_FILES = [
     "encoder.py",
     "generate.py",
     "generator.py",
+    "prefix_cache.py",
     "requirements.txt",
     "sampling.py",
     "sequence.py",

@@ -76,7 +76,7 @@ def test_bundle_layout(bundle, lm):
     inputs = {i["name"]: i for i in decode["inputs"]}
     assert inputs["past_key_values.1.value"]["shape"] == ["batch", 2, "past_sequence", 8]
     assert {o["name"]: o for o in decode["outputs"]}["present.1.value"]["shape"] == ["batch", 2, "present_sequence", 8]
-    assert inputs["input_ids"]["shape"] == ["batch", 1] and inputs["input_ids"]["dtype"] == "int64"
+    assert inputs["input_ids"]["shape"] == ["batch", "sequence"] and inputs["input_ids"]["dtype"] == "int64"
     for name in ("prefill", "decode"):  # standard ops within opset 18; the decode step's attention is ONNX Runtime's
         opsets = {o.domain: o.version for o in onnx.load(bundle / f"{name}.onnx").opset_import}
         assert opsets.get("", 0) <= 18 and set(opsets) <= {"", "ai.onnx.ml", "com.microsoft"}, opsets
