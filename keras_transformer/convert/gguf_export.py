@@ -6,12 +6,14 @@ backwards against a `WeightRecorder`, which gives our weights under the Hugging 
 gguf_names.py renames them as llama.cpp's `convert_hf_to_gguf.py` does (its query/key permutation for the `llama`
 architecture included). A LoRA model's kernels are read merged (the recorder reads `layer.kernel`). The file is
 written by the `gguf` package's GGUFWriter with the architecture's metadata, the tokenizer (gguf_tokenizer.py)
-and the chat template, atomically (a temporary file renamed at the end).
+and the chat template, atomically (a temporary file renamed at the end). The weights stream: the recorder hands
+each tensor, as soon as it is whole, to gguf_writer.py's GGUFStreamWriter, which writes it at its offset in the
+file, so the export holds about one layer's tensors beyond the model, never a copy of it.
 
 `gguf_type`, as llama.cpp's converter names them: "f32", "f16", "bf16", "q8_0" or "q4_0". As llama.cpp writes
 them, one-dimensional tensors (norms, biases) stay F32, and a matrix whose rows are not a whole number of blocks
-(32 values) is written F16, with a log line. Keras's int8 / int4 weights are refused (export the float model,
-quantize=None): a GGUF quantization is chosen by `gguf_type`.
+(32 values) is written F16, with a log line (gguf_writer.tensor_type). Keras's int8 / int4 weights are refused
+(export the float model, quantize=None): a GGUF quantization is chosen by `gguf_type`.
 
 Architectures: `gpt2` (GPTCausalLM), and for a LlamaCausalLM `llama` (no biases, or biases on all four attention
 projections; with Mixtral-style experts), `qwen2` (query/key/value biases), `qwen3` (query/key norms) or `qwen3moe`
@@ -29,6 +31,7 @@ import numpy as np
 
 from keras_transformer import presets
 from keras_transformer.convert import gguf_names, gguf_tokenizer, hf_gpt2, hf_llama, hf_moe
+from keras_transformer.convert.gguf_writer import GGUFStreamWriter, tensor_type
 from keras_transformer.convert.weight_recorder import WeightRecorder
 from keras_transformer.models.lora import lora_layers
 from keras_transformer.models.quantization import quantization_mode
@@ -83,21 +86,30 @@ def export_gguf(task, path, format=FORMAT, overwrite=False, quantize=None, verbo
     architecture, config, converter = _architecture(task)
     if lora_layers(task):
         _log.info("Exporting %s with its LoRA factors merged into the kernels.", type(task).__name__)
-    recorder = WeightRecorder(_hf_shapes(task, architecture))
-    converter.load_weights(task, recorder, {"model_type": architecture})
-    arrays = gguf_names.gguf_tensors(recorder.arrays(), architecture, config)
-    tensor_type, file_type = GGUF_TYPES[gguf_type]
+    shapes = _hf_shapes(task, architecture)
+    asked, file_type = GGUF_TYPES[gguf_type]
+    # The file's tensors in the order the whole-model writer had them: the Hugging Face tensors' order, renamed.
+    placeholders = {name: np.broadcast_to(np.float32(0), shape) for name, shape in shapes.items()}
+    table = {
+        name: (array.shape, tensor_type(name, array.shape, asked))
+        for name, array in gguf_names.gguf_tensors(placeholders, architecture, config).items()
+    }
 
     def write(tmp):
         writer = gguf.GGUFWriter(str(tmp), architecture)
         _write_metadata(writer, task, architecture, config, file_type)
-        for name, array in arrays.items():
-            data, kind = _encode(name, array, tensor_type)
-            writer.add_tensor(name, data, raw_dtype=kind)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
+        stream = GGUFStreamWriter(writer, table)
+
+        def sink(hf_name, array):  # each Hugging Face tensor as the recorder finishes it
+            for name, values in gguf_names.gguf_tensors({hf_name: array}, architecture, config).items():
+                stream.add(name, values)
+
+        recorder = WeightRecorder(shapes, sink=sink)
+        converter.load_weights(task, recorder, {"model_type": architecture})
+        recorder.finish()
+        if recorder.tied:
+            raise ValueError(f"GGUF export: tied copies {sorted(recorder.tied)} in the Hugging Face layout.")
+        stream.close()
 
     presets.atomic_file(path, write)
     return path
@@ -238,26 +250,6 @@ def _write_metadata(writer, task, architecture, config, file_type):
     if preprocessor is not None:
         add_bos = getattr(preprocessor, "add_start_token", True) and preprocessor.tokenizer.bos_token_id is not None
         gguf_tokenizer.write_tokenizer(writer, preprocessor.tokenizer, add_bos)
-
-
-def _encode(name, array, tensor_type):
-    """(the data GGUFWriter takes, its ggml type): 1-D tensors F32, matrices in `tensor_type` (F16 when their rows
-    are not whole blocks of a block type)."""
-    array = np.ascontiguousarray(array, dtype="float32")
-    if array.ndim == 1 or tensor_type == gguf.GGMLQuantizationType.F32:
-        return array, gguf.GGMLQuantizationType.F32
-    block, _ = gguf.GGML_QUANT_SIZES[tensor_type]
-    if array.shape[-1] % block:
-        _log.info(
-            "GGUF export: %s has rows of %d values, not whole %d-value blocks: written F16.",
-            name,
-            *array.shape[-1:],
-            block,
-        )
-        tensor_type = gguf.GGMLQuantizationType.F16
-    if tensor_type == gguf.GGMLQuantizationType.F16:
-        return array.astype("float16"), tensor_type
-    return gguf.quants.quantize(array, tensor_type), tensor_type
 
 
 __all__ = ["FORMAT", "GGUF_TYPES", "export_gguf"]

@@ -11,7 +11,8 @@ import torch
 import transformers
 
 from keras_transformer import cli
-from keras_transformer.convert import gguf_export
+from keras_transformer.convert import gguf_writer
+from keras_transformer.convert.gguf_writer import encode
 from keras_transformer.models import CausalLM
 from keras_transformer.models.lora import enable_lora
 from tests.conftest import to_numpy
@@ -162,10 +163,15 @@ def test_overwrite_and_atomic_write(models, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="already exists: pass overwrite=True"):
         lm.export(target, format="gguf")
 
-    def fail(name, array, tensor_type):
-        raise RuntimeError("interrupted")
+    calls = []
 
-    monkeypatch.setattr(gguf_export, "_encode", fail)
+    def fail(array, kind):  # the third tensor: the temporary file already holds two, written at their offsets
+        calls.append(kind)
+        if len(calls) == 3:
+            raise RuntimeError("interrupted")
+        return encode(array, kind)
+
+    monkeypatch.setattr(gguf_writer, "encode", fail)
     with pytest.raises(RuntimeError, match="interrupted"):
         lm.export(target, format="gguf", overwrite=True)
     assert target.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["gpt.gguf"]
