@@ -1,25 +1,31 @@
 """Export to GGUF, the one-file format of llama.cpp, Ollama and LM Studio: `task.export("out.gguf", format="gguf",
 gguf_type="f16")`, or `keras-transformer export PRESET out.gguf --format gguf --gguf-type q8_0`.
 
-The weights take the path of the Hugging Face export: the family's converter (hf_llama.py, hf_gpt2.py) is run
-backwards against a `WeightRecorder`, which gives our weights under the Hugging Face names and layouts, and
-gguf_names.py renames them as llama.cpp's `convert_hf_to_gguf.py` does (its query/key permutation for the `llama`
-architecture included). A LoRA model's kernels are read merged (the recorder reads `layer.kernel`). The file is
-written by the `gguf` package's GGUFWriter with the architecture's metadata, the tokenizer (gguf_tokenizer.py)
-and the chat template, atomically (a temporary file renamed at the end). The weights stream: the recorder hands
-each tensor, as soon as it is whole, to gguf_writer.py's GGUFStreamWriter, which writes it at its offset in the
-file, so the export holds about one layer's tensors beyond the model, never a copy of it.
+The weights take the path of the Hugging Face export: the family's converter (hf_llama.py, hf_gpt2.py, hf_phi3.py,
+hf_gemma.py, hf_moe.py) is run backwards against a `WeightRecorder`, which gives our weights under the Hugging Face
+names and layouts, and gguf_names.py renames them as llama.cpp's `convert_hf_to_gguf.py` does (its query/key
+permutation for the `llama` architecture included). A LoRA model's kernels are read merged (the recorder reads
+`layer.kernel`). The file is written by the `gguf` package's GGUFWriter with the architecture's metadata, the
+tokenizer (gguf_tokenizer.py) and the chat template, atomically (a temporary file renamed at the end). The weights
+stream: the recorder hands each tensor, as soon as it is whole, to gguf_writer.py's GGUFStreamWriter, which writes
+it at its offset in the file, so the export holds about one layer's tensors beyond the model, never a copy of it.
 
 `gguf_type`, as llama.cpp's converter names them: "f32", "f16", "bf16", "q8_0" or "q4_0". As llama.cpp writes
 them, one-dimensional tensors (norms, biases) stay F32, and a matrix whose rows are not a whole number of blocks
 (32 values) is written F16, with a log line (gguf_writer.tensor_type). Keras's int8 / int4 weights are refused
 (export the float model, quantize=None): a GGUF quantization is chosen by `gguf_type`.
 
-Architectures: `gpt2` (GPTCausalLM), and for a LlamaCausalLM `llama` (no biases, or biases on all four attention
-projections; with Mixtral-style experts), `qwen2` (query/key/value biases), `qwen3` (query/key norms) or `qwen3moe`
-(query/key norms and experts on every layer). Options llama.cpp reads nowhere from these architectures' metadata
-(a sliding window, partial rotary, layers without rotary positions, dense layers among routed ones, a shared expert,
-rope scalings but linear) are refused with the option's name before anything is written.
+Architectures: `gpt2` (GPTCausalLM); for a LlamaCausalLM `llama` (no biases, or biases on all four attention
+projections; with Mixtral-style experts), `qwen2` (query/key/value biases), `qwen3` (query/key norms), `qwen3moe`
+(query/key norms and experts on every layer) or, with partial rotary or a sliding window, `phi3` (fused qkv and
+gate/up tensors, the window on every layer, a window of 0 for none, as llama.cpp writes Phi-4); for a GemmaCausalLM
+with query/key norms `gemma3` (norms stored as 1 + w, every 6th layer global, the local layers' rotary base as
+rope.freq_base_swa). Options llama.cpp reads nowhere from these architectures' metadata (a window on some layers
+only, partial rotary without phi3's other traits, layers without rotary positions, dense layers among routed ones,
+a shared expert, rope scalings but linear, another Gemma 3 layer pattern or query scale) are refused with the
+option's name before anything is written. Tokenizers: byte-level BPE as llama.cpp's `gpt2` model, BPE with byte
+fallback (SentencePiece's: Llama 2, Phi-3, Gemma) as its `llama` model with scores and token types
+(gguf_tokenizer.py).
 """
 
 import logging
@@ -30,7 +36,7 @@ import gguf
 import numpy as np
 
 from keras_transformer import presets
-from keras_transformer.convert import gguf_names, gguf_tokenizer, hf_gpt2, hf_llama, hf_moe
+from keras_transformer.convert import gguf_names, gguf_tokenizer, hf_gemma, hf_gpt2, hf_llama, hf_moe, hf_phi3
 from keras_transformer.convert.gguf_writer import GGUFStreamWriter, tensor_type
 from keras_transformer.convert.weight_recorder import WeightRecorder
 from keras_transformer.models.lora import lora_layers
@@ -46,13 +52,14 @@ GGUF_TYPES = {
 }
 
 _log = logging.getLogger(__name__)
+_GEMMA3_PATTERN = 6  # llama.cpp's Gemma 3: every 6th layer global, the others windowed
 
 
 def export_gguf(task, path, format=FORMAT, overwrite=False, quantize=None, verbose="auto", gguf_type="f16"):
     """Write `task` to the GGUF file `path`.
 
     Args:
-        task: a GPTCausalLM or a LlamaCausalLM (see the module docstring for the architectures).
+        task: a GPTCausalLM, LlamaCausalLM or GemmaCausalLM (see the module docstring for the architectures).
         path: the file to write, ending in `.gguf`; it must not exist unless `overwrite=True`.
         format: "gguf".
         overwrite: bool, replace an existing file (atomically, at the end).
@@ -119,44 +126,39 @@ def _architecture(task):
     """(GGUF architecture, the metadata's numbers, the Hugging Face converter whose layout the weights take)."""
     b = task.backbone
     name = type(task).__name__
+    config = {"num_attention_heads": b.num_heads, "num_key_value_heads": b.num_key_value_heads or b.num_heads}
     if name == "GPTCausalLM":
         if b.num_key_value_heads not in (None, b.num_heads) or b.activation != "gelu_approximate":
             raise ValueError(
                 f"GGUF's gpt2 architecture has full multi-head attention and the tanh GELU: this GPTCausalLM has "
                 f"num_key_value_heads={b.num_key_value_heads}, activation={b.activation!r}."
             )
-        return "gpt2", {"num_attention_heads": b.num_heads}, hf_gpt2
+        return "gpt2", config, hf_gpt2
+    if name == "GemmaCausalLM":
+        _check_gemma3(b)
+        return "gemma3", config, hf_gemma
     if name != "LlamaCausalLM":
-        raise ValueError(f"Exporting to GGUF writes GPTCausalLM and LlamaCausalLM tasks. Received: a {name}.")
-    head_dim = b.head_dim or b.hidden_dim // b.num_heads
-    moe = dict(b.mixture_of_experts or {})
-    refused = {
-        "sliding_window": b.sliding_window,
-        "layer_types": b.layer_types,
-        "rope_layers": b.rope_layers,
-        "rotary_dim": b.rotary_dim if b.rotary_dim not in (None, head_dim) else None,
-        "mlp_bias": b.mlp_bias or None,
-        # llama.cpp's qwen3moe and llama experts: every layer routed, top-k weights renormalised, no shared expert
-        "moe_layers": b.moe_layers if b.moe_layers is not None and not all(b.moe_layers) else None,
-        "mixture_of_experts['normalize_top_k']": False if moe and not moe.get("normalize_top_k", True) else None,
-        "mixture_of_experts['shared_intermediate_dim']": moe.get("shared_intermediate_dim"),
-    }
-    scaling = b.rope_scaling or {}
-    if scaling and scaling.get("rope_type") != "linear":
-        refused["rope_scaling"] = scaling
-    for option, value in refused.items():
-        if value is not None:
-            raise ValueError(
-                f"Exporting to GGUF: LlamaBackbone's {option}={value!r} is not written by this export (llama.cpp's "
-                "llama, qwen2 and qwen3 architectures read no such option from the file)."
-            )
-    output_bias = b.attention_bias if b.attention_output_bias is None else b.attention_output_bias
-    if moe and (b.attention_bias or output_bias or b.query_key_norm not in (None, "head")):
         raise ValueError(
-            f"Exporting to GGUF: a mixture of experts with attention_bias={b.attention_bias}, query_key_norm="
-            f"{b.query_key_norm!r} is neither llama.cpp's qwen3moe (per-head norms) nor its llama (Mixtral)."
+            f"Exporting to GGUF writes GPTCausalLM, LlamaCausalLM and GemmaCausalLM tasks. Received: a {name}."
         )
+    head_dim = b.head_dim or b.hidden_dim // b.num_heads
+    partial = b.rotary_dim not in (None, head_dim)
+    if partial or b.sliding_window:
+        _check_phi3(b)
+        return "phi3", config, hf_phi3
+    _refuse(
+        b,
+        "llama, qwen2, qwen3 and phi3",
+        sliding_window=b.sliding_window,
+        layer_types=b.layer_types,
+        rope_layers=b.rope_layers,
+        rotary_dim=b.rotary_dim if partial else None,
+        mlp_bias=b.mlp_bias or None,
+    )
+    moe = dict(b.mixture_of_experts or {})
+    output_bias = b.attention_bias if b.attention_output_bias is None else b.attention_output_bias
     if moe:
+        _check_experts(b, moe, output_bias)
         architecture = "qwen3moe" if b.query_key_norm == "head" else "llama"
     elif b.query_key_norm == "head" and not b.attention_bias and not output_bias:
         architecture = "qwen3"
@@ -169,8 +171,75 @@ def _architecture(task):
             f"Exporting to GGUF: query_key_norm={b.query_key_norm!r}, attention_bias={b.attention_bias}, "
             f"attention_output_bias={b.attention_output_bias} fit none of llama, qwen2, qwen3."
         )
-    config = {"num_attention_heads": b.num_heads, "num_key_value_heads": b.num_key_value_heads or b.num_heads}
     return architecture, config, hf_moe if moe else hf_llama
+
+
+def _refuse(b, architectures, **options):
+    """A ValueError naming the first option that is not None: llama.cpp's `architectures` read no such option."""
+    scaling = b.rope_scaling or {}
+    if scaling and scaling.get("rope_type") != "linear":
+        options["rope_scaling"] = scaling
+    for option, value in options.items():
+        if value is not None:
+            raise ValueError(
+                f"Exporting to GGUF: {type(b).__name__}'s {option}={value!r} is not written by this export "
+                f"(llama.cpp's {architectures} architectures read no such option from the file)."
+            )
+
+
+def _check_experts(b, moe, output_bias):
+    """llama.cpp's qwen3moe and llama experts: every layer routed, top-k weights renormalised, no shared expert."""
+    _refuse(
+        b,
+        "qwen3moe and llama (Mixtral)",
+        moe_layers=b.moe_layers if b.moe_layers is not None and not all(b.moe_layers) else None,
+        **{"mixture_of_experts['normalize_top_k']": False if not moe.get("normalize_top_k", True) else None},
+        **{"mixture_of_experts['shared_intermediate_dim']": moe.get("shared_intermediate_dim")},
+    )
+    if b.attention_bias or output_bias or b.query_key_norm not in (None, "head"):
+        raise ValueError(
+            f"Exporting to GGUF: a mixture of experts with attention_bias={b.attention_bias}, query_key_norm="
+            f"{b.query_key_norm!r} is neither llama.cpp's qwen3moe (per-head norms) nor its llama (Mixtral)."
+        )
+
+
+def _check_phi3(b):
+    """A LlamaBackbone with partial rotary or a window must be llama.cpp's phi3: no biases, norms or experts, the
+    window on every layer, heads of D / H (phi3 writes no key_length), no rope scaling (its longrope is not ours)."""
+    _refuse(
+        b,
+        "phi3",
+        layer_types=b.layer_types,
+        rope_layers=b.rope_layers,
+        attention_bias=b.attention_bias or None,
+        attention_output_bias=b.attention_output_bias or None,
+        mlp_bias=b.mlp_bias or None,
+        query_key_norm=b.query_key_norm,
+        mixture_of_experts=b.mixture_of_experts,
+        head_dim=b.head_dim if b.head_dim not in (None, b.hidden_dim // b.num_heads) else None,
+        rope_scaling=b.rope_scaling,
+    )
+
+
+def _check_gemma3(b):
+    """llama.cpp's gemma3: per-head query/key norms, no biases or attention soft-capping, every 6th layer global and
+    the others windowed (when there is a window), queries scaled by 1 / sqrt(head size) (its 27B's 62 layers: by
+    1 / sqrt(D / H))."""
+    head_dim = b.head_dim or b.hidden_dim // b.num_heads
+    scalar = b.hidden_dim // b.num_heads if b.num_layers == 62 else head_dim
+    pattern = [
+        "sliding_attention" if (i + 1) % _GEMMA3_PATTERN and b.sliding_window else "full_attention"
+        for i in range(b.num_layers)
+    ]
+    _refuse(
+        b,
+        "gemma3",
+        query_key_norm=b.query_key_norm if b.query_key_norm != "head" else None,
+        attention_bias=b.attention_bias or None,
+        attention_logit_soft_cap=b.attention_logit_soft_cap,
+        layer_types=b.layer_types if list(b.layer_types or pattern) != pattern else None,
+        query_pre_attn_scalar=b.query_pre_attn_scalar if b.query_pre_attn_scalar not in (None, scalar) else None,
+    )
 
 
 def _hf_shapes(task, architecture):
@@ -196,16 +265,18 @@ def _hf_shapes(task, architecture):
     for i in range(L):
         p = f"model.layers.{i}."
         shapes.update({p + "input_layernorm.weight": (D,), p + "post_attention_layernorm.weight": (D,)})
-        for proj, rows in (("q_proj", H * Dh), ("k_proj", Hkv * Dh), ("v_proj", Hkv * Dh)):
-            shapes[f"{p}self_attn.{proj}.weight"] = (rows, D)
-            if b.attention_bias:
-                shapes[f"{p}self_attn.{proj}.bias"] = (rows,)
-        shapes[p + "self_attn.o_proj.weight"] = (D, H * Dh)
-        if architecture == "llama" and b.attention_bias:
-            shapes[p + "self_attn.o_proj.bias"] = (D,)
+        if architecture == "gemma3":
+            shapes.update({p + "pre_feedforward_layernorm.weight": (D,), p + "post_feedforward_layernorm.weight": (D,)})
+        if architecture == "phi3":  # fused: [q | k | v] and [gate | up] rows
+            shapes.update(
+                {p + "self_attn.qkv_proj.weight": ((H + 2 * Hkv) * Dh, D), p + "mlp.gate_up_proj.weight": (2 * F, D)}
+            )
+            shapes.update({p + "self_attn.o_proj.weight": (D, H * Dh), p + "mlp.down_proj.weight": (D, F)})
+            continue
+        shapes.update(_attention_shapes(b, architecture, p, D, H, Hkv, Dh))
         if b.query_key_norm == "head":
             shapes.update({p + "self_attn.q_norm.weight": (Dh,), p + "self_attn.k_norm.weight": (Dh,)})
-        if b.mixture_of_experts:  # the fused layout hf_moe reads: (E, 2 I, D), (E, D, I), the router (E, D)
+        if getattr(b, "mixture_of_experts", None):  # the fused layout hf_moe reads: (E, 2 I, D), (E, D, I), the router
             E, I = b.mixture_of_experts["num_experts"], b.mixture_of_experts["intermediate_dim"]
             shapes.update({p + "mlp.gate.weight": (E, D), p + "mlp.experts.gate_up_proj": (E, 2 * I, D)})
             shapes[p + "mlp.experts.down_proj"] = (E, D, I)
@@ -214,6 +285,18 @@ def _hf_shapes(task, architecture):
         shapes[p + "mlp.down_proj.weight"] = (D, F)
     if not b.tie_word_embeddings:
         shapes["lm_head.weight"] = (V, D)
+    return shapes
+
+
+def _attention_shapes(b, architecture, p, D, H, Hkv, Dh):
+    shapes = {}
+    for proj, rows in (("q_proj", H * Dh), ("k_proj", Hkv * Dh), ("v_proj", Hkv * Dh)):
+        shapes[f"{p}self_attn.{proj}.weight"] = (rows, D)
+        if b.attention_bias:
+            shapes[f"{p}self_attn.{proj}.bias"] = (rows,)
+    shapes[p + "self_attn.o_proj.weight"] = (D, H * Dh)
+    if architecture == "llama" and b.attention_bias:
+        shapes[p + "self_attn.o_proj.bias"] = (D,)
     return shapes
 
 
@@ -229,6 +312,8 @@ def _write_metadata(writer, task, architecture, config, file_type):
     writer.add_head_count(b.num_heads)
     if architecture == "gpt2":
         writer.add_layer_norm_eps(b.norm_epsilon)
+    elif architecture in ("phi3", "gemma3"):
+        _write_phi3_gemma3(writer, b, architecture, config)
     else:
         head_dim = b.head_dim or b.hidden_dim // b.num_heads
         writer.add_head_count_kv(config["num_key_value_heads"])
@@ -250,6 +335,30 @@ def _write_metadata(writer, task, architecture, config, file_type):
     if preprocessor is not None:
         add_bos = getattr(preprocessor, "add_start_token", True) and preprocessor.tokenizer.bos_token_id is not None
         gguf_tokenizer.write_tokenizer(writer, preprocessor.tokenizer, add_bos)
+
+
+def _write_phi3_gemma3(writer, b, architecture, config):
+    """The keys llama.cpp's converter writes for phi3 (partial rotary as rope.dimension_count, a window of 0 for
+    none) and gemma3 (head size, the local layers' rotary base, the window, final soft-capping)."""
+    head_dim = b.head_dim or b.hidden_dim // b.num_heads
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_layer_norm_rms_eps(b.norm_epsilon)
+    if architecture == "phi3":
+        writer.add_rope_dimension_count(b.rotary_dim or head_dim)
+        writer.add_rope_freq_base(float(b.rope_max_wavelength))
+        writer.add_sliding_window(b.sliding_window or 0)
+        return
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_freq_base(float(b.rope_max_wavelength))
+    writer.add_rope_freq_base_swa(float(b.local_rope_max_wavelength or b.rope_max_wavelength))
+    if b.sliding_window:
+        writer.add_sliding_window(b.sliding_window)
+    if b.final_logit_soft_cap:
+        writer.add_final_logit_softcapping(float(b.final_logit_soft_cap))
+    if b.rope_scaling:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(float(b.rope_scaling["factor"]))
 
 
 __all__ = ["FORMAT", "GGUF_TYPES", "export_gguf"]

@@ -179,7 +179,9 @@ def hf_config(checkpoint):
         return {**config, **_gemma3_config(get, head_dim, num_heads)}
     if architecture == "phi3":
         config.update(
-            model_type="phi3", partial_rotary_factor=rotary / head_dim, sliding_window=get("attention.sliding_window")
+            model_type="phi3",
+            partial_rotary_factor=rotary / head_dim,
+            sliding_window=get("attention.sliding_window") or None,  # 0: none (llama.cpp writes Phi-4's so)
         )
         return config
     if rotary != head_dim:
@@ -337,7 +339,8 @@ def _experts(checkpoint, hf_prefix, names):
 
 def gguf_tensors(arrays, architecture, config):
     """{Hugging Face name: array} -> {GGUF name: array}: `hf_tensors` run backwards (the export's), llama's query
-    and key rows permuted as llama.cpp's converter does, GPT-2's Conv1D weights transposed to (out, in)."""
+    and key rows permuted as llama.cpp's converter does, GPT-2's Conv1D weights transposed to (out, in), Gemma 3's
+    norms stored as 1 + w."""
     out = {}
     for hf_name, array in arrays.items():
         if architecture == "gpt2":
@@ -358,6 +361,8 @@ def gguf_tensors(arrays, architecture, config):
         if architecture == "llama" and rest in ("attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias"):
             heads = config["num_attention_heads"] if rest.startswith("attn_q") else config["num_key_value_heads"]
             array = permute(array, heads)
+        if architecture == "gemma3" and name.endswith("norm.weight"):  # Gemma's (1 + w) norms, stored as 1 + w
+            array = array + np.float32(1.0)
         out[name] = array
     return out
 
@@ -378,7 +383,7 @@ def _llama_name(hf_name, architecture):
     if hf_name in inverse:
         return inverse[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)  # model.layers.{i}.{rest}
-    table = _PHI3_BLOCK if architecture == "phi3" else _LLAMA_BLOCK
+    table = {"phi3": _PHI3_BLOCK, "gemma3": _GEMMA3_BLOCK}.get(architecture, _LLAMA_BLOCK)
     for name, hf in table.items():
         if hf == rest:
             return f"blk.{layer}.{name}"

@@ -13,9 +13,14 @@ template. The pipeline built here is the one transformers' GGUF tokenizer builds
   Gemma 3's merges follow the tokens' order, with no prefix space (`_gemma`);
 - control tokens (type 3) are special added tokens, user-defined ones (type 4) plain added tokens.
 Any other tokenizer model is refused by name, as is a `tokenizer.ggml.pre` split we do not know.
+
+Written back (`write_tokenizer`, the GGUF export's): a byte-level BPE as `gpt2` (tokens, merges, the split's name),
+a BPE with byte fallback as `llama` (tokens, scores from the merges' ranks, token types), as llama.cpp's converter
+writes them from the same vocabulary.
 """
 
 import json
+import re
 
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
@@ -23,7 +28,7 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tok
 from keras_transformer import tokenizers as kt_tokenizers
 
 MODELS = ("gpt2", "llama")
-CONTROL, USER_DEFINED, NORMAL = 3, 4, 1
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6  # llama.cpp's token types
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -220,27 +225,32 @@ def _special_tokens(checkpoint, tokens):
 
 
 def write_tokenizer(writer, tokenizer, add_bos):
-    """Our (byte-level BPE) tokenizer as `tokenizer.ggml.*` metadata on a `gguf.GGUFWriter`."""
+    """Our tokenizer as `tokenizer.ggml.*` metadata on a `gguf.GGUFWriter`: a byte-level BPE as llama.cpp's `gpt2`
+    model, a BPE with byte fallback (SentencePiece's, as the `llama` reader builds it) as its `llama` model."""
     backend = tokenizer.backend_tokenizer
     state = json.loads(backend.to_str())
-    if state["model"]["type"] != "BPE" or "ByteLevel" not in json.dumps(state["pre_tokenizer"]):
-        raise ValueError(
-            f"Exporting to GGUF writes byte-level BPE tokenizers (gpt2 in llama.cpp's terms); this one is a "
-            f"{state['model']['type']} with pre-tokenizer {json.dumps(state['pre_tokenizer'])[:120]}."
-        )
-    pre = _pre_name(state["pre_tokenizer"])
     size = backend.get_vocab_size(with_added_tokens=True)
     by_id = {index: token for token, index in backend.get_vocab(with_added_tokens=True).items()}
     if sorted(by_id) != list(range(size)):
         raise ValueError("The tokenizer's ids are not 0..V-1 without gaps, which a GGUF token list needs.")
+    tokens = [by_id[i] for i in range(size)]
     added = {entry["content"]: entry["special"] for entry in state["added_tokens"]}
-    types = [(CONTROL if added[by_id[i]] else USER_DEFINED) if by_id[i] in added else NORMAL for i in range(size)]
+    types = [(CONTROL if added[token] else USER_DEFINED) if token in added else NORMAL for token in tokens]
     merges = [merge if isinstance(merge, str) else " ".join(merge) for merge in state["model"]["merges"]]
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(pre)
-    writer.add_token_list([by_id[i] for i in range(size)])
-    writer.add_token_types(types)
-    writer.add_token_merges(merges)
+    if state["model"]["type"] == "BPE" and "ByteLevel" in json.dumps(state["pre_tokenizer"]):
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(_pre_name(state["pre_tokenizer"]))
+        writer.add_token_list(tokens)
+        writer.add_token_types(types)
+        writer.add_token_merges(merges)
+    elif state["model"]["type"] == "BPE" and state["model"].get("byte_fallback"):
+        _write_sentencepiece(writer, state, tokens, types, merges)
+    else:
+        raise ValueError(
+            f"Exporting to GGUF writes byte-level BPE tokenizers (llama.cpp's gpt2) and BPE with byte fallback "
+            f"(SentencePiece's, llama.cpp's llama); this one is a {state['model']['type']} with pre-tokenizer "
+            f"{json.dumps(state['pre_tokenizer'])[:120]}."
+        )
     for role, add in (("bos", writer.add_bos_token_id), ("eos", writer.add_eos_token_id)):
         token_id = getattr(tokenizer, f"{role}_token_id")
         if token_id is not None:
@@ -250,6 +260,42 @@ def write_tokenizer(writer, tokenizer, add_bos):
     writer.add_add_bos_token(bool(add_bos))
     if tokenizer.chat_template is not None:
         writer.add_chat_template(tokenizer.chat_template)
+
+
+def _write_sentencepiece(writer, state, tokens, types, merges):
+    """llama.cpp's `llama` tokenizer model: tokens, scores and types. Its tokenizer merges the adjacent pair whose
+    merged token scores highest, so a token's score is minus the rank of the first merge that makes it, which gives
+    BPE's order back; the other normal tokens (characters) follow, in id order, and bytes and special tokens score 0.
+    These are a SentencePiece BPE model's own scores (-0, -1, -2, ...: its pieces by merge rank, then its
+    characters). Byte tokens <0xXX> are BYTE, the model's unknown token (or one spelled <unk>) UNKNOWN. The prefix
+    space: a Metaspace pre-tokenizer that prepends, or a normalizer that prepends "▁" (Phi-3's); Gemma's has none."""
+    unknown = state["model"].get("unk_token") or "<unk>"
+    for index, token in enumerate(tokens):
+        if re.fullmatch(r"<0x[0-9A-F]{2}>", token):
+            types[index] = BYTE
+        elif token == unknown:
+            types[index] = UNKNOWN
+    rank = {}
+    for merge in merges:
+        rank.setdefault(merge.replace(" ", "", 1), len(rank))
+    scores, following = [], len(rank)
+    for token, kind in zip(tokens, types):
+        if token in rank:
+            scores.append(-float(rank[token]))
+        elif kind == NORMAL:
+            scores.append(-float(following))
+            following += 1
+        else:
+            scores.append(0.0)
+    text = json.dumps([state["pre_tokenizer"], state["normalizer"]])
+    prefix = '"prepend_scheme": "first"' in text or '"prepend_scheme": "always"' in text or '"Prepend"' in text
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    if not prefix:
+        writer.add_add_space_prefix(False)
 
 
 def _pre_name(pre_tokenizer):
