@@ -26,10 +26,11 @@ at once (`choose`): one argmax for the greedy rows, and random rows drawn togeth
 answer does not depend on its neighbours. Each row's arithmetic is its own (per-row attention,
 row-wise matrix products), so a greedy answer is the same alone or in a batch (tested).
 
-Beam search (its K beams reorder their caches every step) and bundles without continuous
-batching (traced decode graphs, which grow their caches) run on a second thread, beside the
-batch: a request at a time, its n choices together, through `Generator.generate_ids`, which asks
-before every step whether all its choices ran past their deadline or were cancelled, and then stops.
+Beam search (its K beams reorder their caches every step), prompt lookup (`prompt_lookup.py`: its verify
+passes take several tokens, a row at a time) and bundles without continuous batching (traced decode graphs,
+which grow their caches) run on a second thread, beside the batch: a request at a time, its n choices
+together, through `Generator.generate_ids` (prompt lookup: each choice through `prompt_lookup.serve`), which
+asks before every step whether all its choices ran past their deadline or were cancelled, and then stops.
 """
 
 import collections
@@ -49,12 +50,14 @@ import numpy as np  # noqa: E402
 
 from cache_rows import BatchDecoder  # noqa: E402
 from prefix_cache import PrefixCache  # noqa: E402
+import prompt_lookup  # noqa: E402
 from decode_loop import Interrupted  # noqa: E402
 from sequence import Sequence, choose  # noqa: E402
 
 __all__ = ["BatchDecoder", "PREFIX_CACHE_TOKENS", "QueueFull", "Scheduler", "Sequence", "choose"]
 PREFIX_CACHE_TOKENS = 4096  # the prefix cache's default budget, in prompt positions
 PREFIX_BLOCK = 16  # positions per prefix cache block
+PREFILL_TOKENS = 2048  # the most prompt positions prefilled in one graph run (several prompts of one length)
 
 
 class QueueFull(Exception):
@@ -231,7 +234,11 @@ class Scheduler:
                 else:
                     firsts.add(first)
                     cold[len(sequence.prompt_ids)].append(sequence)
-            runs = [(group, lambda g=group: self.decoder.prefill([s.prompt_ids for s in g])) for group in cold.values()]
+            runs = []
+            for group in cold.values():  # rows of one length, PREFILL_TOKENS at most per run (its logits (k, T, V))
+                size = max(1, PREFILL_TOKENS // len(group[0].prompt_ids))
+                for chunk in (group[i : i + size] for i in range(0, len(group), size)):
+                    runs.append((chunk, lambda g=chunk: self.decoder.prefill([s.prompt_ids for s in g])))
             failed += self._run_groups(runs, staged)
             sequences = later
         return staged, failed
@@ -385,6 +392,10 @@ class Scheduler:
         if not running:
             return
         first = running[0]
+        if first.prompt_lookup_num_tokens is not None:  # greedy: each choice alone
+            for sequence in running:
+                prompt_lookup.serve(self.generator, sequence, lambda: self._stepped(0))
+            return
         options = dict(stop_token_ids=list(first.stop_token_ids))
         if first.num_beams > 1:
             options.update(sampler="beam", num_beams=first.num_beams, length_penalty=first.length_penalty)

@@ -16,6 +16,8 @@ fed the decoder start token at position 0. Which sequence holds which row is `ba
 business.
 """
 
+import mmap
+
 import numpy as np
 import onnxruntime
 
@@ -42,13 +44,13 @@ class BatchDecoder:
         self.length = int(generator.config["max_length"])  # L
         heads, head_dim = generator._cache_shape
         self.caches = [
-            np.zeros((max_rows, heads, self.length, head_dim), np.float32)  # 2 x layers x (M, Hkv, L, Dh)
+            _zeros((max_rows, heads, self.length, head_dim))  # 2 x layers x (M, Hkv, L, Dh)
             for _ in generator._past_names
         ]
         self.cross, self.encoder_mask = [], None
         if generator.kind == "encoder_decoder":  # sources of up to S_src = L tokens, as `Generator` reads them
             self.cross = [
-                np.zeros((max_rows, heads, self.length, head_dim), np.float32)  # (M, Hkv, S_src, Dh)
+                _zeros((max_rows, heads, self.length, head_dim))  # (M, Hkv, S_src, Dh)
                 for _ in generator._cross_names
             ]
             self.encoder_mask = np.zeros((max_rows, self.length), np.int64)  # (M, S_src): 0 past a row's source
@@ -190,3 +192,13 @@ class BatchDecoder:
             binding.bind_ortvalue_output("logits", values[-1])
             self._binding, self._values, self._bound_size = binding, values, n  # OrtValues live with the binding
         return self._binding
+
+
+def _zeros(shape):
+    """np.zeros(shape, float32) whose memory is taken 4 KB page by page as rows are written. A row's buffer per
+    head (L x Dh floats: 2 MB at 8192 x 64) is a huge page's size: with transparent huge pages, writing a row's
+    first positions would take all of it (the M rows of a SmolLM2-135M bundle: 12 GB at once)."""
+    memory = mmap.mmap(-1, max(4, int(np.prod(shape)) * 4))  # anonymous, zero-filled
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux
+        memory.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(memory, np.float32, int(np.prod(shape))).reshape(shape)

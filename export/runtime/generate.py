@@ -23,6 +23,8 @@ The runtime, one job per file (all next to this one in a bundle):
     bundle_files.py   reading the bundle: JSON files, ONNX Runtime sessions, tokenizer, chat template
     chat_template.py  chat rendering and message checks: a copy of keras_transformer/tokenizers/chat_template.py
     batching.py, sequence.py, cache_rows.py  continuous batching (the scheduler; a sequence; the caches' rows)
+    prefix_cache.py   the server's store of prompt prefixes' keys/values (blocks, LRU)
+    prompt_lookup.py  speculative decoding by prompt lookup (greedy, exact)
     constraint.py     constrained decoding: grammars (llguidance) and their token masks
     serve.py, serve_endpoints.py, serve_streaming.py, serve_validation.py   the HTTP server, with
     serve_fields.py, serve_logprobs.py, serve_constraints.py, serve_tools.py   its fields, logprobs,

@@ -22,6 +22,7 @@ import numpy as np
 import onnxruntime
 
 from bundle_files import chat_template, open_session, read_chat_template, read_json, read_tokenizer
+import prompt_lookup
 from decode_loop import DecodeLoop, stop_tokens, tile_state
 from sampling import Picker, check_arguments, seed_to_int32
 
@@ -188,6 +189,7 @@ class Generator:
         early_stopping=False,
         stop_token_ids="auto",
         interrupt=None,
+        prompt_lookup_num_tokens=None,
     ):
         """Prompt id lists -> each row's new ids (int lists; the end token included when reached).
 
@@ -203,6 +205,11 @@ class Generator:
                 tokenizer's end token), None (never stop early) or a list of ids, as in `lm.generate`.
             interrupt: None, or a callable asked before every decoding step; when it returns True the
                 call stops there and raises `Interrupted` (a server's timeout or a client gone).
+            prompt_lookup_num_tokens: None, or K: greedy decoding that drafts up to K tokens per step from earlier
+                n-grams (bigrams, then single tokens) of the prompt and output and checks them in one pass
+                (`prompt_lookup.py`; transformers' option of the same name): the same tokens as plain greedy.
+                A causal LM whose decode graph takes several tokens; each row alone. The drafts checked and
+                kept are then in `self.prompt_lookup_counts` (per row).
         """
         check_arguments(max_new_tokens, sampler, num_beams, temperature, top_k, top_p, early_stopping)
         rows = [np.asarray(row, dtype=np.int64).reshape(-1) for row in prompt_ids]
@@ -224,6 +231,9 @@ class Generator:
                 f"The longest prompt ({lengths.max()} tokens) plus max_new_tokens={max_new_tokens} is longer "
                 f"than the model's max_length={max_length}."
             )
+        stop = stop_tokens(stop_token_ids, self.config, vocabulary_size)
+        if prompt_lookup_num_tokens is not None:
+            return self._prompt_lookup(rows, max_new_tokens, sampler, stop, prompt_lookup_num_tokens, interrupt)
         beams = num_beams if sampler == "beam" else 1
         pad = self.config.get("pad_token_id") or 0
         length = int(lengths.max()) + max_new_tokens  # L: every position a row can reach
@@ -237,7 +247,6 @@ class Generator:
             logits, state = self._step(
                 tokens[:, 0], {**encoder_state, "past": self._empty_past(len(rows)), "position": 0}
             )
-        stop = stop_tokens(stop_token_ids, self.config, vocabulary_size)
         loop = DecodeLoop(
             self, np.repeat(tokens, beams, axis=0), np.repeat(lengths, beams), max_new_tokens, pad, stop, interrupt
         )
@@ -257,6 +266,26 @@ class Generator:
                 early_stopping,
             )
         return [[int(t) for t in row] for row in found]
+
+    def _prompt_lookup(self, rows, max_new_tokens, sampler, stop, num_tokens, interrupt):
+        """`generate_ids` with prompt lookup: each row's greedy tokens, a row at a time (`prompt_lookup.greedy`)."""
+        if sampler != "greedy" or self.kind != "decoder" or not self.multi_token:
+            raise ValueError(
+                "Prompt lookup decodes greedily with a causal LM's multi-token decode graph. Received: "
+                f"sampler={sampler!r}, a {self.kind} bundle{'' if self.multi_token else ' whose graph takes one token'}"
+            )
+        found, self.prompt_lookup_counts = [], []
+        for row in rows:
+            tokens = []
+
+            def emit(token, logits):
+                tokens.append(token)
+                return token in stop or len(tokens) >= max_new_tokens or None
+
+            counts = prompt_lookup.greedy(self, row.tolist(), emit, num_tokens, interrupt=interrupt)
+            found.append(tokens)
+            self.prompt_lookup_counts.append(counts)
+        return found
 
     def teacher_logits(self, ids):
         """A causal LM's logits at every position of `ids` (a list of T ints), the whole sequence fed at once

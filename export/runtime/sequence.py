@@ -38,6 +38,8 @@ class Sequence:
             (0 to 20): the token events are then ("token", (id, (logprob, top ids, top logprobs))).
         constraint: None, or the sequence's own grammar matcher (`constraint.Grammars.matcher`): its tokens
             are chosen among those the grammar allows, and it is told each one.
+        prompt_lookup_num_tokens: None, or K: greedy decoding with prompt lookup (`prompt_lookup.py`), up to K drafts
+            checked per pass; run whole, beside the batch. Its `drafted` and `accepted` counts are set when done.
         deadline: `time.monotonic()` after which the sequence finishes with "timeout": at that time while
             it waits, at the next step while it holds a row or runs whole (beam search).
     """
@@ -58,6 +60,7 @@ class Sequence:
         deadline=None,
         logprobs=None,
         constraint=None,
+        prompt_lookup_num_tokens=None,
     ):
         self.prompt_ids, self.max_tokens, self.on_event = list(prompt_ids), int(max_tokens), on_event
         self.temperature, self.top_k, self.top_p = float(temperature), top_k, top_p
@@ -67,6 +70,7 @@ class Sequence:
         self.choice, self.stop_token_ids = int(choice), tuple(stop_token_ids)
         self.num_beams, self.length_penalty, self.deadline = int(num_beams), float(length_penalty), deadline
         self.logprobs, self.constraint = logprobs, constraint
+        self.prompt_lookup_num_tokens, self.drafted, self.accepted = prompt_lookup_num_tokens, 0, 0
         self.generated = []
         self.cached_tokens = 0  # prompt positions read from the prefix cache (set before the first token)
         self.cancelled = False  # set by any thread; the scheduler frees the row at the next step boundary
@@ -77,8 +81,8 @@ class Sequence:
 
     @property
     def batched(self):
-        """Decoded among others, a token per step (beam search runs whole)."""
-        return self.num_beams == 1
+        """Decoded among others, a token per step (beam search and prompt lookup run whole)."""
+        return self.num_beams == 1 and self.prompt_lookup_num_tokens is None
 
     def same_request(self, other):
         """The same prompt and options (choices of one request): they can run as rows of one call."""
@@ -95,6 +99,7 @@ class Sequence:
                 "num_beams",
                 "length_penalty",
                 "logprobs",
+                "prompt_lookup_num_tokens",
             )
         )
 

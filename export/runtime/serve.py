@@ -12,7 +12,8 @@ Endpoints:
                                 logprobs (0-20), echo, response_format (json_object, json_schema);
                                 extensions: num_beams, length_penalty (beam search, not streamed),
                                 timeout (seconds, at most the server's --timeout), structured_outputs
-                                (vLLM's: json, regex, choice, grammar; constraint.py)
+                                (vLLM's: json, regex, choice, grammar; constraint.py),
+                                prompt_lookup_num_tokens (greedy speculative decoding: prompt_lookup.py)
     POST /v1/chat/completions   messages, rendered by the bundle's chat template; the same options, and
                                 logprobs (true/false) with top_logprobs (0-20), tools and tool_choice
                                 (Qwen-style <tool_call> JSON parsed into tool_calls: serve_tools.py)
@@ -135,6 +136,8 @@ class Service:
         deadline = time.monotonic() + timeout
         stop_ids = auto_stop_tokens(self.generator.config)
         grammar = options.pop("grammar", None)  # compiled: each sequence gets a matcher of its own
+        if options.get("prompt_lookup_num_tokens") is not None:
+            self.check_prompt_lookup(grammar)
         try:
             for p, ids in enumerate(prompt_ids):
                 for c in range(n):
@@ -155,6 +158,16 @@ class Service:
                 sequence.cancel()
             raise ApiError(f"The server is busy: {error} Retry later.", None, 503, {"Retry-After": "1"}) from error
         return sequences
+
+    def check_prompt_lookup(self, grammar):
+        """Prompt lookup needs a causal LM whose decode graph takes several tokens, and no constraint."""
+        generator, reason = self.generator, None
+        if generator.kind != "decoder" or not generator.multi_token:
+            reason = "a causal LM bundle whose decode graph takes several tokens per step; this one's takes one"
+        elif grammar is not None:
+            reason = "no output constraint (response_format, structured_outputs, forced tool calls)"
+        if reason is not None:
+            raise ApiError(f"prompt_lookup_num_tokens needs {reason}.", "prompt_lookup_num_tokens")
 
     def check_logprobs(self, top, param):
         """logprobs of a seq2seq bundle without continuous batching would need its decoder's every step again."""

@@ -26,6 +26,7 @@ _SHARED = {
     "num_beams",
     "length_penalty",
     "timeout",
+    "prompt_lookup_num_tokens",  # transformers' and vLLM's speculative decoding by prompt lookup (greedy)
 }
 IMPLEMENTED = {
     "completions": _SHARED | {"prompt", "echo"},

@@ -187,6 +187,20 @@ class _Completion:
             "total_tokens": self.prompt_tokens + completion_tokens,
             # read from the prefix cache instead of prefilled
             "prompt_tokens_details": {"cached_tokens": sum(s.cached_tokens for s in self.sequences)},
+            **self._prediction_tokens(),
+        }
+
+    def _prediction_tokens(self):
+        """With prompt lookup, its drafts kept and rejected (OpenAI's names for predicted outputs' counts)."""
+        if all(s.prompt_lookup_num_tokens is None for s in self.sequences):
+            return {}
+        accepted = sum(s.accepted for s in self.sequences)
+        rejected = sum(s.drafted for s in self.sequences) - accepted
+        return {
+            "completion_tokens_details": {
+                "accepted_prediction_tokens": accepted,
+                "rejected_prediction_tokens": rejected,
+            }
         }
 
     def _echoed(self, index):

@@ -14,6 +14,7 @@ from bundle_files import chat_template
 MAX_CHOICES = 16  # n, and prompts x n, per request
 MAX_STOP_STRINGS = 4  # as OpenAI
 MAX_LOGPROBS = 20  # alternatives per token: OpenAI's top_logprobs limit, vLLM's default max_logprobs
+MAX_DRAFT = 32  # prompt_lookup_num_tokens: drafts checked per pass
 
 
 class ApiError(Exception):
@@ -81,7 +82,18 @@ def sampling_options(body, n_prompts):
         num_beams=field(body, "num_beams", int, default=1, check=lambda k: 1 <= k <= 32, rule="in [1, 32]"),
         length_penalty=field(body, "length_penalty", (int, float), default=1.0),
         timeout=field(body, "timeout", (int, float), check=lambda t: t > 0, rule="a positive number of seconds"),
+        prompt_lookup_num_tokens=field(
+            body, "prompt_lookup_num_tokens", int, check=lambda k: 1 <= k <= MAX_DRAFT, rule=f"in [1, {MAX_DRAFT}]"
+        ),
     )
+    lookup = options["prompt_lookup_num_tokens"]
+    if lookup is not None and (options["temperature"] != 0 or options["num_beams"] > 1):
+        raise ApiError(
+            "Prompt lookup decodes greedily here: it needs temperature 0 and num_beams 1. Received: "
+            f"prompt_lookup_num_tokens={lookup}, temperature={options['temperature']}, "
+            f"num_beams={options['num_beams']}",
+            "prompt_lookup_num_tokens",
+        )
     if options["top_k"] is not None and options["top_k"] < 1:
         options["top_k"] = None
     if options["top_p"] == 1:

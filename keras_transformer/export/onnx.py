@@ -50,6 +50,7 @@ RUNTIME_FILES = (
     "sequence.py",
     "cache_rows.py",
     "prefix_cache.py",
+    "prompt_lookup.py",
     "constraint.py",
     "serve.py",
     "serve_constraints.py",

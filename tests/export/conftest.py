@@ -154,6 +154,19 @@ def saved_model_runs(exported, tmp_path_factory):
     return {name: {"printed": printed[name], "directory": directory / name} for name in jobs}
 
 
+@pytest.fixture(scope="session")
+def kernel_gpt(tmp_path_factory):
+    """(the tiny GPT task, its bundle written by the ONNX kernels: no tracing, any backend; decode graph with a
+    symbolic token axis)."""
+    from keras_transformer.export.onnx import write_onnx_bundle
+
+    task = helpers.tiny_gpt()
+    directory = tmp_path_factory.mktemp("kernel_gpt") / "tiny_gpt"
+    directory.mkdir()
+    write_onnx_bundle(task, directory, traced=False)
+    return task, directory
+
+
 @pytest.fixture(scope="module")
 def server(bundle):
     """The module's `bundle` served by `python BUNDLE/serve.py` (test_serve.py's `Server`), for the module."""

@@ -52,6 +52,7 @@ BUNDLE_RUNTIME_FILES = [
     "generate.py",
     "generator.py",
     "prefix_cache.py",
+    "prompt_lookup.py",
     "requirements.txt",
     "sampling.py",
     "sequence.py",

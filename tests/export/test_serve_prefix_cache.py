@@ -11,8 +11,6 @@ import time
 import numpy as np
 import pytest
 
-from keras_transformer.export.onnx import write_onnx_bundle
-from tests.export import helpers
 from tests.export.test_serve import Server, _runtime
 
 openai = pytest.importorskip("openai")
@@ -20,11 +18,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("prefix_cache") / "tiny_gpt"
-    directory.mkdir()
-    write_onnx_bundle(helpers.tiny_gpt(), directory, traced=False)
-    return directory
+def bundle(kernel_gpt):
+    return kernel_gpt[1]
 
 
 @pytest.fixture(scope="module")
