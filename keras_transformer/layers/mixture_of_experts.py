@@ -4,7 +4,10 @@ Axes: B batch, T sequence length, N = B * T tokens, D model width, E experts, k 
 A = N * k assignments (token, expert), I one expert's intermediate width, P padded assignment rows,
 G blocks of P (each of one expert), b rows per block.
 
-How the tokens reach their experts, with static shapes on every backend (`keras.ops` has no grouped matrix
+How the tokens reach their experts (`_dispatch`, the layer's one backend switch). On PyTorch, by its grouped
+product of the experts' runs (`expert_runs`, a custom operation that its one-graph compiled steps record as one
+node): the A assignments sorted by expert, each expert's run through its own weights in place, forward and
+backward, exactly A rows. Under XLA (JAX, TensorFlow), with static shapes (`keras.ops` has no grouped matrix
 product; JAX's `ragged_dot` is one on accelerators, but on the CPU it is lowered to a dense product over every
 expert): the A assignments are sorted by expert; each expert's run is padded to a multiple of b rows and cut into
 blocks of b rows; each block gathers its one expert's weights and runs a (b, D) x (D, I) product. The number of
@@ -21,6 +24,7 @@ each assignment runs its own expert. Outside training a block's (or an assignmen
 import keras
 from keras import ops
 
+from keras_transformer.layers.expert_runs import expert_runs
 from keras_transformer.layers.feed_forward import FeedForward
 
 _BLOCKS_PER_EXPERT = 1  # b = A / (this x E): an expert with its mean share of the rows fills this many blocks
@@ -51,9 +55,9 @@ class MixtureOfExperts(keras.layers.Layer):
         inputs: (B, T, D).
         return_router_logits: bool, also return the router's logits (B * T, E), in float32 (for the
             load-balancing loss, `router_losses.load_balancing_loss`).
-        training: bool. In training (and on PyTorch) the blocks gather their experts' weights (one batched
-            product, whose gradient is a scatter-add every backend compiles); otherwise each block picks its
-            expert with `ops.switch`, which reads the stacked weights in place (see `experts_output`).
+        training: bool. Under XLA, in training the blocks gather their experts' weights (one batched product,
+            whose gradient is a scatter-add); otherwise each block picks its expert with `ops.switch`, which reads
+            the stacked weights in place (see `experts_output`). PyTorch runs its grouped product either way.
 
     Returns:
         (B, T, D); with `return_router_logits`, `(outputs, router_logits)`.
@@ -163,15 +167,19 @@ class MixtureOfExperts(keras.layers.Layer):
     def experts_output(self, x, weights, experts, training=None):
         """x (N, D), the router's kept weights (N, k) and experts (N, k) -> sum_k w_k expert_k(x) (N, D).
 
-        Only the chosen experts run (see the module's docstring for the blocks). Outside training each block (or
-        each assignment, when there are at most E) runs its expert by `ops.switch` among E branches that read the
-        stacked weights in place: XLA's CPU gather of whole (D, I) slices copies them 3-8 times slower than
-        that. In training, and on PyTorch, the blocks gather their weights: a batched product whose gradient is
-        one scatter-add (a switch's is a branch per block), which PyTorch's one-graph compiled steps trace."""
+        Only the chosen experts run (see the module's docstring for the blocks). On PyTorch, the grouped product of
+        the sorted runs (`_runs_output`). Under XLA outside training each block (or each assignment, when there
+        are at most E) runs its expert by `ops.switch` among E branches that read the stacked weights in place:
+        XLA's CPU gather of whole (D, I) slices copies them 3-8 times slower than that. In training the blocks
+        gather their weights: a batched product whose gradient is one scatter-add (a switch's is a branch per
+        block)."""
         num_tokens = ops.shape(x)[0]
         k, num_experts = self.top_k, self.num_experts
         num_assignments = num_tokens * k  # A
-        switch = not training and _switch_reads_in_place()
+        dispatch = _dispatch(training)
+        if dispatch == "runs":
+            return self._runs_output(x, weights, experts)
+        switch = dispatch == "switch"
         if switch and isinstance(num_assignments, int) and num_assignments <= num_experts:
             return self._few_tokens_output(x, weights, experts)
         rows, blocks = expert_blocks(num_assignments, num_experts)  # b, G
@@ -211,6 +219,21 @@ class MixtureOfExperts(keras.layers.Layer):
             out_blocks = ops.map(lambda block: ops.switch(block[0], branches, block[1]), (block_experts, x_blocks))
         out_rows = ops.reshape(out_blocks, (blocks * rows, -1))  # (G, b, D) -> (P, D)
         out_sorted = ops.take(out_rows, destination, axis=0)  # (A, D), in sorted order
+        out = ops.take(out_sorted, ops.argsort(order), axis=0)  # (A, D), token-major again
+        out = ops.reshape(out, (num_tokens, k, -1))  # (A, D) -> (N, k, D)
+        return ops.sum(out * ops.cast(weights, out.dtype)[:, :, None], axis=1)  # (N, D)
+
+    def _runs_output(self, x, weights, experts):
+        """`experts_output` on PyTorch: the assignments sorted by expert, each expert's run of rows through its
+        weights in place by the backend's grouped product (`expert_runs`: exactly the A rows, no padding, no
+        copy of the weights, whose gradient is written per expert)."""
+        num_tokens, k = ops.shape(x)[0], self.top_k
+        flat_experts = ops.reshape(ops.cast(experts, "int32"), (-1,))  # (N, k) -> (A,), token-major
+        order = ops.argsort(flat_experts)  # (A,): the assignments grouped by expert
+        counts = ops.sum(ops.one_hot(flat_experts, self.num_experts, dtype="int32"), axis=0)  # (E,)
+        x_sorted = ops.take(x, order // k, axis=0)  # (A, D): each sorted assignment's token
+        kernels = (ops.cast(kernel, x.dtype) for kernel in (self.gate_kernel, self.up_kernel, self.down_kernel))
+        out_sorted = expert_runs(x_sorted, counts, *kernels, self.activation)  # (A, D)
         out = ops.take(out_sorted, ops.argsort(order), axis=0)  # (A, D), token-major again
         out = ops.reshape(out, (num_tokens, k, -1))  # (A, D) -> (N, k, D)
         return ops.sum(out * ops.cast(weights, out.dtype)[:, :, None], axis=1)  # (N, D)
@@ -265,12 +288,16 @@ class MixtureOfExperts(keras.layers.Layer):
         return config
 
 
-def _switch_reads_in_place():
-    """Whether `ops.switch` is the way to read one expert's weights outside training: under XLA (JAX, TensorFlow) a
-    branch reads its static slice of the stacked weights in place, where a gather copies it slowly. PyTorch gathers
-    at memory speed, and its one-graph compiled steps (`evaluate`, `predict`) cannot branch on a tensor's value, so
-    there the blocks gather (its decoding steps run the layer's PyTorch kernel, kernels/torch_kernels.py)."""
-    return keras.config.backend() != "torch"
+def _dispatch(training):
+    """How the tokens reach their experts on this backend (the layer's one backend switch):
+    - "runs" on PyTorch: its grouped product, a custom operation (`expert_runs`) that its one-graph compiled
+      steps record as one node, running each expert's rows through its weights in place, forward and backward;
+    - "switch" under XLA (JAX, TensorFlow) outside training: a branch reads its static slice of the stacked weights
+      in place, where a gather copies it slowly;
+    - "blocks" under XLA in training: the blocks gather their weights (a switch's gradient is a branch per block)."""
+    if keras.config.backend() == "torch":
+        return "runs"
+    return "blocks" if training else "switch"
 
 
 def expert_blocks(num_assignments, num_experts):
