@@ -53,7 +53,7 @@ def check_q4_0(checkpoint):
     """Refuse a file whose projection weights (every matrix but `_FLOAT_MATRICES` and stacked experts) are not all
     Q4_0, naming the first such tensor and its type, before any layer is quantized."""
     for name in checkpoint.tensors:
-        if len(checkpoint.shape(name)) != 2 or name.split(".", 2)[-1] in _FLOAT_MATRICES:
+        if len(checkpoint.shape(name)) != 2 or name.split(".", 2)[-1] in _FLOAT_MATRICES or name in _FLOAT_MATRICES:
             continue
         kind = checkpoint.tensor_type(name)
         if kind != "Q4_0":

@@ -8,6 +8,8 @@ its tests compare with the float load of the same file and with gguf's own reade
 Axes: B batch, T length, V vocabulary, O outputs, I inputs, G blocks of 32 inputs, R and C a kernel's rows and columns.
 """
 
+from pathlib import Path
+
 import gguf
 import keras
 import numpy as np
@@ -113,12 +115,15 @@ def test_int4_numbers_and_scales_are_the_files(loads, q4_files):
 
 
 def test_int4_refuses_what_it_cannot_keep(loads, tmp_path):
-    """A projection that is not Q4_0 (here F16: llama_stdlib's feed-forward width 366 is no whole number of blocks,
-    so its down projection's rows are written F16), another mode, or a checkpoint that is not a GGUF file: each a
-    ValueError naming it, before any weight is assigned."""
+    """A projection that is not Q4_0 (F16: llama_stdlib's feed-forward width 366 is no whole number of blocks, so
+    its down projection's rows are written F16; K-quants: the committed llama-quantize file), another mode, or a
+    checkpoint that is not a GGUF file: each a ValueError naming it, before any weight is assigned."""
     path = CausalLM.from_preset("llama_stdlib").export(tmp_path / "l.gguf", format="gguf", gguf_type="q4_0")
     with pytest.raises(ValueError, match=r"'blk\.0\.ffn_down\.weight' is F16"):
         CausalLM.from_preset(path, quantize="int4")
+    kquants = Path(__file__).parent / "data" / "llama_kquants.gguf"  # llama-quantize's K-quant mix
+    with pytest.raises(ValueError, match=r"'blk\.0\.attn_k\.weight' is Q3_K"):
+        CausalLM.from_preset(kquants, quantize="int4")
     with pytest.raises(ValueError, match="quantize='int8'"):
         CausalLM.from_preset(path, quantize="int8")
     with pytest.raises(ValueError, match=r"'llama_stdlib' offers \[\].*quantize='int4'"):
