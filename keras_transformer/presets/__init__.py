@@ -9,8 +9,8 @@ A preset is a directory:
     model.weights.h5    backbone weights (optional: presets without it start from random weights)
     task.weights.h5     the whole task, head included (optional)
     metadata.json       versions, backend saved from, parameter count
-    (config.json's optional "quantization": "int8" / "int4": the model is quantized before its
-    weights load, so quantized weights keep their 8 / 4-bit form)
+    (config.json's optional "quantization": "int8" / "int4", and "quantization_block_size" for int4 in
+    blocks: the model is quantized before its weights load, so quantized weights keep their 8 / 4-bit form)
     README.md           the model card
 Only classes registered by this library can be named in a config (safe loading).
 

@@ -7,6 +7,8 @@ weights keep their 8- or 4-bit form.
 
 from pathlib import Path
 
+import keras
+
 from keras_transformer.presets import weights
 from keras_transformer.presets.files import read_json
 from keras_transformer.presets.registry import base_class, checkpoint_reader, file_reader, get_class
@@ -49,10 +51,16 @@ def load_backbone(cls, preset, load_weights=True, **overrides):
         raise ValueError(f"Preset {str(preset)!r} holds a {backbone_cls.__name__}, not a {cls.__name__}.{hint}")
     backbone = backbone_cls(**{**spec["config"], **overrides})
     if config.get("quantization") is not None:  # rebuilt quantized, so the quantized weights fit
-        backbone.quantize(config["quantization"])
+        backbone.quantize(config["quantization"], config=_quantization_config(config))
     if load_weights:
         weights.load_weights(backbone, path, config, BACKBONE_WEIGHTS_FILE)
     return backbone
+
+
+def _quantization_config(config):
+    """Keras's int4 config with the block size a preset records ("quantization_block_size"), else None."""
+    block = config.get("quantization_block_size")
+    return None if block is None else keras.quantizers.Int4QuantizationConfig(block_size=int(block))
 
 
 def _presets_of(cls):
@@ -110,7 +118,7 @@ def load_task(cls, preset, load_weights=True, preprocessor="auto", quantize=None
             preprocessor = cls.preprocessor_cls.from_config(pre_config, tokenizer=load_tokenizer(preset))
     task = cls(backbone=backbone, preprocessor=preprocessor, **{**task_kwargs, **kwargs})
     if config.get("quantization") is not None:
-        task.quantize(config["quantization"])  # the head's projections (the backbone's already are)
+        task.quantize(config["quantization"], config=_quantization_config(config))  # the head's (the backbone's are)
     if load_weights:
         if task_kwargs == {**task_kwargs, **kwargs} and (path / TASK_WEIGHTS_FILE).is_file():
             weights.load_weights(task, path, config, TASK_WEIGHTS_FILE)

@@ -31,9 +31,16 @@ def _backbone_spec(backbone):
     return {"class_name": type(backbone).__name__, "config": config}
 
 
-def _quantization_entry(mode):
-    """{"quantization": mode} for a model with quantized weights ("int8", "int4"), else {}."""
-    return {} if mode is None else {"quantization": mode}
+def _quantization_entry(mode, model):
+    """{"quantization": mode} for a model with quantized weights ("int8", "int4"), else {}; int4 in blocks (Keras's
+    sub-channel int4, e.g. a GGUF file's Q4_0 kept 4-bit) adds {"quantization_block_size": n}, so that the loader
+    rebuilds the same layers."""
+    if mode is None:
+        return {}
+    sizes = {getattr(layer, "_int4_block_size", None) for layer in model._flatten_layers()} - {None, -1}
+    if len(sizes) > 1:
+        raise ValueError(f"The int4 layers of this {type(model).__name__} have several block sizes: {sorted(sizes)}.")
+    return {"quantization": mode, **({"quantization_block_size": int(sizes.pop())} if sizes else {})}
 
 
 def save_backbone(backbone, preset_dir, overwrite=True, extra=None, quantization=None):
@@ -44,7 +51,7 @@ def save_backbone(backbone, preset_dir, overwrite=True, extra=None, quantization
             "family": getattr(backbone, "family", None),
             "parameter_count": int(backbone.count_params()),
             "backbone": _backbone_spec(backbone),
-            **_quantization_entry(quantization),
+            **_quantization_entry(quantization, backbone),
             **(extra or {}),
         }
         write_json(tmp / CONFIG_FILE, config)
@@ -67,7 +74,7 @@ def save_task(task, preset_dir, overwrite=True, quantization=None):
             "parameter_count": int(task.backbone.count_params()),
             "backbone": _backbone_spec(task.backbone),
             "task": {"class_name": type(task).__name__, "config": task_config},
-            **_quantization_entry(quantization),
+            **_quantization_entry(quantization, task),
         }
         if task.preprocessor is not None:
             config["preprocessor"] = {

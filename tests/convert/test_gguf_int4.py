@@ -128,3 +128,14 @@ def test_int4_refuses_what_it_cannot_keep(loads, tmp_path):
         CausalLM.from_preset(path, quantize="int8")
     with pytest.raises(ValueError, match=r"'llama_stdlib' offers \[\].*quantize='int4'"):
         CausalLM.from_preset("llama_stdlib", quantize="int4")
+
+
+def test_int4_load_saves_as_a_preset_and_loads_back(loads, tmp_path):
+    """save_to_preset records the block size (config.json's quantization_block_size), so from_preset rebuilds the
+    32-wide int4 layers and loads the same numbers and scales: the same logits, exactly."""
+    int4_lm = loads["llama"][1]
+    int4_lm.save_to_preset(tmp_path / "preset")
+    back = CausalLM.from_preset(tmp_path / "preset")
+    layer = back.backbone.transformer_layers[0].feed_forward.output_dense
+    assert layer.quantization_mode == "int4" and layer._int4_block_size == BLOCK
+    np.testing.assert_array_equal(_logits(back), _logits(int4_lm))
