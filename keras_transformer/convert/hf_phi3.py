@@ -18,9 +18,10 @@ Other rope types, activations and biases are refused with the option's name.
 
 Cached decoding picks the factors by each call's last position + 1, as transformers' model does with a cache.
 transformers' `generate` also drops its cache once, at the step whose sequence first passes N, and recomputes every
-position with the long factors; our `generate` does not recompute, so a generation that crosses N (a prompt of at
-most N tokens that grows past N) keeps the keys its prefill wrote with the short factors. A prompt longer than N,
-or a whole generation within N, gives transformers' tokens.
+position with the long factors; so do our decoding loops (decoding/decode_loop.py's `refresh_after`, read from the
+rotary layer, on every backend, compiled or host-stepped, beams included; constrained decoding too). Every cached
+generation therefore gives the full forward pass's tokens, within N, past it and across it. Speculative decoding
+across N is refused.
 """
 
 import math

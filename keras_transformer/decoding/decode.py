@@ -10,7 +10,7 @@ from keras import ops
 from keras_transformer.decoding import compile as compile_lib
 from keras_transformer.decoding.cache_schedule import cache_width, cache_widths, widen
 from keras_transformer.decoding.decode_loop import LoopSpec, cache_dtype, is_seq2seq, one_step, outputs, prepare
-from keras_transformer.decoding.decode_loop import run, start, step
+from keras_transformer.decoding.decode_loop import refresh_after, run, start, step
 
 
 def decode(task, sampler, options, inputs, streamer=None):
@@ -42,12 +42,16 @@ def decode(task, sampler, options, inputs, streamer=None):
         )
     else:  # the loop's step as a one-iteration loop (XLA), so that the streamer sees every token
         one = compile_lib.compiled(task, ("step",) + key, lambda: lambda x, i, s, k: one_step(spec, x, i, s, k))
+    # A model whose cache goes stale at N runs the step i = N + 1 as `decode_loop._refresh_step` (not compiled
+    # by torch.compile: it runs once per call).
+    refresh = refresh_after(task)
+    again = compile_lib.compiled(task, ("refresh",) + key, lambda: lambda x, i, s, k: step(spec, x, i, s, k, True))
     i, state = begin(loop_inputs, prepared)
     widths = cache_widths(length, cache_width(state), spec.options.chunked_cache)
     position = int(ops.convert_to_numpy(i))
     while position < length and bool(ops.convert_to_numpy(sampler._is_running(state))):
         state = widen(state, next(w for w in widths if w >= position))  # step i writes at i - 1
-        i, state = one(loop_inputs, i, state, kernels)
+        i, state = (again if refresh is not None and position == refresh + 1 else one)(loop_inputs, i, state, kernels)
         position += 1
         if streamer is not None:
             emitted = ops.convert_to_numpy(state.sampler.emitted)

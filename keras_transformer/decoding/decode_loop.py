@@ -153,11 +153,18 @@ def _beam_rows(tokens, cache, num_beams, flat):
     return Rows(tokens, loop_cache(slots, flat), ancestry=ops.repeat(ancestry[:, None], width, axis=1))
 
 
-def body(spec, ctx, i, state, head=None, kernels=None):
-    """One step: feed token i - 1, process the logits of position i, let the sampler write token i."""
+def body(spec, ctx, i, state, head=None, kernels=None, refresh=False):
+    """One step: feed token i - 1, process the logits of position i, let the sampler write token i.
+
+    refresh: the step at i = N + 1 of a model whose cache goes stale at N (`refresh_after`): it feeds every
+    position [0, N + 1) again into an empty cache, as transformers' Phi-3 `generate` does at that step.
+    """
     sampler, options = spec.sampler, spec.options
-    token = column(state.rows.tokens, i - 1, options.gather_columns)[:, None]  # (R, 1)
-    logits, rows = _model_step(spec, ctx, token, i, state, head, kernels)  # (R, V)
+    if refresh:
+        logits, rows = _refresh_step(spec, ctx, state, head, kernels)  # (R, V)
+    else:
+        token = column(state.rows.tokens, i - 1, options.gather_columns)[:, None]  # (R, 1)
+        logits, rows = _model_step(spec, ctx, token, i, state, head, kernels)  # (R, V)
     if options.return_logits:
         rows = rows._replace(logits=ops.slice_update(rows.logits, (0, i, 0), logits[:, None, :]))
     scores = process(sampler._prepare_scores(logits), rows, i, ctx)
@@ -199,9 +206,46 @@ def _model_step(spec, ctx, token, i, state, head, kernels):
     return logits[:, 0, :], rows._replace(cache=loop_cache(cache, options.flat_cache))  # (R, 1, V) -> (R, V)
 
 
-def step(spec, inputs: LoopInputs, i, state, kernels=None):
+def refresh_after(task):
+    """N: the length past which the task's layers compute otherwise, so that a cache written within N goes stale
+    once a step passes it (a rotary layer's `long_after`: longrope's long factors), or None (the usual case)."""
+    layers = task.backbone._flatten_layers() if isinstance(task.backbone, keras.layers.Layer) else ()
+    lengths = [layer.long_after for layer in layers if getattr(layer, "long_after", None) is not None]
+    return min(lengths) if lengths else None
+
+
+def _refresh_step(spec, ctx, state, head, kernels):
+    """The step at i = N + 1 that computes the cache again: positions [0, N + 1) of every row (all known then:
+    prompt or chosen) through the model at once into an empty cache of the loop's width, in the loop's layout
+    (a beam's row into its own slot). -> (logits (R, V) of position N, rows)."""
+    task, options, rows = spec.task, spec.options, state.rows
+    count = refresh_after(task) + 1
+    width = cache_width(state)
+    if width is None:  # a dynamic cache (the SavedModel's trace): as wide as the buffer
+        width = ops.shape(rows.tokens)[1]
+    tokens = rows.tokens[:, :count]  # (R, N + 1)
+    _, layers, _, heads, _, head_dim = task.backbone.cache_shape(ctx.num_rows, width)
+    empty = [
+        tuple(ops.zeros((ctx.num_rows, heads, width, head_dim), cache_dtype(task)) for _ in range(2))
+        for _ in range(layers)
+    ]
+    logits, cache = model_step(task, tokens, empty, 0, state.encoded, head, kernels)  # (R, N + 1, V)
+    if options.beam_cache:  # row b * K + k -> slot k of input b: position s of slot k at s * K + k
+        K, B = ctx.num_beams, ctx.batch_size
+
+        def slots(t):  # (R, Hkv, W, Dh) -> (B, Hkv, W * K, Dh)
+            t = ops.transpose(ops.reshape(t, (B, K, heads, width, head_dim)), (0, 2, 3, 1, 4))
+            return ops.reshape(t, (B, heads, width * K, head_dim))
+
+        cache = [(ops.swapaxes(slots(keys), 2, 3), slots(values)) for keys, values in cache]
+        own_slot = ops.arange(ctx.num_rows, dtype="int32") % K  # (R,)
+        rows = rows._replace(ancestry=ops.repeat(own_slot[:, None], width, axis=1))
+    return logits[:, -1, :], rows._replace(cache=loop_cache(cache, options.flat_cache))
+
+
+def step(spec, inputs: LoopInputs, i, state, kernels=None, refresh=False):
     """One step run on its own (a PyTorch step compiled one by one): `body` with the call's context."""
-    return body(spec, spec.context(inputs), i, state, kernels=kernels)
+    return body(spec, spec.context(inputs), i, state, kernels=kernels, refresh=refresh)
 
 
 def one_step(spec, inputs: LoopInputs, i, state, kernels=None):
@@ -232,14 +276,36 @@ def run(spec, inputs: LoopInputs, prepared, kernels=None):
     def loop_body(i, state):
         return body(spec, ctx, i, state, head, kernels)
 
+    refresh = refresh_after(task)
     for width, bound in _chunks(ctx.length, cache_width(state), spec.options.chunked_cache):
         state = widen(state, width)
+        # A model whose cache goes stale at N: the chunk holding the step i = N + 1 stops before it, runs that
+        # step alone (`_refresh_step`) if the loop reached it, and goes on.
+        stops = [bound]
+        if refresh is not None and _holds(width, bound, refresh + 1):
+            stops, refresh_due = [ops.minimum(bound, refresh + 1), bound], refresh
+            refresh = None  # the first chunk that holds the step runs it
 
-        def cond(i, state, bound=bound):
-            return ops.logical_and(i < bound, sampler._is_running(state))
+        for stop in stops:
 
-        i, state = ops.while_loop(cond, loop_body, (i, state))
+            def cond(i, state, stop=stop):
+                return ops.logical_and(i < stop, sampler._is_running(state))
+
+            i, state = ops.while_loop(cond, loop_body, (i, state))
+            if stop is not bound:
+                due = ops.logical_and(ops.equal(i, refresh_due + 1), sampler._is_running(state))
+                i, state = ops.cond(
+                    due, lambda: body(spec, ctx, i, state, head, kernels, refresh=True), lambda: (i, state)
+                )
     return outputs(spec, state)
+
+
+def _holds(width, bound, i):
+    """Whether the chunk of cache width W running the steps below `bound` runs step i (its write at i - 1 fits W);
+    a dynamic bound (the SavedModel's one chunk) holds every step."""
+    if not isinstance(bound, int):
+        return True
+    return i < bound and i - 1 < width
 
 
 def _chunks(length, first_width, chunked):

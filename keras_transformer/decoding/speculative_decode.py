@@ -10,7 +10,7 @@ from keras import ops
 
 from keras_transformer.decoding import compile as compile_lib
 from keras_transformer.decoding.decode import prepare_compiled
-from keras_transformer.decoding.decode_loop import LoopSpec, cache_dtype
+from keras_transformer.decoding.decode_loop import LoopSpec, cache_dtype, refresh_after
 from keras_transformer.decoding.loop_state import ABSENT, present
 from keras_transformer.decoding.speculative_loop import speculative_one_step, speculative_outputs, speculative_run
 from keras_transformer.decoding.speculative_loop import speculative_start, speculative_step
@@ -30,6 +30,7 @@ def speculative_decode(task, sampler, options, speculation, inputs, source=ABSEN
         draft: None (prompt lookup), or the draft model (a task of the same kind and vocabulary).
     """
     rows, length = inputs.loop.token_ids.shape
+    _check_no_refresh(task, draft, int(inputs.loop.start), length)
     bits = int("".join(c for c in cache_dtype(task) if c.isdigit()))
     cache_bytes = int(np.prod(task.backbone.cache_shape(rows, length))) * bits // 8
     plan = compile_lib.plan(task, sampler, options, (rows, length), cache_bytes)
@@ -86,3 +87,17 @@ def speculative_decode(task, sampler, options, speculation, inputs, source=ABSEN
                 if np.any(column >= 0):
                     streamer(column)
     return compile_lib.to_numpy(speculative_outputs(spec, state))
+
+
+def _check_no_refresh(task, draft, start, length):
+    """A model whose cache goes stale at N (`refresh_after`: longrope) computes its cache again at the step
+    i = N + 1, which a verify window of several positions cannot do: a generation that crosses N is refused."""
+    for model, name in ((task, "the model"), (draft, "the draft model")):
+        after = None if model is None else refresh_after(model)
+        if after is not None and start <= after + 1 < length:
+            raise ValueError(
+                f"Speculative decoding cannot cross position {after} of {name}, where its rotary frequencies "
+                f"change (longrope's original_max_position_embeddings={after}) and its cache is computed again: "
+                f"the prompts start at {start} and the generation runs to {length}. Generate without "
+                "`prompt_lookup_num_tokens` / `draft_model`, or with prompts longer than that position."
+            )

@@ -110,6 +110,8 @@ class PaddedQueryCache:
     row's attention output, so they stay finite, and nothing they compute is written or read.
     """
 
+    real_queries = 1  # the query rows that are positions of the sequence (the rotary's call length counts them)
+
     def __init__(self, keys, values):
         self.keys, self.values = keys, values
 

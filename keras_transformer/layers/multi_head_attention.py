@@ -255,7 +255,8 @@ class MultiHeadAttention(keras.layers.Layer):
         q = self.normalize(self.query_dense(query), "query")  # (B, T, H, Dh)
         if cache is not None and cache_index is not None:
             # A step: the cache writes the new keys/values and attends, whatever its kind.
-            q, k = self.rotate(q, self._keys(key), cache_index)
+            # A padded query's copies are not positions of the sequence (longrope picks its factors by its length).
+            q, k = self.rotate(q, self._keys(key), cache_index, getattr(as_cache(cache), "real_queries", None))
             output, scores, updated = as_cache(cache).attend(
                 self,
                 q,
@@ -295,12 +296,16 @@ class MultiHeadAttention(keras.layers.Layer):
         """(B, S, D) -> projected (and normed) keys (B, S, Hkv, Dh), not rotated yet."""
         return self.normalize(self.key_dense(key), "key")
 
-    def rotate(self, q, k, start_index):
+    def rotate(self, q, k, start_index, real_length=None):
         """Queries (B, T, H, Dh) and keys (B, T, Hkv, Dh) at positions [start_index, start_index + T),
-        rotated by the rotary embedding if the layer has one."""
+        rotated by the rotary embedding if the layer has one (`real_length`: see `RotaryEmbedding.call`)."""
         if self.rotary_embedding is None:
             return q, k
-        return self.rotary_embedding(q, start_index=start_index), self.rotary_embedding(k, start_index=start_index)
+        rotary = self.rotary_embedding
+        return (
+            rotary(q, start_index=start_index, real_length=real_length),
+            rotary(k, start_index=start_index, real_length=real_length),
+        )
 
     def _attend(self, q, k, v, mask, attention_bias, return_scores, training):
         """q (B, T, H, Dh), k/v (B, S, Hkv, Dh) -> (B, T, H, Dh) and probabilities (B, H, T, S) or None."""

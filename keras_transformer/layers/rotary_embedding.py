@@ -114,13 +114,17 @@ class RotaryEmbedding(keras.layers.Layer):
             return ops.cos(angles), ops.sin(angles)
         return ops.cos(angles) * self.attention_factor, ops.sin(angles) * self.attention_factor
 
-    def call(self, inputs, start_index=0):
+    def call(self, inputs, start_index=0, real_length=None):
+        """inputs (B, T, heads, Dh) at positions [start_index, start_index + T). real_length: None, or how many of
+        the T positions are real (a padded query's copies are not): the call's length that picks longrope's
+        factors is start_index + real_length."""
         head_dim = inputs.shape[-1]
         rotary_dim = self.rotary_dim or head_dim
         length = ops.shape(inputs)[1]
         start = ops.cast(start_index, "int32")
         positions = ops.arange(length, dtype="int32") + start
-        cos, sin = self.cos_sin(positions, head_dim, sequence_length=start + length)
+        real = length if real_length is None else real_length
+        cos, sin = self.cos_sin(positions, head_dim, sequence_length=start + real)
         cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # (T, R) -> (1, T, 1, R)
         x = ops.cast(inputs, "float32")
         rotated, passed = x[..., :rotary_dim], x[..., rotary_dim:]

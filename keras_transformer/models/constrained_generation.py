@@ -17,6 +17,7 @@ import json
 import numpy as np
 from keras import ops
 
+from keras_transformer.decoding.decode_loop import refresh_after
 from keras_transformer.decoding.generate_inputs import stop_token_ids as read_stop_token_ids
 from keras_transformer.samplers.random_sampler import RandomSampler
 
@@ -114,6 +115,7 @@ def _decode(task, prompt, matcher, max_new_tokens, stops, temperature, rng):
     logits, cache = task.call_with_cache(ops.convert_to_tensor([prompt], "int32"), cache, 0)  # (1, T, V)
     mask = llguidance_numpy.allocate_token_bitmask(1, logits.shape[-1])  # (1, ceil(V / 32)) int32
     new = []
+    refresh = refresh_after(task)  # see decoding/decode_loop.py's `_refresh_step`
     for step in range(max_new_tokens):
         scores = ops.convert_to_numpy(logits[0, -1]).astype(np.float64)  # (V,)
         llguidance_numpy.fill_next_token_bitmask(matcher, mask)
@@ -130,5 +132,9 @@ def _decode(task, prompt, matcher, max_new_tokens, stops, temperature, rng):
         new.append(token)
         if token in stops or step + 1 == max_new_tokens:
             break
+        if refresh is not None and len(prompt) + len(new) == refresh + 1:  # the cache went stale (longrope)
+            empty = [tuple(ops.zeros_like(part) for part in layer) for layer in cache]
+            logits, cache = task.call_with_cache(ops.convert_to_tensor([prompt + new], "int32"), empty, 0)
+            continue
         logits, cache = task.call_with_cache(ops.convert_to_tensor([[token]], "int32"), cache, len(prompt) + step)
     return new

@@ -3,11 +3,12 @@
 
 The peer is one random Phi3ForCausalLM (eager attention, 2 query heads of 32 sharing 1 key/value head, fused
 qkv_proj and gate_up_proj) with every Phi quirk at once: half of each head rotating (partial_rotary_factor 0.5),
-longrope scaling whose original length (32) is shorter than the long test sequences (40 positions, and prompts of
-34 and 36 tokens that grow by 10), so that both the short and the long factors and the attention factor are
-exercised, and a sliding window (16) shorter than those sequences. Ours is loaded from its directory by
-`CausalLM.from_preset`, which must pick LlamaCausalLM. The original length is a multiple of the prefill's bucket
-(32), as Phi-4-mini's 4096 is: see convert/hf_phi3.py on the one case transformers' `generate` recomputes.
+longrope scaling whose original length (32) is shorter than the long test sequences (40 positions, prompts of
+34 and 36 tokens that grow by 10, and prompts of 25 and 28 tokens whose generation crosses it, where transformers'
+`generate` computes its cache again: see convert/hf_phi3.py), so that both the short and the long factors and the
+attention factor are exercised, and a sliding window (16) shorter than those sequences. Ours is loaded from its
+directory by `CausalLM.from_preset`, which must pick LlamaCausalLM. The original length is a multiple of the
+prefill's bucket (32), as Phi-4-mini's 4096 is.
 
 Axes: B batch, T length, V vocabulary.
 """
@@ -24,6 +25,7 @@ import transformers
 import keras_transformer as kt
 from keras_transformer import presets
 from keras_transformer.convert import hf_phi3
+from keras_transformer.models import constrained_generation
 from keras_transformer.models import Backbone, CausalLM, LlamaBackbone, LlamaCausalLM, LlamaCausalLMPreprocessor
 from keras_transformer.presets import load_config
 from keras_transformer.samplers import BeamSampler, RandomSampler
@@ -37,7 +39,9 @@ ATOL = 1e-4
 NEW_TOKENS = 10
 ORIGINAL = 32  # original_max_position_embeddings
 LENGTHS = {"short": 12, "long": 40}  # sequence lengths of the logits tests, either side of ORIGINAL
-PROMPTS = {"short": (6, 3), "long": (36, 34)}  # prompt lengths: within ORIGINAL after 10 new tokens, or past it
+# prompt lengths: within ORIGINAL after 10 new tokens, past it, or crossing it (the cache computed again at the step
+# whose sequence first passes ORIGINAL, as transformers' generate does)
+PROMPTS = {"short": (6, 3), "long": (36, 34), "crossing": (28, 25)}
 
 
 def build_phi3(directory, seed=0):
@@ -172,10 +176,12 @@ def test_greedy_generation_matches(phi3, regime):
         assert len(set(row[len(prompt) :])) >= 2  # the continuation is not one repeated token
 
 
-def test_beam_generation_matches(phi3):
-    """Beam-4 past the original length, with our BeamSampler's defaults passed to the peer explicitly."""
+@pytest.mark.parametrize("regime", ["long", "crossing"])
+def test_beam_generation_matches(phi3, regime):
+    """Beam-4 past the original length and across it, with our BeamSampler's defaults passed to the peer
+    explicitly."""
     _, peer, lm = phi3
-    prompts = _prompts(peer.config.vocab_size, "long")
+    prompts = _prompts(peer.config.vocab_size, regime)
     sampler = BeamSampler(num_beams=4)
     ours = lm.generate(prompts, max_new_tokens=NEW_TOKENS, stop_token_ids=None, sampler=sampler)
     for prompt, row in zip(prompts, ours):
@@ -187,6 +193,29 @@ def test_beam_generation_matches(phi3):
             early_stopping=sampler.early_stopping,
         )
         assert row == expected
+
+
+def test_streamed_and_constrained_generation_cross_the_original_length(phi3, monkeypatch):
+    """The host-stepped loops (a streamer; constrained decoding with its mask made to allow every token) compute
+    the cache again where the compiled loop does: transformers' tokens across the original length. Speculation
+    cannot, and says so."""
+    _, peer, lm = phi3
+    prompt = _prompts(peer.config.vocab_size, "crossing")[0]
+    expected = _peer_generate(peer, prompt)
+    streamed = []
+    ours = lm.generate([prompt], max_new_tokens=NEW_TOKENS, stop_token_ids=None, streamer=streamed.append)
+    assert ours == [expected] and len(streamed) == NEW_TOKENS
+    end = peer.config.eos_token_id
+    assert end not in expected[len(prompt) :]  # the grammar's stop token never comes: all ten tokens are compared
+    monkeypatch.setattr(constrained_generation.llguidance_numpy, "fill_next_token_bitmask", _allow_all)
+    free = lm.generate_constrained([prompt], regex="a", max_new_tokens=NEW_TOKENS, stop_token_ids=[end])
+    assert free == [expected]
+    with pytest.raises(ValueError, match="cannot cross position 32"):
+        lm.generate([prompt], max_new_tokens=NEW_TOKENS, stop_token_ids=None, prompt_lookup_num_tokens=3)
+
+
+def _allow_all(matcher, mask):
+    mask.fill(-1)  # every bit set: every token allowed
 
 
 def test_random_sampler_runs_the_same_step(phi3):
@@ -218,7 +247,7 @@ def test_onnx_bundle_generates_our_tokens(tmp_path, phi3):
     _, peer, lm = phi3
     bundle = lm.export(tmp_path / "bundle", format="onnx")
     generator = bundle_generator(bundle)
-    for regime in sorted(PROMPTS):
+    for regime in ("long", "short"):
         prompts = _prompts(peer.config.vocab_size, regime)
         ours = lm.generate(prompts, max_new_tokens=NEW_TOKENS, stop_token_ids=None)
         theirs = generator.generate_ids(prompts, max_new_tokens=NEW_TOKENS, stop_token_ids=None)
