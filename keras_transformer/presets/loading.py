@@ -40,9 +40,11 @@ def load_config(preset, allow_pickle=False):
 
 def load_backbone(cls, preset, load_weights=True, **overrides):
     """Build the backbone `preset` names (a `cls`) from its config, quantized if it was saved so, and
-    load its weights."""
+    load its weights (`quantize="int4"`: a GGUF file's Q4_0 weights kept 4-bit, as in `load_task`)."""
     Backbone = base_class("backbone")
     path, config = load_config(preset, allow_pickle=overrides.pop("allow_pickle", False))
+    quantize = overrides.pop("quantize", None)
+    _check_quantize(preset, config, quantize, load_weights)
     spec = config["backbone"]
     backbone_cls = get_class(spec["class_name"], Backbone)
     if cls is not Backbone and not issubclass(backbone_cls, cls):
@@ -52,9 +54,22 @@ def load_backbone(cls, preset, load_weights=True, **overrides):
     backbone = backbone_cls(**{**spec["config"], **overrides})
     if config.get("quantization") is not None:  # rebuilt quantized, so the quantized weights fit
         backbone.quantize(config["quantization"], config=_quantization_config(config))
-    if load_weights:
+    if load_weights and quantize is not None:  # a converter keeping the checkpoint's quantized weights
+        config["weights"](backbone, quantize=quantize)
+    elif load_weights:
         weights.load_weights(backbone, path, config, BACKBONE_WEIGHTS_FILE)
     return backbone
+
+
+def _check_quantize(preset, config, quantize, load_weights):
+    """`from_preset(quantize=...)` keeps a checkpoint's own quantized weights where its converter offers the mode."""
+    offered = getattr(config.get("weights"), "quantize_modes", ())
+    if quantize is not None and (quantize not in offered or not load_weights):
+        raise ValueError(
+            f"from_preset(quantize=...) keeps a checkpoint's own quantized weights; {str(preset)!r} offers "
+            f"{list(offered) if load_weights else []} (GGUF files: 'int4' for Q4_0 tensors). Otherwise load the "
+            f"float model and call quantize(mode). Received: quantize={quantize!r}"
+        )
 
 
 def _quantization_config(config):
@@ -91,13 +106,7 @@ def load_task(cls, preset, load_weights=True, preprocessor="auto", quantize=None
     checkpoint's own 4-bit weights 4-bit (a GGUF file's Q4_0 tensors), where its converter offers it."""
     Task = base_class("task")
     path, config = load_config(preset, allow_pickle=kwargs.pop("allow_pickle", False))
-    offered = getattr(config.get("weights"), "quantize_modes", ())
-    if quantize is not None and (quantize not in offered or not load_weights):
-        raise ValueError(
-            f"from_preset(quantize=...) keeps a checkpoint's own quantized weights; {str(preset)!r} offers "
-            f"{list(offered) if load_weights else []} (GGUF files: 'int4' for Q4_0 tensors). Otherwise load the "
-            f"float model and call task.quantize(mode). Received: quantize={quantize!r}"
-        )
+    _check_quantize(preset, config, quantize, load_weights)
     backbone_cls = cls.backbone_cls
     # `dtype` builds the backbone's layers in it (the task itself keeps float32 outputs).
     dtype = {"dtype": kwargs["dtype"]} if kwargs.get("dtype") is not None else {}

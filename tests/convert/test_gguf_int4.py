@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from keras import quantizers
 
-from keras_transformer.models import CausalLM
+from keras_transformer.models import CausalLM, LlamaBackbone
 from tests.conftest import to_numpy
 from tests.convert import hf_models
 
@@ -101,7 +101,8 @@ def test_int4_load_keeps_the_files_blocks(loads, name):
 
 def test_int4_numbers_and_scales_are_the_files(loads, q4_files):
     """The feed-forward output projection of Llama's layer 0 (kernel (F, D) = the file's (D, F) transposed): its
-    int4 numbers are the file's 4-bit numbers - 8 and its scales the blocks' float16 d, read with gguf's reader."""
+    int4 numbers are the file's 4-bit numbers - 8 and its scales the blocks' float16 d, read with gguf's reader; a
+    LlamaBackbone loaded alone with quantize="int4" holds the same numbers."""
     tensor = {t.name: t for t in gguf.GGUFReader(q4_files["llama"]).tensors}["blk.0.ffn_down.weight"]
     blocks = np.asarray(tensor.data)  # (D, G * 18) bytes
     D, F = blocks.shape[0], blocks.shape[1] // 18 * BLOCK
@@ -112,6 +113,8 @@ def test_int4_numbers_and_scales_are_the_files(loads, q4_files):
     np.testing.assert_array_equal(stored_scale, scale.T)
     np.testing.assert_array_equal(q, np.rint(reference / np.repeat(scale, BLOCK, axis=1)).T)
     assert q.min() >= -8 and q.max() <= 7 and np.abs(q).max() == 8  # Q4_0 puts each block's extreme at -8
+    backbone = LlamaBackbone.from_preset(q4_files["llama"], quantize="int4")  # a backbone alone, the same way
+    np.testing.assert_array_equal(_int4_kernel(backbone.transformer_layers[0].feed_forward.output_dense)[0], q)
 
 
 def test_int4_refuses_what_it_cannot_keep(loads, tmp_path):
