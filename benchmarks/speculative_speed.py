@@ -1,7 +1,9 @@
-"""Speculative decoding by prompt lookup against plain greedy decoding, same model, same run (issue 41).
+"""Speculative decoding by prompt lookup (or, with --draft, a draft model) against plain greedy decoding, same model,
+same run (issue 41).
 
     KERAS_BACKEND=jax python benchmarks/speculative_speed.py [--preset llama_stdlib] [--repeats 7]
     python benchmarks/speculative_speed.py --backends jax,tensorflow,torch   # each backend in a child, one table
+    python benchmarks/speculative_speed.py --draft llama_stdlib_draft --backends jax,tensorflow,torch
 
 Batch 1, greedy, no stop token, on a trained preset (`llama_stdlib` by default, `gpt_stdlib`): a copy-heavy
 prompt, a block of imports written three times and begun a fourth, which the greedy continuation repeats
@@ -70,27 +72,122 @@ def measure(preset, repeats):
     }
 
 
+DRAFT_PROMPT = "def __init__(self"
+
+
+def expected_tokens(alpha, k):
+    """Tokens a verify pass yields when each of its K drafts is accepted with probability alpha, independently:
+    (1 - alpha^(K+1)) / (1 - alpha) (Leviathan et al.)."""
+    return k + 1.0 if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def break_even(ratio_of_costs, k):
+    """The acceptance rate at which a pass's cost (in plain steps) buys as many tokens: solves
+    expected_tokens(alpha, K) = ratio_of_costs by bisection (None when even alpha = 1 cannot)."""
+    if ratio_of_costs > k + 1:
+        return None
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if expected_tokens(middle, k) < ratio_of_costs else (low, middle)
+    return (low + high) / 2
+
+
+def measure_draft(preset, draft_preset, repeats):
+    """{K: (ratio, tokens/s speculative, tokens/s plain, verify passes, acceptance, break-even)} for a draft model,
+    on a plain prompt (`DRAFT_PROMPT`), batch 1, greedy."""
+    import keras_transformer as kt
+
+    lm = kt.models.CausalLM.from_preset(preset)
+    draft = kt.models.CausalLM.from_preset(draft_preset)
+    prompt_tokens = len(lm.preprocessor.generate_preprocess([DRAFT_PROMPT])[0])
+    new_tokens = lm.backbone.max_sequence_length - prompt_tokens - 2
+    module = importlib.import_module("keras_transformer.decoding.generate")
+    passes, speculative_decode = [], module.speculative_decode
+
+    def counted(*args, **kwargs):
+        outputs = speculative_decode(*args, **kwargs)
+        passes.append(int(outputs["steps"]))
+        return outputs
+
+    module.speculative_decode = counted
+    plain = lm.generate(DRAFT_PROMPT, max_new_tokens=new_tokens, stop_token_ids=None)
+    results = {}
+    for k in DRAFTS:
+
+        def speculative(k=k):
+            return lm.generate(
+                DRAFT_PROMPT, max_new_tokens=new_tokens, stop_token_ids=None, draft_model=draft, num_draft_tokens=k
+            )
+
+        assert speculative() == plain, "the draft model changed the greedy tokens"
+        _, best, per_round = paired(
+            [lambda: lm.generate(DRAFT_PROMPT, max_new_tokens=new_tokens, stop_token_ids=None), speculative], repeats
+        )
+        ratio = float(np.median([p / s for p, s in zip(*per_round)]))
+        steps = passes[-1]
+        acceptance = (new_tokens / steps - 1.0) / k  # accepted drafts per proposed draft
+        pass_cost = (best[1] / steps) / (best[0] / new_tokens)  # one pass, in plain steps
+        results[k] = (
+            best[0] / best[1],
+            ratio,
+            new_tokens / best[1],
+            new_tokens / best[0],
+            steps,
+            acceptance,
+            break_even(pass_cost, k),
+        )
+    return {"prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "K": results}
+
+
+def print_draft_table(preset, draft_preset, rows):
+    first = next(iter(rows.values()))
+    print(
+        f"{preset} with draft {draft_preset}, batch 1, greedy: {first['prompt_tokens']} prompt tokens, "
+        f"{first['new_tokens']} new"
+    )
+    print(
+        "| backend | K | plain tokens/s | draft tokens/s | ratio (best) | ratio (median) | passes | acceptance "
+        "| break-even acceptance |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for backend, row in rows.items():
+        for k, (ratio, median, fast, slow, steps, acceptance, even) in row["K"].items():
+            even = "none (> 1)" if even is None else f"{even:.2f}"
+            print(
+                f"| {backend} | {k} | {slow:.0f} | {fast:.0f} | {ratio:.2f}x | {median:.2f}x | {steps} "
+                f"| {acceptance:.2f} | {even} |"
+            )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="llama_stdlib")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--backends", default=None, help="comma-separated: run each in a child process")
     parser.add_argument("--json", action="store_true", help="print the measurement as JSON (the children's form)")
+    parser.add_argument("--draft", default=None, help="a draft preset (llama_stdlib_draft): draft-model speculation")
     args = parser.parse_args()
     if args.backends:
         rows = {}
         for backend in args.backends.split(","):
             command = [sys.executable, __file__, "--preset", args.preset, "--repeats", str(args.repeats), "--json"]
+            command += ["--draft", args.draft] if args.draft else []
             env = {**os.environ, "KERAS_BACKEND": backend}
             done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
             rows[backend] = json.loads(done.stdout.strip().splitlines()[-1])
     else:
         import keras
 
-        rows = {keras.config.backend(): measure(args.preset, args.repeats)}
+        if args.draft:
+            rows = {keras.config.backend(): measure_draft(args.preset, args.draft, args.repeats)}
+        else:
+            rows = {keras.config.backend(): measure(args.preset, args.repeats)}
         if args.json:
             print(json.dumps(rows[keras.config.backend()]))
             return
+    if args.draft:
+        return print_draft_table(args.preset, args.draft, rows)
     first = next(iter(rows.values()))
     print(f"{args.preset}, batch 1, greedy: {first['prompt_tokens']} prompt tokens, {first['new_tokens']} new")
     print(f"continuation: {first['continuation']!r}...")

@@ -28,6 +28,7 @@ finally:
 TRAINED = {
     "gpt_stdlib": "perplexity",
     "llama_stdlib": "perplexity",
+    "llama_stdlib_draft": "perplexity",
     "bert_stdlib": "accuracy",
     "t5_reverse": "exact_match",
 }
@@ -80,7 +81,7 @@ def test_trained_presets_are_registered_with_weights_and_cards():
         assert size < 6.5e6, f"{name} is {size / 1e6:.1f} MB"
 
 
-@pytest.mark.parametrize("name", ["gpt_stdlib", "llama_stdlib"])
+@pytest.mark.parametrize("name", ["gpt_stdlib", "llama_stdlib", "llama_stdlib_draft"])
 def test_causal_lm_held_out_perplexity_matches_its_card(name):
     record = _record(name)
     lm = kt.models.CausalLM.from_preset(name)
@@ -93,6 +94,19 @@ def test_causal_lm_held_out_perplexity_matches_its_card(name):
     untrained = kt.models.CausalLM.from_preset(name, load_weights=False)
     nll_random, _ = _next_token_counts(untrained, inputs[:64], labels[:64])
     assert np.exp(nll / labels.size) < np.exp(nll_random / labels[:64].size) / 20
+
+
+def test_the_draft_preset_shares_llama_stdlibs_tokenizer_and_is_smaller():
+    """llama_stdlib_draft drafts for llama_stdlib (speculative decoding): one vocabulary, the same ids for a text,
+    a third of the parameters, a worse perplexity than its target's."""
+    target, draft = (kt.models.CausalLM.from_preset(name) for name in ("llama_stdlib", "llama_stdlib_draft"))
+    assert (
+        target.preprocessor.tokenizer.backend_tokenizer.to_str()
+        == draft.preprocessor.tokenizer.backend_tokenizer.to_str()
+    )
+    assert target.backbone.vocabulary_size == draft.backbone.vocabulary_size
+    assert draft.count_params() * 2.5 < target.count_params()
+    assert _record("llama_stdlib_draft")["metrics"]["perplexity"] > _record("llama_stdlib")["metrics"]["perplexity"]
 
 
 def test_llama_stdlib_beats_gpt_stdlib_on_the_same_held_out_data():

@@ -1,4 +1,5 @@
-"""Train the presets that ship weights: gpt_stdlib, llama_stdlib, bert_stdlib and t5_reverse.
+"""Train the presets that ship weights: gpt_stdlib, llama_stdlib, llama_stdlib_draft, moe_stdlib, bert_stdlib and
+t5_reverse.
 
     KERAS_BACKEND=jax python tools/train_presets.py gpt_stdlib     # or llama_stdlib, bert_stdlib, t5_reverse; none: all
     KERAS_BACKEND=jax python tools/train_presets.py --quantized gpt_stdlib   # only the metrics after task.quantize
@@ -114,10 +115,79 @@ def train_llama_stdlib(steps=580, batch_size=32):
     )
 
 
-def _train_causal_stdlib(name, description, make_task, steps, batch_size, same_as=""):
-    """Next-token training of `make_task(tokenizer)` on the standard library: one pass over shuffled windows."""
+def train_llama_stdlib_draft(steps=580, batch_size=32):
+    """A draft model for speculative decoding with `llama_stdlib` (issue 41): its tokenizer (read from the
+    preset, so that the vocabularies are one), data, optimizer and steps; one layer, half as wide."""
+
+    def task(tokenizer):
+        backbone = kt.models.LlamaBackbone(
+            vocabulary_size=tokenizer.vocabulary_size,
+            num_layers=1,
+            num_heads=2,
+            hidden_dim=64,
+            intermediate_dim=172,
+            max_sequence_length=GPT_LENGTH,
+        )
+        return kt.models.LlamaCausalLM(
+            backbone, kt.models.LlamaCausalLMPreprocessor(tokenizer, sequence_length=GPT_LENGTH)
+        )
+
+    _train_causal_stdlib(
+        "llama_stdlib_draft",
+        "Draft model for speculative decoding with llama_stdlib (its tokenizer): a Llama-style decoder of 1 layer, "
+        "d 64, 2 heads, SwiGLU 172, RoPE, RMS norm, trained on llama_stdlib's data and steps.",
+        task,
+        steps,
+        batch_size,
+        same_as=", as llama_stdlib",
+        tokenizer_from="llama_stdlib",
+    )
+
+
+def train_moe_stdlib(steps=580, batch_size=32):
+    """llama_stdlib with a sparse mixture of experts (issue 39): each feed-forward is 4 SwiGLU experts of width
+    183 with the top 2 per token (llama_stdlib's 366 active), the load-balancing loss at 0.01 as Mixtral's
+    checkpoints set it; the experts' load is in `fit`'s logs (`ExpertLoad`)."""
+
+    def task(tokenizer):
+        backbone = kt.models.LlamaBackbone(
+            vocabulary_size=tokenizer.vocabulary_size,
+            num_layers=2,
+            num_heads=4,
+            hidden_dim=128,
+            intermediate_dim=366,
+            max_sequence_length=GPT_LENGTH,
+            mixture_of_experts={"num_experts": 4, "top_k": 2, "intermediate_dim": 183},
+            router_aux_loss_coef=0.01,
+        )
+        return kt.models.LlamaCausalLM(
+            backbone, kt.models.LlamaCausalLMPreprocessor(tokenizer, sequence_length=GPT_LENGTH)
+        )
+
+    _train_causal_stdlib(
+        "moe_stdlib",
+        "Mixture-of-experts Llama-style decoder trained on the Python standard library: 2 layers, d 128, 4 heads, "
+        "4 SwiGLU experts of 183 with the top 2 per token (366 active, as llama_stdlib), RoPE, RMS norm, "
+        "byte-level BPE 4096 (llama_stdlib's tokenizer, data and steps).",
+        task,
+        steps,
+        batch_size,
+        same_as=", as llama_stdlib",
+        tokenizer_from="llama_stdlib",
+        callbacks=[kt.models.ExpertLoad()],
+    )
+
+
+def _train_causal_stdlib(
+    name, description, make_task, steps, batch_size, same_as="", tokenizer_from=None, callbacks=None
+):
+    """Next-token training of `make_task(tokenizer)` on the standard library: one pass over shuffled windows.
+    tokenizer_from: a preset whose tokenizer to use (a draft model's target), else one trained here."""
     train_texts = stdlib_texts("train")
-    tokenizer = kt.tokenizers.BytePairTokenizer.train(train_texts, vocabulary_size=4096)
+    if tokenizer_from is None:
+        tokenizer = kt.tokenizers.BytePairTokenizer.train(train_texts, vocabulary_size=4096)
+    else:
+        tokenizer = kt.models.CausalLM.from_preset(tokenizer_from).preprocessor.tokenizer
     inputs, labels = windows(token_stream(tokenizer, train_texts))
     order = np.random.default_rng(SEED).permutation(len(inputs))[: steps * batch_size]
     steps = -(-len(order) // batch_size)  # fewer when the corpus runs out: one pass at most
@@ -133,6 +203,7 @@ def _train_causal_stdlib(name, description, make_task, steps, batch_size, same_a
         epochs=1,
         shuffle=False,
         verbose=2,
+        callbacks=callbacks,
     )
     train_seconds = time.time() - start
     metrics = _gpt_evaluate(lm, eval_inputs, eval_labels)
@@ -487,6 +558,8 @@ and the output head that reads the token table, stay float32. Same held-out data
 RECIPES = {
     "gpt_stdlib": train_gpt_stdlib,
     "llama_stdlib": train_llama_stdlib,
+    "llama_stdlib_draft": train_llama_stdlib_draft,
+    "moe_stdlib": train_moe_stdlib,
     "bert_stdlib": train_bert_stdlib,
     "t5_reverse": train_t5_reverse,
 }
