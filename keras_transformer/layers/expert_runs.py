@@ -1,25 +1,24 @@
 """The grouped matrix product `keras.ops` lacks, on PyTorch: each expert's run of sorted rows through its own
 slice of the stacked weights, read in place, forward and backward (private to `MixtureOfExperts`).
 
-Axes: A assignments (rows, sorted by expert), D model width, E experts, I one expert's width, C the largest
-expert's row count.
+Axes: A assignments (rows, sorted by expert), D model width, E experts, I one expert's width, C rows per expert
+in the batched product, H the rows it holds.
 
 PyTorch's compiled training step (models/compiled_step.py) records ATen operations with static shapes, so a
 product of data-dependent size cannot be written in `keras.ops` there: the layer's blocks instead gather a copy
 of their experts' weights (scatter-added back in the gradient) and compute padding rows. Registered as a
 `torch.library` custom operation, the runs are one opaque node of that graph, with its own backward. Its
-implementation reads the experts' row counts on the host, then either
-- pads every expert's run to C rows and runs one batched product over the E experts, whose batch index is the
-  expert (the stacked weights read in place; one call per product), where that adds at most as many padding rows
-  as there are assignments (E C <= 2 A: a balanced routing);
-- or runs one product per expert on exactly its rows (any routing, however unbalanced).
-Either way the weights' gradients are written per expert, never scattered, and an expert no row chose gets an
-exact zero gradient. No expert runs on rows it was not chosen for beyond that bounded padding.
+implementation reads the experts' row counts on the host, then runs every expert's first C rows (C the largest
+count, at most floor(2 A / E)) as one batched product per weight whose batch index is the expert (the stacked
+weights read in place, one call: each product call costs a thread wake-up), padding shorter runs with zero rows
+(at most 2 A rows in all), and the rows of longer runs past C one product per expert. The weights' gradients are
+written per expert, never scattered, and an expert no row chose gets an exact zero gradient. No expert runs on
+rows it was not chosen for beyond that bounded padding.
 """
 
 import functools
 
-_PADDING_LIMIT = 2  # pad the runs to the largest one while E C <= this x A
+_PADDING_LIMIT = 2  # C <= floor(this x A / E): the padded rows, E C, stay within this x A
 
 
 def expert_runs(x, counts, gate, up, down, activation):
@@ -44,89 +43,85 @@ def _activations(torch):
     }
 
 
-def _layout(torch, counts, rows):
-    """(slots, C): each row's place in the padded (E C) rows, and C; slots None for one product per expert."""
+def _plan(torch, counts, rows):
+    """(head, slots, C, overflow): the rows of rank < C in their expert's run (H,) and their places in the padded
+    (E C) rows, with C = min(the largest count, floor(2 A / E)); and (expert, rows slice) of the runs past C."""
     sizes = counts.tolist()
-    capacity = max(sizes) if sizes else 0
-    if capacity == 0 or len(sizes) * capacity > _PADDING_LIMIT * rows:
-        return None, capacity
+    experts = len(sizes)
+    capacity = min(max(sizes, default=0), _PADDING_LIMIT * rows // max(experts, 1))
     counts = counts.long()
-    experts = torch.repeat_interleave(torch.arange(len(sizes), device=counts.device), counts, output_size=rows)
+    owner = torch.repeat_interleave(torch.arange(experts, device=counts.device), counts, output_size=rows)  # (A,)
     starts = counts.cumsum(0) - counts  # (E,): each expert's first row
-    rank = torch.arange(rows, device=counts.device) - starts[experts]  # (A,): each row's rank within its expert
-    return experts * capacity + rank, capacity
-
-
-def _runs(counts):
-    """(expert, rows slice) of each expert with rows."""
-    start = 0
-    for expert, count in enumerate(counts.tolist()):
-        if count:
-            yield expert, slice(start, start + count)
+    rank = torch.arange(rows, device=counts.device) - starts[owner]  # (A,): each row's rank within its expert
+    head = torch.nonzero(rank < capacity).squeeze(1)  # (H,)
+    overflow, start = [], 0
+    for expert, count in enumerate(sizes):
+        if count > capacity:
+            overflow.append((expert, slice(start + capacity, start + count)))
         start += count
+    return head, owner[head] * capacity + rank[head], capacity, overflow
 
 
 def _pad(rows, slots, experts, capacity):
-    """(A, F) rows -> (E, C, F), zeros where an expert has fewer than C rows."""
+    """(H, F) rows -> (E, C, F), zeros where an expert has fewer than C rows."""
     padded = rows.new_zeros(experts * capacity, rows.shape[-1]).index_copy_(0, slots, rows)
     return padded.view(experts, capacity, -1)
 
 
-def _forward(torch, x, counts, gate, up, down, activation):
-    """(out (A, D), gate_pre (A, I), up_pre (A, I)): the products before the activation, kept for the backward."""
-    act = _activations(torch)[activation][0]
-    slots, capacity = _layout(torch, counts, x.shape[0])
-    if slots is not None:  # one batched product per weight, the stacked weights read in place
-        x_pad = _pad(x, slots, gate.shape[0], capacity)  # (E, C, D)
-        gate_pre, up_pre = torch.bmm(x_pad, gate), torch.bmm(x_pad, up)  # (E, C, I)
-        out = torch.bmm(act(gate_pre) * up_pre, down)  # (E, C, I) x (E, I, D) -> (E, C, D)
-        return tuple(t.flatten(0, 1).index_select(0, slots) for t in (out, gate_pre, up_pre))
-    rows, inner = x.shape[0], gate.shape[-1]
-    gate_pre, up_pre, out = x.new_empty(rows, inner), x.new_empty(rows, inner), x.new_empty(rows, down.shape[-1])
-    for expert, run in _runs(counts):
-        torch.mm(x[run], gate[expert], out=gate_pre[run])  # (count, D) x (D, I)
-        torch.mm(x[run], up[expert], out=up_pre[run])
-        torch.mm(act(gate_pre[run]) * up_pre[run], down[expert], out=out[run])  # (count, I) x (I, D)
-    return out, gate_pre, up_pre
+def _part_forward(act, x, gate, up, down):
+    """(out, gate_pre, up_pre) of rows (..., R, D) through weights (..., D, I), (..., I, D): padded experts (a batch)
+    or one expert's rows."""
+    gate_pre, up_pre = x @ gate, x @ up  # (..., R, I)
+    return act(gate_pre) * up_pre @ down, gate_pre, up_pre  # (..., R, I) x (..., I, D) -> (..., R, D)
 
 
-def _backward_padded(torch, grad, x, slots, capacity, gate, up, down, gate_pre, up_pre, activation):
-    """`_backward` by batched products over the padded runs (padding rows have zero gradients)."""
-    act, act_backward = _activations(torch)[activation]
-    experts = gate.shape[0]
-    grad, x, gate_pre, up_pre = (_pad(t, slots, experts, capacity) for t in (grad, x, gate_pre, up_pre))
-    activated = act(gate_pre)  # (E, C, I)
-    grad_h = torch.bmm(grad, down.transpose(1, 2))  # (E, C, D) x (E, D, I) -> (E, C, I)
-    grad_down = torch.bmm((activated * up_pre).transpose(1, 2), grad)  # (E, I, C) x (E, C, D) -> (E, I, D)
+def _part_backward(act, act_backward, grad, x, gate_pre, up_pre, gate, up, down):
+    """(grad_x, grad_gate, grad_up, grad_down) of `_part_forward` given grad (..., R, D)."""
+    activated = act(gate_pre)  # (..., R, I)
+    grad_h = grad @ down.transpose(-1, -2)  # (..., R, D) x (..., D, I)
+    grad_down = (activated * up_pre).transpose(-1, -2) @ grad  # (..., I, R) x (..., R, D)
     grad_up_pre = grad_h * activated
     grad_gate_pre = act_backward(grad_h * up_pre, gate_pre)
-    x_t = x.transpose(1, 2)  # (E, D, C)
-    grad_gate, grad_up = torch.bmm(x_t, grad_gate_pre), torch.bmm(x_t, grad_up_pre)  # (E, D, I)
-    grad_x = torch.bmm(grad_gate_pre, gate.transpose(1, 2)) + torch.bmm(grad_up_pre, up.transpose(1, 2))
-    return grad_x.flatten(0, 1).index_select(0, slots), grad_gate, grad_up, grad_down  # (E, C, D) -> (A, D)
+    x_t = x.transpose(-1, -2)  # (..., D, R)
+    grad_x = grad_gate_pre @ gate.transpose(-1, -2) + grad_up_pre @ up.transpose(-1, -2)  # (..., R, D)
+    return grad_x, x_t @ grad_gate_pre, x_t @ grad_up_pre, grad_down
+
+
+def _forward(torch, x, counts, gate, up, down, activation):
+    """(out (A, D), gate_pre (A, I), up_pre (A, I)): the products before the activation, kept for the backward.
+    Every expert's first C rows in one batched product per weight (batch index = expert: the stacked weights read
+    in place), the rows past C one product per expert."""
+    act = _activations(torch)[activation][0]
+    head, slots, capacity, overflow = _plan(torch, counts, x.shape[0])
+    rows, inner = x.shape[0], gate.shape[-1]
+    outputs = (x.new_empty(rows, down.shape[-1]), x.new_empty(rows, inner), x.new_empty(rows, inner))
+    if capacity:
+        parts = _part_forward(act, _pad(x.index_select(0, head), slots, gate.shape[0], capacity), gate, up, down)
+        for whole, part in zip(outputs, parts):  # (E, C, F) -> (H, F) -> the head rows of (A, F)
+            whole.index_copy_(0, head, part.flatten(0, 1).index_select(0, slots))
+    for expert, run in overflow:
+        for whole, part in zip(outputs, _part_forward(act, x[run], gate[expert], up[expert], down[expert])):
+            whole[run] = part
+    return outputs
 
 
 def _backward(torch, grad, x, counts, gate, up, down, gate_pre, up_pre, activation):
     """(grad_x (A, D), grad_gate, grad_up (E, D, I), grad_down (E, I, D)) of the runs, given grad (A, D)."""
-    slots, capacity = _layout(torch, counts, x.shape[0])
-    if slots is not None:
-        return _backward_padded(torch, grad, x, slots, capacity, gate, up, down, gate_pre, up_pre, activation)
     act, act_backward = _activations(torch)[activation]
-    activated = act(gate_pre)  # (A, I)
-    grad_h = torch.empty_like(gate_pre)  # (A, I)
-    grad_gate, grad_up, grad_down = torch.zeros_like(gate), torch.zeros_like(up), torch.zeros_like(down)
-    for expert, run in _runs(counts):
-        torch.mm(grad[run], down[expert].T, out=grad_h[run])  # (count, D) x (D, I)
-        torch.mm((activated[run] * up_pre[run]).T, grad[run], out=grad_down[expert])  # (I, count) x (count, D)
-    grad_up_pre = grad_h * activated  # (A, I)
-    grad_gate_pre = act_backward(grad_h * up_pre, gate_pre)  # (A, I)
-    grad_x = torch.empty_like(x)  # (A, D)
-    for expert, run in _runs(counts):
-        torch.mm(x[run].T, grad_gate_pre[run], out=grad_gate[expert])  # (D, count) x (count, I)
-        torch.mm(x[run].T, grad_up_pre[run], out=grad_up[expert])
-        torch.mm(grad_gate_pre[run], gate[expert].T, out=grad_x[run])  # (count, I) x (I, D)
-        grad_x[run] += grad_up_pre[run] @ up[expert].T
-    return grad_x, grad_gate, grad_up, grad_down
+    head, slots, capacity, overflow = _plan(torch, counts, x.shape[0])
+    grad_x = torch.empty_like(x)
+    grads = [torch.zeros_like(gate), torch.zeros_like(up), torch.zeros_like(down)]
+    if capacity:
+        padded = (_pad(t.index_select(0, head), slots, gate.shape[0], capacity) for t in (grad, x, gate_pre, up_pre))
+        part_x, *grads = _part_backward(act, act_backward, *padded, gate, up, down)
+        grad_x.index_copy_(0, head, part_x.flatten(0, 1).index_select(0, slots))  # (E, C, D) -> (H, D)
+    for expert, run in overflow:
+        weights = (gate[expert], up[expert], down[expert])
+        part_x, *parts = _part_backward(act, act_backward, grad[run], x[run], gate_pre[run], up_pre[run], *weights)
+        grad_x[run] = part_x
+        for whole, part in zip(grads, parts):
+            whole[expert] += part
+    return (grad_x, *grads)
 
 
 @functools.cache

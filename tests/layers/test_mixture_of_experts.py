@@ -204,8 +204,8 @@ def _live_operations(graph):
 def test_dispatch_is_sparse(tokens, training, rng):
     """The products a call computes, counted in the backend's graph (JAX's jaxpr dot_generals, PyTorch's
     FlopCounterMode, the TensorFlow graph's MatMul shapes; of a switch, one branch): the chosen experts' (N k rows,
-    plus the bounded padding of the blocks; on PyTorch exactly N k rows, or E times the largest expert's count where
-    that is at most 2 N k) and the router's,
+    plus the bounded padding of the blocks; on PyTorch each expert's first C <= floor(2 N k / E) rows padded, and
+    the rows past C) and the router's,
     far below every expert on every token. Outside
     training one and eight tokens (16 assignments <= E) take the per-assignment switch, 64 the sorted blocks, each
     block's expert picked by a switch in a loop over the blocks; in training every case gathers the blocks' weights."""
@@ -221,14 +221,15 @@ def test_dispatch_is_sparse(tokens, training, rng):
     if keras.config.backend() == "torch":  # the grouped product: the runs padded to the largest, or exact rows
         logits = x.reshape(tokens, d) @ to_numpy(layer.router.kernel)  # (N, E)
         counts = np.bincount(np.argsort(-logits, axis=-1)[:, :k].reshape(-1), minlength=experts)
-        padded = experts * counts.max()
-        expected = router + (padded if padded <= 2 * tokens * k else tokens * k) * per_row
+        capacity = min(counts.max(), 2 * tokens * k // experts)  # every expert's first C rows, batched
+        expected = router + (experts * capacity + np.maximum(counts - capacity, 0).sum()) * per_row
     if keras.config.backend() == "tensorflow" and not training and tokens * k > experts:
         # Keras's TensorFlow `ops.map` runs its function once more, outside the loop, for the output's signature (a
         # stateful branch, which `tf.function` keeps): one block more.
         expected += rows * per_row
     assert flops == expected
-    assert flops < 0.25 * tokens * experts * per_row  # dense all-expert compute would be 1.0 of this
+    # Dense all-expert compute would be 1.0 of this; PyTorch's batched part may pad to 2 N k rows, plus the overflow.
+    assert flops < (0.4 if keras.config.backend() == "torch" else 0.25) * tokens * experts * per_row
     if tokens == 1:
         assert (rows, blocks) == (1, k)  # a decoding step reads k experts' weights
 
