@@ -29,6 +29,7 @@ TRAINED = {
     "gpt_stdlib": "perplexity",
     "llama_stdlib": "perplexity",
     "llama_stdlib_draft": "perplexity",
+    "moe_stdlib": "perplexity",
     "bert_stdlib": "accuracy",
     "t5_reverse": "exact_match",
 }
@@ -81,7 +82,7 @@ def test_trained_presets_are_registered_with_weights_and_cards():
         assert size < 6.5e6, f"{name} is {size / 1e6:.1f} MB"
 
 
-@pytest.mark.parametrize("name", ["gpt_stdlib", "llama_stdlib", "llama_stdlib_draft"])
+@pytest.mark.parametrize("name", ["gpt_stdlib", "llama_stdlib", "llama_stdlib_draft", "moe_stdlib"])
 def test_causal_lm_held_out_perplexity_matches_its_card(name):
     record = _record(name)
     lm = kt.models.CausalLM.from_preset(name)
@@ -107,6 +108,21 @@ def test_the_draft_preset_shares_llama_stdlibs_tokenizer_and_is_smaller():
     assert target.backbone.vocabulary_size == draft.backbone.vocabulary_size
     assert draft.count_params() * 2.5 < target.count_params()
     assert _record("llama_stdlib_draft")["metrics"]["perplexity"] > _record("llama_stdlib")["metrics"]["perplexity"]
+
+
+def test_moe_stdlib_is_a_sparse_llama_stdlib_whose_experts_all_work():
+    """moe_stdlib: llama_stdlib's tokenizer and active feed-forward width (2 of 4 experts of half its width), within
+    2% of its held-out perplexity, no expert left unused in training (its card's load, from `ExpertLoad`)."""
+    moe, dense = (kt.models.CausalLM.from_preset(name) for name in ("moe_stdlib", "llama_stdlib"))
+    options = moe.backbone.get_config()["mixture_of_experts"]
+    assert options["top_k"] * options["intermediate_dim"] == dense.backbone.get_config()["intermediate_dim"]
+    assert (
+        moe.preprocessor.tokenizer.backend_tokenizer.to_str() == dense.preprocessor.tokenizer.backend_tokenizer.to_str()
+    )
+    record, baseline = _record("moe_stdlib"), _record("llama_stdlib")
+    assert record["metrics"]["perplexity"] < baseline["metrics"]["perplexity"] * 1.02
+    load = record["expert_load"]
+    assert 0.1 < load["expert_load_min"] <= 1 / options["num_experts"] <= load["expert_load_max"] < 0.5
 
 
 def test_llama_stdlib_beats_gpt_stdlib_on_the_same_held_out_data():

@@ -196,7 +196,7 @@ def _train_causal_stdlib(
     eval_inputs, eval_labels = gpt_eval_data(tokenizer)
     baseline = _gpt_evaluate(type(lm)(_clone(lm.backbone)), eval_inputs, eval_labels)
     start = time.time()
-    lm.fit(
+    history = lm.fit(
         {"token_ids": inputs[order], "padding_mask": np.ones_like(inputs[order], bool)},
         labels[order],
         batch_size=batch_size,
@@ -204,8 +204,10 @@ def _train_causal_stdlib(
         shuffle=False,
         verbose=2,
         callbacks=callbacks,
-    )
+    ).history
     train_seconds = time.time() - start
+    # a mixture of experts: the experts' load over the epoch (`ExpertLoad`; balanced: 1 / E each)
+    load = {key: round(float(values[-1]), 4) for key, values in history.items() if key.startswith("expert_load")}
     metrics = _gpt_evaluate(lm, eval_inputs, eval_labels)
     prompts = ("import", "def __init__(self", "    for")
     samples = {prompt: lm.generate(prompt, max_new_tokens=40, sampler="greedy") for prompt in prompts}
@@ -227,8 +229,16 @@ def _train_causal_stdlib(
         metrics,
         baseline,
         train_seconds,
-        {"eval_data_sha256": fingerprint(eval_inputs, eval_labels)},
-        sample_text,
+        {"eval_data_sha256": fingerprint(eval_inputs, eval_labels), **({"expert_load": load} if load else {})},
+        sample_text + (_load_text(load) if load else ""),
+    )
+
+
+def _load_text(load):
+    return (
+        "\n\nThe experts' load over training (`kt.models.ExpertLoad` in `fit`'s logs: each expert's share of the "
+        f"routed assignments, averaged over the epoch; 1 / E = 0.25 each if balanced): min "
+        f"{load['expert_load_min']:.4f}, max {load['expert_load_max']:.4f}."
     )
 
 
