@@ -189,11 +189,15 @@ def hf_config(checkpoint):
             f"Unsupported GGUF metadata {architecture}.rope.dimension_count={rotary}: this architecture rotates whole "
             f"heads ({architecture}.attention.key_length={head_dim})."
         )
+    return _llama_like_config(config, architecture, get, checkpoint.tensors)
+
+
+def _llama_like_config(config, architecture, get, tensors):
+    """`hf_config`'s entries of the llama / qwen2 / qwen3 / qwen3moe architectures (Mixtral-style experts too)."""
     experts = get("expert_count", 0)
     if experts:
         config.update(num_experts=experts, num_local_experts=experts, num_experts_per_tok=get("expert_used_count"))
         config.update(moe_intermediate_size=get("expert_feed_forward_length"), norm_topk_prob=True)
-    tensors = checkpoint.tensors
     if architecture == "llama":
         config["model_type"] = "mixtral" if experts else "llama"
         if not experts:
