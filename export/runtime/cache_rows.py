@@ -62,7 +62,9 @@ class BatchDecoder:
 
     @staticmethod
     def supports(generator):
-        return generator._in_place
+        # A model whose cache goes stale at N (longrope, `Generator.refresh_after`) computes its cache again when a
+        # sequence passes N: whole-batch loops (`decode_loop.DecodeLoop`) do, rows of different positions do not.
+        return generator._in_place and generator.refresh_after is None
 
     def add(self, prompts):
         """k prompts of one length T into rows [N, N + k) -> (row N, the logits of their next position (k, V)).

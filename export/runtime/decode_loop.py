@@ -49,7 +49,7 @@ class DecodeLoop:
             done = done | (emitted & np.isin(token, self.stop)) | (i + 1 >= limits)
             if i + 1 >= tokens.shape[1] or done.all():
                 break
-            logits, state = self._step(tokens[:, i], state)
+            logits, state = self._step(tokens, i, state)
             i += 1
         return [_cut(tokens[r, lengths[r] : lengths[r] + self.max_new_tokens], self.stop) for r in range(len(tokens))]
 
@@ -99,7 +99,7 @@ class DecodeLoop:
                 break
             if not np.array_equal(order, np.arange(R)):
                 state = reorder_state(state, order)
-            logits, state = self._step(tokens[:, i], state)
+            logits, state = self._step(tokens, i, state)
             i += 1
         return [finished.tokens[b, 0, lengths[b] : finished.ends[b, 0]] for b in range(B)]
 
@@ -119,10 +119,15 @@ class DecodeLoop:
             now_done = now_done | all_valid
         return now_done
 
-    def _step(self, token, state):
+    def _step(self, tokens, i, state):
+        """Feed position i of every row's tokens (R, L). A model whose cache goes stale at N (the bundle's
+        `cache.refresh_after`: longrope) feeds position N as transformers' generate does: every position
+        [0, N] again, into a new cache (`Generator.refresh`)."""
         if self.interrupt is not None and self.interrupt():
             raise Interrupted("generation interrupted by its caller")
-        return self.generator._step(token, state)
+        if i == self.generator.refresh_after:
+            return self.generator.refresh(tokens[:, : i + 1], tokens.shape[1])
+        return self.generator._step(tokens[:, i], state)
 
 
 class _FinishedBeams:

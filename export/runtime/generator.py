@@ -52,6 +52,9 @@ class Generator:
                 f"`Encoder`. Received: bundle_dir={bundle_dir!r}"
             )
         self.config = read_json(os.path.join(self.bundle_dir, "generation_config.json"))
+        # N: a causal LM whose cache goes stale once its sequence passes N (longrope) feeds position N through
+        # `refresh`; None for every other model (and bundles written before this entry).
+        self.refresh_after = self.bundle.get("cache", {}).get("refresh_after") if self.kind == "decoder" else None
         cache = self.bundle["cache"]
         self.num_layers = cache["num_layers"]
         self._cache_shape = (cache["num_key_value_heads"], cache["head_dim"])
@@ -274,6 +277,13 @@ class Generator:
                 "Prompt lookup decodes greedily with a causal LM's multi-token decode graph. Received: "
                 f"sampler={sampler!r}, a {self.kind} bundle{'' if self.multi_token else ' whose graph takes one token'}"
             )
+        after = self.refresh_after  # a verify pass cannot compute a stale cache again (as in Keras)
+        if after is not None and any(row.size <= after + 1 < row.size + max_new_tokens for row in rows):
+            raise ValueError(
+                f"Prompt lookup cannot cross position {after}, where this model's rotary frequencies change "
+                f"(longrope) and its cache is computed again. Received prompts of {[row.size for row in rows]} tokens "
+                f"and max_new_tokens={max_new_tokens}"
+            )
         found, self.prompt_lookup_counts = [], []
         for row in rows:
             tokens = []
@@ -298,6 +308,12 @@ class Generator:
         ]
 
     # --- the graphs -------------------------------------------------------
+
+    def refresh(self, tokens, length):
+        """Positions [0, T) of every row again, into new caches of `length` positions: tokens (R, T) -> (logits of
+        position T (R, V), state). A longrope model's step past its original length (see `refresh_after`)."""
+        logits, state = self._prefill(tokens)
+        return logits, self._cache_buffers(state, length)
 
     def _prefill(self, tokens):
         """Positions [0, T) of every row: tokens (B, T) -> (logits of position T (B, V), state)."""

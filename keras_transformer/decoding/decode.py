@@ -44,7 +44,7 @@ def decode(task, sampler, options, inputs, streamer=None):
         one = compile_lib.compiled(task, ("step",) + key, lambda: lambda x, i, s, k: one_step(spec, x, i, s, k))
     # A model whose cache goes stale at N runs the step i = N + 1 as `decode_loop._refresh_step` (not compiled
     # by torch.compile: it runs once per call).
-    refresh = refresh_after(task)
+    refresh = refresh_after(task.backbone)
     again = compile_lib.compiled(task, ("refresh",) + key, lambda: lambda x, i, s, k: step(spec, x, i, s, k, True))
     i, state = begin(loop_inputs, prepared)
     widths = cache_widths(length, cache_width(state), spec.options.chunked_cache)

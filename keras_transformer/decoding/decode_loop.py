@@ -206,10 +206,10 @@ def _model_step(spec, ctx, token, i, state, head, kernels):
     return logits[:, 0, :], rows._replace(cache=loop_cache(cache, options.flat_cache))  # (R, 1, V) -> (R, V)
 
 
-def refresh_after(task):
-    """N: the length past which the task's layers compute otherwise, so that a cache written within N goes stale
+def refresh_after(backbone):
+    """N: the length past which the backbone's layers compute otherwise, so that a cache written within N goes stale
     once a step passes it (a rotary layer's `long_after`: longrope's long factors), or None (the usual case)."""
-    layers = task.backbone._flatten_layers() if isinstance(task.backbone, keras.layers.Layer) else ()
+    layers = backbone._flatten_layers() if isinstance(backbone, keras.layers.Layer) else ()
     lengths = [layer.long_after for layer in layers if getattr(layer, "long_after", None) is not None]
     return min(lengths) if lengths else None
 
@@ -219,7 +219,7 @@ def _refresh_step(spec, ctx, state, head, kernels):
     prompt or chosen) through the model at once into an empty cache of the loop's width, in the loop's layout
     (a beam's row into its own slot). -> (logits (R, V) of position N, rows)."""
     task, options, rows = spec.task, spec.options, state.rows
-    count = refresh_after(task) + 1
+    count = refresh_after(task.backbone) + 1
     width = cache_width(state)
     if width is None:  # a dynamic cache (the SavedModel's trace): as wide as the buffer
         width = ops.shape(rows.tokens)[1]
@@ -276,7 +276,7 @@ def run(spec, inputs: LoopInputs, prepared, kernels=None):
     def loop_body(i, state):
         return body(spec, ctx, i, state, head, kernels)
 
-    refresh = refresh_after(task)
+    refresh = refresh_after(task.backbone)
     for width, bound in _chunks(ctx.length, cache_width(state), spec.options.chunked_cache):
         state = widen(state, width)
         # A model whose cache goes stale at N: the chunk holding the step i = N + 1 stops before it, runs that

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from keras_transformer.decoding.decode import decode
+from keras_transformer.decoding.decode_loop import refresh_after
 from keras_transformer.decoding.decode_inputs import DecodeInputs, LoopInputs, PrefillInputs
 from keras_transformer.decoding.decode_options import DecodeOptions
 from keras_transformer.decoding.generate_inputs import (
@@ -225,6 +226,11 @@ def _decode_inputs(call, sampler, options, backbone):
     # The prefill covers every prompt but the last token of the longest (bucketed): positions past a
     # shorter prompt hold pad keys, which the steps overwrite before any query reads them.
     prefill = 0 if longest == 1 else min(round_up(longest - 1, PREFILL_BUCKET), length)
+    refresh = refresh_after(backbone)
+    if refresh is not None and start <= refresh + 1:
+        # Its cache goes stale at N (longrope) and the loop computes it again at the step i = N + 1: the prefill
+        # stays within N, so that a shorter prompt's keys take the factors of its own length.
+        prefill = min(prefill, refresh)
     tokens = np.full((len(prompts), length), call.pad_id, "int32")  # (B, L)
     for row, prompt in enumerate(prompts):
         tokens[row, : len(prompt)] = prompt

@@ -93,7 +93,7 @@ def _check_no_refresh(task, draft, start, length):
     """A model whose cache goes stale at N (`refresh_after`: longrope) computes its cache again at the step
     i = N + 1, which a verify window of several positions cannot do: a generation that crosses N is refused."""
     for model, name in ((task, "the model"), (draft, "the draft model")):
-        after = None if model is None else refresh_after(model)
+        after = None if model is None else refresh_after(model.backbone)
         if after is not None and start <= after + 1 < length:
             raise ValueError(
                 f"Speculative decoding cannot cross position {after} of {name}, where its rotary frequencies "

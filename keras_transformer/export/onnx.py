@@ -33,6 +33,7 @@ from keras_transformer.export.progress import Phase
 from keras_transformer.export.quantize import quantize_bundle
 from keras_transformer.export.weights_file import FILE_NAME as WEIGHTS_FILE, WeightsFile
 from keras_transformer.decoding import LENGTH_BUCKET
+from keras_transformer.decoding.decode_loop import refresh_after
 from keras_transformer.tokenizers import chat_template
 
 BUNDLE_FILE = "bundle.json"
@@ -132,6 +133,9 @@ def write_onnx_bundle(task, directory, traced=True, quantize=None, verbose=False
             "num_key_value_heads, sequence, head_dim) in a decode(r) graph with position_ids, "
             "which writes them in place, and in the cross_key_values it reads",
         }
+        # A cache written within N goes stale once the sequence passes N (longrope): the runtime computes it
+        # again, through the prefill graph, at the step that feeds position N (decoding/decode_loop.py).
+        bundle["cache"]["refresh_after"] = refresh_after(task.backbone)
     write_json(directory / BUNDLE_FILE, bundle)
     if task.preprocessor is not None:
         task.preprocessor.tokenizer.save(directory)

@@ -53,6 +53,7 @@ from keras_transformer.export import graphs as graph_lib
 from keras_transformer.presets import write_json
 from keras_transformer.export.onnx import GENERATION_CONFIG_FILE, generation_config
 from keras_transformer.decoding import DecodeOptions, LoopInputs, PrefillInputs, trace_prepare, trace_run
+from keras_transformer.decoding.decode_loop import refresh_after
 from keras_transformer.samplers import (
     BeamSampler,
     GreedySampler,
@@ -261,7 +262,11 @@ class _ServedLoop:
         # positions (none for one-token prompts); the loop's steps then start at the shortest prompt.
         length = longest + max_new_tokens
         tokens = _to_width(prompts, length, self.pad)  # (B, L)
-        prefill = tokens[:, : longest - 1] if self.kind == "decoder" else tokens[:, :0]  # (B, P)
+        width = longest - 1
+        refresh = refresh_after(self.task.backbone)
+        if refresh is not None:  # the loop computes a stale cache again at N + 1: a prefill within N (generate.py)
+            width = tf.where(tf.reduce_min(lengths) <= refresh + 1, tf.minimum(width, refresh), width)
+        prefill = tokens[:, :width] if self.kind == "decoder" else tokens[:, :0]  # (B, P)
         prepared = trace_prepare(
             self.task,
             PrefillInputs(prompt_token_ids=tokens, prefill_token_ids=prefill, **(encoder or {})),

@@ -115,7 +115,7 @@ def _decode(task, prompt, matcher, max_new_tokens, stops, temperature, rng):
     logits, cache = task.call_with_cache(ops.convert_to_tensor([prompt], "int32"), cache, 0)  # (1, T, V)
     mask = llguidance_numpy.allocate_token_bitmask(1, logits.shape[-1])  # (1, ceil(V / 32)) int32
     new = []
-    refresh = refresh_after(task)  # see decoding/decode_loop.py's `_refresh_step`
+    refresh = refresh_after(task.backbone)  # see decoding/decode_loop.py's `_refresh_step`
     for step in range(max_new_tokens):
         scores = ops.convert_to_numpy(logits[0, -1]).astype(np.float64)  # (V,)
         llguidance_numpy.fill_next_token_bitmask(matcher, mask)

@@ -243,15 +243,19 @@ def test_fit_lowers_the_loss(phi3):
 
 def test_onnx_bundle_generates_our_tokens(tmp_path, phi3):
     """The bundle's Keras-free runner (ONNX Runtime's rotary tables, longrope's picked in the graph) generates
-    our tokens, greedy, within and past the original length."""
+    our tokens, greedy, within, past and across the original length (the cache computed again by the prefill
+    graph); prompt lookup across it is refused, as in Keras."""
     _, peer, lm = phi3
     bundle = lm.export(tmp_path / "bundle", format="onnx")
     generator = bundle_generator(bundle)
-    for regime in ("long", "short"):
+    for regime in sorted(PROMPTS):
         prompts = _prompts(peer.config.vocab_size, regime)
         ours = lm.generate(prompts, max_new_tokens=NEW_TOKENS, stop_token_ids=None)
         theirs = generator.generate_ids(prompts, max_new_tokens=NEW_TOKENS, stop_token_ids=None)
         assert [prompt + new for prompt, new in zip(prompts, theirs)] == ours, regime
+    crossing = _prompts(peer.config.vocab_size, "crossing")
+    with pytest.raises(ValueError, match="cannot cross position 32"):
+        generator.generate_ids(crossing, max_new_tokens=NEW_TOKENS, stop_token_ids=None, prompt_lookup_num_tokens=3)
 
 
 # --- back to the Hugging Face format ---------------------------------------------

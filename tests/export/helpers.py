@@ -15,6 +15,8 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from keras_transformer.decoding.decode_loop import refresh_after
+
 from keras_transformer.models import (
     BertBackbone,
     BertClassifier,
@@ -154,9 +156,10 @@ def tiny_gemma(seed=0):
 
 
 def tiny_phi3(seed=0):
-    """Phi-3 / Phi-4-mini's layout: half of each head rotating, longrope with an original length (1) that every
-    prompt passes (its long factors and attention factor in every call; a generation that crosses the original
-    length differs from the full forward pass by design, see convert/hf_phi3.py), tied head."""
+    """Phi-3 / Phi-4-mini's layout: half of each head rotating, longrope with an original length (6) that the
+    shortest prompt's generation crosses (every runtime then computes the cache again, as transformers' generate
+    does, and gives the full forward pass's tokens: see convert/hf_phi3.py) and the longer prompts pass, tied
+    head."""
     tokenizer = BytePairTokenizer.train(CORPUS, vocabulary_size=300)
     backbone = LlamaBackbone(
         tokenizer.vocabulary_size,
@@ -171,7 +174,7 @@ def tiny_phi3(seed=0):
             "rope_type": "longrope",
             "short_factor": [1.0, 1.5],
             "long_factor": [2.0, 5.0],
-            "original_max_position_embeddings": 1,
+            "original_max_position_embeddings": 6,
             "attention_factor": 1.2,
         },
     )
@@ -270,16 +273,18 @@ def causal_next_logits(lm, batch_size=4):
 
     Sequences are right-padded to the model's length and batches to `batch_size`, so the
     compiled predict function sees one shape (causal attention: padding after a position
-    cannot change its logits).
+    cannot change its logits). Not for a model whose layers compute otherwise past a length N
+    (longrope: `refresh_after`), where a forward pass's length picks the factors: its sequences
+    run at their own length.
     """
-    length = lm.backbone.max_sequence_length
+    length = lm.backbone.max_sequence_length if refresh_after(lm.backbone) is None else None
 
     def next_logits(sequences):
         sequences = [list(s) for s in sequences]
         logits = []
         for start in range(0, len(sequences), batch_size):
             chunk = sequences[start : start + batch_size]
-            ids, mask = _pad(chunk, length, batch_size)
+            ids, mask = _pad(chunk, length or len(chunk[0]), batch_size)
             out = lm.predict_on_batch({"token_ids": ids, "padding_mask": mask})
             logits += [out[i, len(s) - 1] for i, s in enumerate(chunk)]
         return np.stack(logits)
