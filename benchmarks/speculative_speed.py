@@ -35,13 +35,9 @@ PROMPT = "import os\nimport sys\nimport re\nimport json\n" * 3 + "import"
 DRAFTS = (3, 5, 8)
 
 
-def measure(preset, repeats):
-    """{K: (ratio, tokens/s speculative, tokens/s plain, verify passes)} for one backend, and the token count."""
-    import keras_transformer as kt
-
-    lm = kt.models.CausalLM.from_preset(preset)
-    prompt_tokens = len(lm.preprocessor.generate_preprocess([PROMPT])[0])
-    new_tokens = lm.backbone.max_sequence_length - prompt_tokens - 2
+def count_passes():
+    """A list that every later speculative call appends its verify passes to (generate's `speculative_decode`
+    wrapped, for the rest of the process)."""
     module = importlib.import_module("keras_transformer.decoding.generate")
     passes, speculative_decode = [], module.speculative_decode
 
@@ -51,6 +47,17 @@ def measure(preset, repeats):
         return outputs
 
     module.speculative_decode = counted
+    return passes
+
+
+def measure(preset, repeats):
+    """{K: (ratio, tokens/s speculative, tokens/s plain, verify passes)} for one backend, and the token count."""
+    import keras_transformer as kt
+
+    lm = kt.models.CausalLM.from_preset(preset)
+    prompt_tokens = len(lm.preprocessor.generate_preprocess([PROMPT])[0])
+    new_tokens = lm.backbone.max_sequence_length - prompt_tokens - 2
+    passes = count_passes()
     plain = lm.generate(PROMPT, max_new_tokens=new_tokens, stop_token_ids=None)
     results = {}
     for k in DRAFTS:
@@ -102,15 +109,7 @@ def measure_draft(preset, draft_preset, repeats):
     draft = kt.models.CausalLM.from_preset(draft_preset)
     prompt_tokens = len(lm.preprocessor.generate_preprocess([DRAFT_PROMPT])[0])
     new_tokens = lm.backbone.max_sequence_length - prompt_tokens - 2
-    module = importlib.import_module("keras_transformer.decoding.generate")
-    passes, speculative_decode = [], module.speculative_decode
-
-    def counted(*args, **kwargs):
-        outputs = speculative_decode(*args, **kwargs)
-        passes.append(int(outputs["steps"]))
-        return outputs
-
-    module.speculative_decode = counted
+    passes = count_passes()
     plain = lm.generate(DRAFT_PROMPT, max_new_tokens=new_tokens, stop_token_ids=None)
     results = {}
     for k in DRAFTS:

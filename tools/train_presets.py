@@ -86,23 +86,26 @@ def train_gpt_stdlib(steps=580, batch_size=32):
     )
 
 
-def train_llama_stdlib(steps=580, batch_size=32):
-    """gpt_stdlib's data, tokenizer, optimizer and steps, with a Llama-style decoder of the same parameter count
-    (RoPE instead of learned positions, RMS norm, SwiGLU of width 366 instead of a GELU MLP of 512, no biases)."""
+def _llama_task(**config):
+    """`_train_causal_stdlib`'s make_task: a LlamaCausalLM of `config` (LlamaBackbone arguments) over the tokenizer
+    it is given, GPT_LENGTH positions."""
 
     def task(tokenizer):
         backbone = kt.models.LlamaBackbone(
-            vocabulary_size=tokenizer.vocabulary_size,
-            num_layers=2,
-            num_heads=4,
-            hidden_dim=128,
-            intermediate_dim=366,
-            max_sequence_length=GPT_LENGTH,
+            vocabulary_size=tokenizer.vocabulary_size, max_sequence_length=GPT_LENGTH, **config
         )
         return kt.models.LlamaCausalLM(
             backbone, kt.models.LlamaCausalLMPreprocessor(tokenizer, sequence_length=GPT_LENGTH)
         )
 
+    return task
+
+
+def train_llama_stdlib(steps=580, batch_size=32):
+    """gpt_stdlib's data, tokenizer, optimizer and steps, with a Llama-style decoder of the same parameter count
+    (RoPE instead of learned positions, RMS norm, SwiGLU of width 366 instead of a GELU MLP of 512, no biases)."""
+
+    task = _llama_task(num_layers=2, num_heads=4, hidden_dim=128, intermediate_dim=366)
     _train_causal_stdlib(
         "llama_stdlib",
         "Llama-style decoder trained on the Python standard library: 2 layers, "
@@ -119,19 +122,7 @@ def train_llama_stdlib_draft(steps=580, batch_size=32):
     """A draft model for speculative decoding with `llama_stdlib` (issue 41): its tokenizer (read from the
     preset, so that the vocabularies are one), data, optimizer and steps; one layer, half as wide."""
 
-    def task(tokenizer):
-        backbone = kt.models.LlamaBackbone(
-            vocabulary_size=tokenizer.vocabulary_size,
-            num_layers=1,
-            num_heads=2,
-            hidden_dim=64,
-            intermediate_dim=172,
-            max_sequence_length=GPT_LENGTH,
-        )
-        return kt.models.LlamaCausalLM(
-            backbone, kt.models.LlamaCausalLMPreprocessor(tokenizer, sequence_length=GPT_LENGTH)
-        )
-
+    task = _llama_task(num_layers=1, num_heads=2, hidden_dim=64, intermediate_dim=172)
     _train_causal_stdlib(
         "llama_stdlib_draft",
         "Draft model for speculative decoding with llama_stdlib (its tokenizer): a Llama-style decoder of 1 layer, "
@@ -149,21 +140,14 @@ def train_moe_stdlib(steps=580, batch_size=32):
     183 with the top 2 per token (llama_stdlib's 366 active), the load-balancing loss at 0.01 as Mixtral's
     checkpoints set it; the experts' load is in `fit`'s logs (`ExpertLoad`)."""
 
-    def task(tokenizer):
-        backbone = kt.models.LlamaBackbone(
-            vocabulary_size=tokenizer.vocabulary_size,
-            num_layers=2,
-            num_heads=4,
-            hidden_dim=128,
-            intermediate_dim=366,
-            max_sequence_length=GPT_LENGTH,
-            mixture_of_experts={"num_experts": 4, "top_k": 2, "intermediate_dim": 183},
-            router_aux_loss_coef=0.01,
-        )
-        return kt.models.LlamaCausalLM(
-            backbone, kt.models.LlamaCausalLMPreprocessor(tokenizer, sequence_length=GPT_LENGTH)
-        )
-
+    task = _llama_task(
+        num_layers=2,
+        num_heads=4,
+        hidden_dim=128,
+        intermediate_dim=366,
+        mixture_of_experts={"num_experts": 4, "top_k": 2, "intermediate_dim": 183},
+        router_aux_loss_coef=0.01,
+    )
     _train_causal_stdlib(
         "moe_stdlib",
         "Mixture-of-experts Llama-style decoder trained on the Python standard library: 2 layers, d 128, 4 heads, "
