@@ -21,7 +21,8 @@ encoder's keys/values); a step that needs something else raises `Unsupported`, a
 falls back to the step traced by tf2onnx (graphs.py).
 
 The decode step takes T >= 1 new tokens per row after its past (a symbolic token axis, as fast as a fixed one
-for T = 1; benchmarks/RESULTS.md): a prompt prefilled after a cached prefix, or a speculative verify pass.
+for T = 1; benchmarks/RESULTS.md, "Prefix caching and the multi-token decode step"): a prompt prefilled after a
+cached prefix, or a speculative verify pass.
 ONNX Runtime's GroupQueryAttention (CPU, 1.31) reads each row's past as its total length (seqlens_k + 1)
 minus T, and refuses T > 1 after a past in a batch of more than one row: such a step runs a row at a time.
 
