@@ -475,6 +475,7 @@ Machine-readable: `metrics.json`.
 
 ```python
 import keras_transformer as kt
+
 lm = kt.models.{type(task).__name__}.from_preset("{name}")
 ```
 """
