@@ -234,8 +234,9 @@ def _refresh_step(spec, ctx, state, head, kernels):
         K, B = ctx.num_beams, ctx.batch_size
 
         def slots(t):  # (R, Hkv, W, Dh) -> (B, Hkv, W * K, Dh)
-            t = ops.transpose(ops.reshape(t, (B, K, heads, width, head_dim)), (0, 2, 3, 1, 4))
-            return ops.reshape(t, (B, heads, width * K, head_dim))
+            t = ops.reshape(t, (B, K, heads, width, head_dim))  # (R, ...) -> (B, K, Hkv, W, Dh)
+            t = ops.transpose(t, (0, 2, 3, 1, 4))  # -> (B, Hkv, W, K, Dh): slots minor
+            return ops.reshape(t, (B, heads, width * K, head_dim))  # -> (B, Hkv, W * K, Dh)
 
         cache = [(ops.swapaxes(slots(keys), 2, 3), slots(values)) for keys, values in cache]
         own_slot = ops.arange(ctx.num_rows, dtype="int32") % K  # (R,)
