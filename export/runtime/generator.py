@@ -193,6 +193,8 @@ class Generator:
         stop_token_ids="auto",
         interrupt=None,
         prompt_lookup_num_tokens=None,
+        draft=None,
+        num_draft_tokens=None,
     ):
         """Prompt id lists -> each row's new ids (int lists; the end token included when reached).
 
@@ -213,6 +215,14 @@ class Generator:
                 (`prompt_lookup.py`; transformers' option of the same name): the same tokens as plain greedy.
                 A causal LM whose decode graph takes several tokens; each row alone. The drafts checked and
                 kept are then in `self.prompt_lookup_counts` (per row).
+            draft: None, or a draft bundle (its `Generator`, or its directory): a smaller causal LM of the same
+                vocabulary and at least as many positions that drafts `num_draft_tokens` tokens per step with its
+                own cache, checked in one pass (`prompt_lookup.DraftProposer`; transformers' `assistant_model`,
+                Keras's `draft_model`). Greedy: the same tokens as plain greedy; random: the rejection rule of
+                Leviathan et al. / Chen et al., each token distributed as plain sampling's (other draws than
+                plain sampling's for a seed). Each row alone; not with beam search. Counts in `self.draft_counts`.
+            num_draft_tokens: None (5), or K >= 1: the draft's tokens per step (transformers'
+                `num_assistant_tokens`).
         """
         check_arguments(max_new_tokens, sampler, num_beams, temperature, top_k, top_p, early_stopping)
         rows = [np.asarray(row, dtype=np.int64).reshape(-1) for row in prompt_ids]
@@ -235,8 +245,10 @@ class Generator:
                 f"than the model's max_length={max_length}."
             )
         stop = stop_tokens(stop_token_ids, self.config, vocabulary_size)
-        if prompt_lookup_num_tokens is not None:
-            return self._prompt_lookup(rows, max_new_tokens, sampler, stop, prompt_lookup_num_tokens, interrupt)
+        if prompt_lookup_num_tokens is not None or draft is not None or num_draft_tokens is not None:
+            options = dict(sampler=sampler, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, draft=draft)
+            options.update(prompt_lookup_num_tokens=prompt_lookup_num_tokens, num_draft_tokens=num_draft_tokens)
+            return prompt_lookup.generate_rows(self, rows, max_new_tokens, stop, interrupt, options)
         beams = num_beams if sampler == "beam" else 1
         pad = self.config.get("pad_token_id") or 0
         length = int(lengths.max()) + max_new_tokens  # L: every position a row can reach
@@ -269,33 +281,6 @@ class Generator:
                 early_stopping,
             )
         return [[int(t) for t in row] for row in found]
-
-    def _prompt_lookup(self, rows, max_new_tokens, sampler, stop, num_tokens, interrupt):
-        """`generate_ids` with prompt lookup: each row's greedy tokens, a row at a time (`prompt_lookup.greedy`)."""
-        if sampler != "greedy" or self.kind != "decoder" or not self.multi_token:
-            raise ValueError(
-                "Prompt lookup decodes greedily with a causal LM's multi-token decode graph. Received: "
-                f"sampler={sampler!r}, a {self.kind} bundle{'' if self.multi_token else ' whose graph takes one token'}"
-            )
-        after = self.refresh_after  # a verify pass cannot compute a stale cache again (as in Keras)
-        if after is not None and any(row.size <= after + 1 < row.size + max_new_tokens for row in rows):
-            raise ValueError(
-                f"Prompt lookup cannot cross position {after}, where this model's rotary frequencies change "
-                f"(longrope) and its cache is computed again. Received prompts of {[row.size for row in rows]} tokens "
-                f"and max_new_tokens={max_new_tokens}"
-            )
-        found, self.prompt_lookup_counts = [], []
-        for row in rows:
-            tokens = []
-
-            def emit(token, logits):
-                tokens.append(token)
-                return token in stop or len(tokens) >= max_new_tokens or None
-
-            counts = prompt_lookup.greedy(self, row.tolist(), emit, num_tokens, interrupt=interrupt)
-            found.append(tokens)
-            self.prompt_lookup_counts.append(counts)
-        return found
 
     def teacher_logits(self, ids):
         """A causal LM's logits at every position of `ids` (a list of T ints), the whole sequence fed at once

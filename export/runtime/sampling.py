@@ -46,6 +46,14 @@ class Picker:
     def __call__(self, logits, uniform):
         if self.sampler != "random":
             return np.argmax(logits, axis=-1)
+        # Inverse CDF: the first token whose cumulative probability reaches uniform * total.
+        probabilities = self.probabilities(logits)
+        cdf = np.where(probabilities > 0, np.cumsum(probabilities, axis=-1), np.float32(-1.0))
+        target = uniform[:, None] * cdf.max(axis=-1, keepdims=True)
+        return np.argmax(cdf >= target, axis=-1)
+
+    def probabilities(self, logits):
+        """Logits (R, V) -> the distribution random sampling draws from (R, V): temperature, top-k, top-p."""
         logits = logits.astype(np.float32) / self.temperature
         vocabulary_size = logits.shape[-1]
         if self.top_k is not None and self.top_k < vocabulary_size:
@@ -57,11 +65,37 @@ class Picker:
             before = np.cumsum(probabilities, axis=-1) - probabilities  # mass of the more likely tokens
             threshold = np.where(before < np.float32(self.top_p), descending, -NEG).min(axis=-1, keepdims=True)
             logits = np.where(logits < threshold, NEG, logits)
-        # Inverse CDF: the first token whose cumulative probability reaches uniform * total.
-        probabilities = softmax(logits)
-        cdf = np.where(probabilities > 0, np.cumsum(probabilities, axis=-1), np.float32(-1.0))
-        target = uniform[:, None] * cdf.max(axis=-1, keepdims=True)
-        return np.argmax(cdf >= target, axis=-1)
+        return softmax(logits)
+
+
+def draw(probabilities, uniform):
+    """One token from a distribution (V,) (any positive total) and a uniform number in (0, 1]: the first token
+    whose cumulative probability reaches uniform * total; tokens of probability 0 are never drawn."""
+    cdf = np.where(probabilities > 0, np.cumsum(probabilities), -1.0)
+    return int(np.argmax(cdf >= uniform * cdf.max()))
+
+
+def speculative_accept(target, drafts, proposal, uniforms):
+    """The rejection rule of Leviathan et al. / Chen et al.: which drafts a random sampler keeps, and the token
+    after them, so that every token is distributed as the target's own distribution.
+
+    Args:
+        target: (T, V) the target's distributions at the T = k + 1 positions checked (`Picker.probabilities`).
+        drafts: the k drafted ids, each drawn from its row of `proposal`.
+        proposal: (k, V) the draft's distributions they were drawn from.
+        uniforms: k + 1 uniform numbers in (0, 1].
+
+    Returns:
+        (kept, token): draft i is kept with probability min(1, p_i / q_i) until one is not; the token after the
+        kept ones is drawn from max(0, p - q), normalised, at a rejected position, else from p after them all.
+    """
+    for i, token in enumerate(drafts):
+        p, q = target[i, token], proposal[i, token]
+        if uniforms[i] * q > p:  # rejected: u > p / q
+            residual = np.maximum(target[i] - proposal[i], 0.0)
+            # p == q everywhere keeps every draft; round-off may still leave no mass: p itself then.
+            return i, draw(residual if residual.sum() > 0 else target[i], uniforms[-1])
+    return len(drafts), draw(target[len(drafts)], uniforms[-1])
 
 
 def softmax(logits):
