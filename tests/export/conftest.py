@@ -183,3 +183,20 @@ def client(server):
     import openai
 
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="session")
+def stdlib_draft_bundles(tmp_path_factory):
+    """{"target", "draft"}: (the trained `llama_stdlib` and `llama_stdlib_draft` presets (the same tokenizer), their
+    bundles written by the ONNX kernels: no tracing, any backend, a fraction of a second each)."""
+    from keras_transformer.export.onnx import write_onnx_bundle
+    from keras_transformer.models import CausalLM
+
+    pair = {}
+    for role, preset in (("target", "llama_stdlib"), ("draft", "llama_stdlib_draft")):
+        task = CausalLM.from_preset(preset)
+        directory = tmp_path_factory.mktemp("stdlib_draft") / preset
+        directory.mkdir()
+        write_onnx_bundle(task, directory, traced=False)
+        pair[role] = (task, directory)
+    return pair

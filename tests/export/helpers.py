@@ -108,6 +108,20 @@ def tiny_gpt(seed=0):
     return lm
 
 
+def tiny_vocabulary_gpt(seed=0, num_layers=2, hidden_dim=16, vocabulary_size=5):
+    """A GPT over a vocabulary of `vocabulary_size` ids and no tokenizer, with small weights (std 0.15): next-token
+    distributions spread over every id, for tests that count draws in each cell."""
+    backbone = GPTBackbone(
+        vocabulary_size,
+        num_layers=num_layers,
+        num_heads=2,
+        hidden_dim=hidden_dim,
+        intermediate_dim=2 * hidden_dim,
+        max_sequence_length=16,
+    )
+    return randomize(GPTCausalLM(backbone), seed, std=0.15)
+
+
 def tiny_llama(seed=0):
     """Rotary GQA with Qwen2's biases, a separate head and a sliding window shorter than the prompts + new tokens."""
     tokenizer = BytePairTokenizer.train(CORPUS, vocabulary_size=300)
