@@ -26,11 +26,12 @@ at once (`choose`): one argmax for the greedy rows, and random rows drawn togeth
 answer does not depend on its neighbours. Each row's arithmetic is its own (per-row attention,
 row-wise matrix products), so a greedy answer is the same alone or in a batch (tested).
 
-Beam search (its K beams reorder their caches every step), prompt lookup (`prompt_lookup.py`: its verify
-passes take several tokens, a row at a time) and bundles without continuous batching (traced decode graphs,
-which grow their caches) run on a second thread, beside the batch: a request at a time, its n choices
-together, through `Generator.generate_ids` (prompt lookup: each choice through `prompt_lookup.serve`), which
-asks before every step whether all its choices ran past their deadline or were cancelled, and then stops.
+Beam search (its K beams reorder their caches every step), speculative decoding (`prompt_lookup.py`, prompt
+lookup's or a draft bundle's drafts: its verify passes take several tokens, a row at a time) and bundles
+without continuous batching (traced decode graphs, which grow their caches) run on a second thread, beside
+the batch: a request at a time, its n choices together, through `Generator.generate_ids` (speculation: each
+choice through `prompt_lookup.serve`), which asks before every step whether all its choices ran past their
+deadline or were cancelled, and then stops.
 """
 
 import collections
@@ -80,12 +81,15 @@ class Scheduler:
         prefix_cache_tokens: int >= 0, the most prompt positions whose keys/values are kept for later prompts
             that start the same (`prefix_cache.PrefixCache`, blocks of `PREFIX_BLOCK` tokens); 0 keeps none.
             Only a causal LM's batched rows use it, with a decode graph that takes several tokens per row.
+        draft: None, or the draft bundle's `Generator` that sequences with `num_draft_tokens` draft with.
     """
 
-    def __init__(self, generator, max_rows=32, max_queue=256, on_step=None, prefix_cache_tokens=PREFIX_CACHE_TOKENS):
+    def __init__(
+        self, generator, max_rows=32, max_queue=256, on_step=None, prefix_cache_tokens=PREFIX_CACHE_TOKENS, draft=None
+    ):
         if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0:
             raise ValueError(f"`max_queue` must be a non-negative int. Received: max_queue={max_queue!r}")
-        self.generator, self.max_queue, self.on_step = generator, max_queue, on_step
+        self.generator, self.max_queue, self.on_step, self.draft = generator, max_queue, on_step, draft
         self.decoder = BatchDecoder(generator, max_rows) if BatchDecoder.supports(generator) else None
         self.max_rows = max_rows if self.decoder is not None else 0
         tokens = prefix_cache_tokens
@@ -392,9 +396,9 @@ class Scheduler:
         if not running:
             return
         first = running[0]
-        if first.prompt_lookup_num_tokens is not None:  # greedy: each choice alone
+        if first.speculative:  # each choice alone
             for sequence in running:
-                prompt_lookup.serve(self.generator, sequence, lambda: self._stepped(0))
+                prompt_lookup.serve(self.generator, sequence, lambda: self._stepped(0), self.draft)
             return
         options = dict(stop_token_ids=list(first.stop_token_ids))
         if first.num_beams > 1:

@@ -26,7 +26,7 @@ import numpy as np
 from decode_loop import Interrupted
 from sampling import Picker, draw, seed_to_int32, speculative_accept
 
-__all__ = ["DraftProposer", "check_draft", "draft", "generate_rows", "serve", "speculate"]
+__all__ = ["DraftProposer", "check_draft", "check_model", "draft", "generate_rows", "serve", "speculate"]
 
 
 def draft(history, num_tokens, max_ngram=2):
@@ -210,16 +210,17 @@ def _check_call(generator, rows, max_new_tokens, options):
             f"{'beam search' if sampler == 'beam' else 'random sampling with prompt lookup'}. Received: "
             f"sampler={sampler!r}, {name}={num_tokens!r}"
         )
-    _check_model(generator, rows, max_new_tokens, "the model")
+    check_model(generator, "the model", rows, max_new_tokens)
     if draft_model is None:
         return None, int(num_tokens)
     draft_generator = check_draft(generator, draft_model)
-    _check_model(draft_generator, rows, max_new_tokens, "the draft")
+    check_model(draft_generator, "the draft", rows, max_new_tokens)
     return draft_generator, int(num_tokens)
 
 
-def _check_model(generator, rows, max_new_tokens, role):
-    """A verify pass needs a causal LM's multi-token decode graph, and a cache that does not go stale on the way."""
+def check_model(generator, role, rows=(), max_new_tokens=0):
+    """A verify pass needs a causal LM's multi-token decode graph, and a cache that does not go stale on the way
+    (a `ValueError` otherwise, naming `role`: "the model" or "the draft"). `rows`: prompts (id lists or arrays)."""
     if generator.kind != "decoder" or not generator.multi_token:
         graph = "" if generator.multi_token else " whose decode graph takes one token per step (traced, or older)"
         raise ValueError(
@@ -227,10 +228,10 @@ def _check_model(generator, rows, max_new_tokens, role):
             f"Received: a {generator.kind} bundle{graph} at {generator.bundle_dir!r}"
         )
     after = generator.refresh_after  # a verify pass cannot compute a stale cache again (as in Keras)
-    if after is not None and any(row.size <= after + 1 < row.size + max_new_tokens for row in rows):
+    if after is not None and any(len(row) <= after + 1 < len(row) + max_new_tokens for row in rows):
         raise ValueError(
             f"Speculative decoding cannot cross position {after}, where {role}'s rotary frequencies change "
-            f"(longrope) and its cache is computed again. Received prompts of {[row.size for row in rows]} tokens "
+            f"(longrope) and its cache is computed again. Received prompts of {[len(row) for row in rows]} tokens "
             f"and max_new_tokens={max_new_tokens}"
         )
 

@@ -40,6 +40,8 @@ class Sequence:
             are chosen among those the grammar allows, and it is told each one.
         prompt_lookup_num_tokens: None, or K: greedy decoding with prompt lookup (`prompt_lookup.py`), up to K drafts
             checked per pass; run whole, beside the batch. Its `drafted` and `accepted` counts are set when done.
+        num_draft_tokens: None, or K: speculative decoding with the server's draft bundle (`prompt_lookup.py`'s
+            `DraftProposer`), K drafts per pass, greedy or random (the rejection rule); run whole, as prompt lookup.
         deadline: `time.monotonic()` after which the sequence finishes with "timeout": at that time while
             it waits, at the next step while it holds a row or runs whole (beam search).
     """
@@ -61,6 +63,7 @@ class Sequence:
         logprobs=None,
         constraint=None,
         prompt_lookup_num_tokens=None,
+        num_draft_tokens=None,
     ):
         self.prompt_ids, self.max_tokens, self.on_event = list(prompt_ids), int(max_tokens), on_event
         self.temperature, self.top_k, self.top_p = float(temperature), top_k, top_p
@@ -71,6 +74,7 @@ class Sequence:
         self.num_beams, self.length_penalty, self.deadline = int(num_beams), float(length_penalty), deadline
         self.logprobs, self.constraint = logprobs, constraint
         self.prompt_lookup_num_tokens, self.drafted, self.accepted = prompt_lookup_num_tokens, 0, 0
+        self.num_draft_tokens = num_draft_tokens
         self.generated = []
         self.cached_tokens = 0  # prompt positions read from the prefix cache (set before the first token)
         self.cancelled = False  # set by any thread; the scheduler frees the row at the next step boundary
@@ -81,8 +85,13 @@ class Sequence:
 
     @property
     def batched(self):
-        """Decoded among others, a token per step (beam search and prompt lookup run whole)."""
-        return self.num_beams == 1 and self.prompt_lookup_num_tokens is None
+        """Decoded among others, a token per step (beam search and speculative decoding run whole)."""
+        return self.num_beams == 1 and not self.speculative
+
+    @property
+    def speculative(self):
+        """Decoded with drafts: prompt lookup's, or the server's draft bundle's."""
+        return self.prompt_lookup_num_tokens is not None or self.num_draft_tokens is not None
 
     def same_request(self, other):
         """The same prompt and options (choices of one request): they can run as rows of one call."""
@@ -100,6 +109,7 @@ class Sequence:
                 "length_penalty",
                 "logprobs",
                 "prompt_lookup_num_tokens",
+                "num_draft_tokens",
             )
         )
 

@@ -13,7 +13,8 @@ Endpoints:
                                 extensions: num_beams, length_penalty (beam search, not streamed),
                                 timeout (seconds, at most the server's --timeout), structured_outputs
                                 (vLLM's: json, regex, choice, grammar; constraint.py),
-                                prompt_lookup_num_tokens (greedy speculative decoding: prompt_lookup.py)
+                                prompt_lookup_num_tokens (greedy speculative decoding: prompt_lookup.py),
+                                num_draft_tokens (speculative decoding with the --draft bundle)
     POST /v1/chat/completions   messages, rendered by the bundle's chat template; the same options, and
                                 logprobs (true/false) with top_logprobs (0-20), tools and tool_choice
                                 (Qwen-style <tool_call> JSON parsed into tool_calls: serve_tools.py)
@@ -65,6 +66,7 @@ import uvicorn  # noqa: E402
 from starlette.applications import Starlette  # noqa: E402
 
 import batching  # noqa: E402
+import prompt_lookup  # noqa: E402
 from bundle_files import read_json  # noqa: E402
 from constraint import Grammars  # noqa: E402
 from decode_loop import auto_stop_tokens  # noqa: E402
@@ -72,7 +74,7 @@ from encoder import Encoder  # noqa: E402
 from generator import Generator  # noqa: E402
 from serve_endpoints import EXCEPTION_HANDLERS, ROUTES  # noqa: E402
 from serve_streaming import Relay  # noqa: E402
-from serve_validation import ApiError, field  # noqa: E402
+from serve_validation import MAX_DRAFT, ApiError, field  # noqa: E402
 
 __all__ = ["Service", "build_app", "main"]
 
@@ -89,6 +91,8 @@ class Service:
         timeout=60.0,
         num_threads=None,
         prefix_cache_tokens=batching.PREFIX_CACHE_TOKENS,
+        draft=None,
+        num_draft_tokens=None,
     ):
         self.bundle_dir = os.path.abspath(bundle_dir)
         self.bundle = read_json(os.path.join(self.bundle_dir, "bundle.json"))
@@ -98,18 +102,22 @@ class Service:
         self._ids, self._id_prefix = itertools.count(), uuid.uuid4().hex[:16]  # ids unique across replicas too
         if self.bundle["kind"] == "encoder":
             self.encoder, self.generator, self.scheduler = Encoder(self.bundle_dir, num_threads=num_threads), None, None
+            if draft is not None:
+                raise ValueError(f"--draft needs an LM bundle; this one holds an encoder. Received: draft={draft!r}")
             self.max_length = int(self.encoder.config["max_length"])
         else:
             self.encoder = None
             self.generator = Generator(self.bundle_dir, num_threads=num_threads)
             if self.generator.tokenizer is None:
                 raise ValueError(f"Serving needs the bundle's tokenizer.json. Received: bundle_dir={bundle_dir!r}")
+            self.draft, self.num_draft_tokens = self._draft(draft, num_draft_tokens, num_threads)
             self.scheduler = batching.Scheduler(
                 self.generator,
                 max_rows=max_batch,
                 max_queue=max_queue,
                 on_step=self.relay.flush,
                 prefix_cache_tokens=prefix_cache_tokens,
+                draft=self.draft,
             )
             self.max_length = int(self.generator.config["max_length"])
             self.grammars = Grammars(
@@ -138,6 +146,7 @@ class Service:
         grammar = options.pop("grammar", None)  # compiled: each sequence gets a matcher of its own
         if options.get("prompt_lookup_num_tokens") is not None:
             self.check_prompt_lookup(grammar)
+        options = self.check_draft(options, grammar, prompt_ids)
         try:
             for p, ids in enumerate(prompt_ids):
                 for c in range(n):
@@ -168,6 +177,39 @@ class Service:
             reason = "no output constraint (response_format, structured_outputs, forced tool calls)"
         if reason is not None:
             raise ApiError(f"prompt_lookup_num_tokens needs {reason}.", "prompt_lookup_num_tokens")
+
+    def _draft(self, draft, num_draft_tokens, num_threads):
+        """`--draft BUNDLE` -> (its `Generator`, checked against the model's, or None; `--num-draft-tokens`)."""
+        if draft is None:
+            if num_draft_tokens is not None:
+                raise ValueError(f"--num-draft-tokens needs --draft. Received: num_draft_tokens={num_draft_tokens}")
+            return None, None
+        if num_draft_tokens is not None and not 1 <= num_draft_tokens <= MAX_DRAFT:
+            raise ValueError(f"--num-draft-tokens must be in [1, {MAX_DRAFT}]. Received: {num_draft_tokens}")
+        draft = prompt_lookup.check_draft(self.generator, Generator(draft, num_threads=num_threads))
+        prompt_lookup.check_model(self.generator, "the model")
+        prompt_lookup.check_model(draft, "the draft")
+        return draft, num_draft_tokens
+
+    def check_draft(self, options, grammar, prompt_ids):
+        """A request's `num_draft_tokens` (or the server's `--num-draft-tokens`, for the requests that can draft:
+        one beam, no constraint, no prompt lookup) -> its options; a request the draft cannot serve gets a 400."""
+        asked = options.get("num_draft_tokens")
+        if asked is None and self.num_draft_tokens is not None and grammar is None and options["num_beams"] == 1:
+            if options.get("prompt_lookup_num_tokens") is None:
+                options = {**options, "num_draft_tokens": self.num_draft_tokens}
+        if options.get("num_draft_tokens") is None:
+            return options
+        if self.draft is None:
+            raise ApiError("num_draft_tokens needs a server started with --draft BUNDLE.", "num_draft_tokens")
+        if grammar is not None:
+            raise ApiError("num_draft_tokens needs no output constraint (response_format, ...).", "num_draft_tokens")
+        try:
+            for generator, role in ((self.generator, "the model"), (self.draft, "the draft")):
+                prompt_lookup.check_model(generator, role, prompt_ids, options["max_tokens"])
+        except ValueError as error:
+            raise ApiError(str(error), "num_draft_tokens") from error
+        return options
 
     def check_logprobs(self, top, param):
         """logprobs of a seq2seq bundle without continuous batching would need its decoder's every step again."""
@@ -305,6 +347,19 @@ def main(argv=None):
         help="prompt positions whose keys/values are kept for prompts that start the same (blocks of 16, LRU)",
     )
     parser.add_argument("--no-prefix-cache", action="store_true", help="keep no prompt prefix (same as 0 above)")
+    parser.add_argument(
+        "--draft",
+        default=None,
+        help="a draft bundle (same vocabulary): requests with num_draft_tokens decode speculatively, a request at a "
+        "time beside the batch",
+    )
+    parser.add_argument(
+        "--num-draft-tokens",
+        type=int,
+        default=None,
+        help="with --draft: the drafts per pass of every request that can draft and sets no num_draft_tokens "
+        "(default: only requests that set it draft)",
+    )
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     app = build_app(
@@ -315,6 +370,8 @@ def main(argv=None):
         timeout=args.timeout,
         num_threads=args.threads,
         prefix_cache_tokens=0 if args.no_prefix_cache else args.prefix_cache_tokens,
+        draft=args.draft,
+        num_draft_tokens=args.num_draft_tokens,
     )
     # On SIGTERM, answers in flight get --timeout seconds (each request's own limit) and a little more to finish.
     config = uvicorn.Config(

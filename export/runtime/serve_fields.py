@@ -27,6 +27,7 @@ _SHARED = {
     "length_penalty",
     "timeout",
     "prompt_lookup_num_tokens",  # transformers' and vLLM's speculative decoding by prompt lookup (greedy)
+    "num_draft_tokens",  # speculative decoding with the server's --draft bundle (transformers' num_assistant_tokens)
 }
 IMPLEMENTED = {
     "completions": _SHARED | {"prompt", "echo"},

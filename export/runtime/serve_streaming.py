@@ -191,8 +191,8 @@ class _Completion:
         }
 
     def _prediction_tokens(self):
-        """With prompt lookup, its drafts kept and rejected (OpenAI's names for predicted outputs' counts)."""
-        if all(s.prompt_lookup_num_tokens is None for s in self.sequences):
+        """With speculative decoding, its drafts kept and rejected (OpenAI's names for predicted outputs' counts)."""
+        if not any(s.speculative for s in self.sequences):
             return {}
         accepted = sum(s.accepted for s in self.sequences)
         rejected = sum(s.drafted for s in self.sequences) - accepted

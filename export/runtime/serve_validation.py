@@ -14,7 +14,7 @@ from bundle_files import chat_template
 MAX_CHOICES = 16  # n, and prompts x n, per request
 MAX_STOP_STRINGS = 4  # as OpenAI
 MAX_LOGPROBS = 20  # alternatives per token: OpenAI's top_logprobs limit, vLLM's default max_logprobs
-MAX_DRAFT = 32  # prompt_lookup_num_tokens: drafts checked per pass
+MAX_DRAFT = 32  # prompt_lookup_num_tokens, num_draft_tokens: drafts checked per pass
 
 
 class ApiError(Exception):
@@ -70,6 +70,24 @@ async def json_body(request):
     return body
 
 
+def _check_speculation(options):
+    """Prompt lookup decodes greedily, a draft greedily or by sampling; neither with beams, and not both."""
+    lookup, drafts = options["prompt_lookup_num_tokens"], options["num_draft_tokens"]
+    if lookup is not None and (options["temperature"] != 0 or options["num_beams"] > 1):
+        raise ApiError(
+            "Prompt lookup decodes greedily here: it needs temperature 0 and num_beams 1. Received: "
+            f"prompt_lookup_num_tokens={lookup}, temperature={options['temperature']}, "
+            f"num_beams={options['num_beams']}",
+            "prompt_lookup_num_tokens",
+        )
+    if drafts is not None and (lookup is not None or options["num_beams"] > 1):
+        raise ApiError(
+            "A draft's speculative decoding needs num_beams 1 and no prompt lookup. Received: "
+            f"num_draft_tokens={drafts}, num_beams={options['num_beams']}, prompt_lookup_num_tokens={lookup}",
+            "num_draft_tokens",
+        )
+
+
 def sampling_options(body, n_prompts):
     """The options every generation endpoint shares -> (Sequence keyword arguments, n, stop strings, stream, usage)."""
     options = dict(
@@ -85,15 +103,11 @@ def sampling_options(body, n_prompts):
         prompt_lookup_num_tokens=field(
             body, "prompt_lookup_num_tokens", int, check=lambda k: 1 <= k <= MAX_DRAFT, rule=f"in [1, {MAX_DRAFT}]"
         ),
+        num_draft_tokens=field(
+            body, "num_draft_tokens", int, check=lambda k: 1 <= k <= MAX_DRAFT, rule=f"in [1, {MAX_DRAFT}]"
+        ),
     )
-    lookup = options["prompt_lookup_num_tokens"]
-    if lookup is not None and (options["temperature"] != 0 or options["num_beams"] > 1):
-        raise ApiError(
-            "Prompt lookup decodes greedily here: it needs temperature 0 and num_beams 1. Received: "
-            f"prompt_lookup_num_tokens={lookup}, temperature={options['temperature']}, "
-            f"num_beams={options['num_beams']}",
-            "prompt_lookup_num_tokens",
-        )
+    _check_speculation(options)
     if options["top_k"] is not None and options["top_k"] < 1:
         options["top_k"] = None
     if options["top_p"] == 1:
