@@ -145,7 +145,7 @@ class Service:
         stop_ids = auto_stop_tokens(self.generator.config)
         grammar = options.pop("grammar", None)  # compiled: each sequence gets a matcher of its own
         if options.get("prompt_lookup_num_tokens") is not None:
-            self.check_prompt_lookup(grammar)
+            self.check_prompt_lookup(grammar, prompt_ids, options["max_tokens"])
         options = self.check_draft(options, grammar, prompt_ids)
         try:
             for p, ids in enumerate(prompt_ids):
@@ -168,8 +168,9 @@ class Service:
             raise ApiError(f"The server is busy: {error} Retry later.", None, 503, {"Retry-After": "1"}) from error
         return sequences
 
-    def check_prompt_lookup(self, grammar):
-        """Prompt lookup needs a causal LM whose decode graph takes several tokens, and no constraint."""
+    def check_prompt_lookup(self, grammar, prompt_ids, max_tokens):
+        """Prompt lookup needs a causal LM whose decode graph takes several tokens, no constraint, and no longrope
+        position crossed."""
         generator, reason = self.generator, None
         if generator.kind != "decoder" or not generator.multi_token:
             reason = "a causal LM bundle whose decode graph takes several tokens per step; this one's takes one"
@@ -177,6 +178,10 @@ class Service:
             reason = "no output constraint (response_format, structured_outputs, forced tool calls)"
         if reason is not None:
             raise ApiError(f"prompt_lookup_num_tokens needs {reason}.", "prompt_lookup_num_tokens")
+        try:
+            prompt_lookup.check_model(generator, "the model", prompt_ids, max_tokens)
+        except ValueError as error:
+            raise ApiError(str(error), "prompt_lookup_num_tokens") from error
 
     def _draft(self, draft, num_draft_tokens, num_threads):
         """`--draft BUNDLE` -> (its `Generator`, checked against the model's, or None; `--num-draft-tokens`)."""
