@@ -6,6 +6,7 @@ Every ONNX bundle carries a copy of this file and of the modules it imports. Fro
     python BUNDLE/generate.py --prompt "def add(" --sampler beam --num-beams 4
     python BUNDLE/generate.py --prompt "def add(" --sampler random --temperature 0.8 --top-p 0.9 --seed 0
     python BUNDLE/generate.py --chat --prompt "What is 2 + 2?"     # a user message, through the chat template
+    python BUNDLE/generate.py --prompt "def add(" --draft DRAFT_BUNDLE --num-draft-tokens 4   # speculative
 
 From Python (with the bundle directory on `sys.path`, or this file imported by path):
 
@@ -24,7 +25,7 @@ The runtime, one job per file (all next to this one in a bundle):
     chat_template.py  chat rendering and message checks: a copy of keras_transformer/tokenizers/chat_template.py
     batching.py, sequence.py, cache_rows.py  continuous batching (the scheduler; a sequence; the caches' rows)
     prefix_cache.py   the server's store of prompt prefixes' keys/values (blocks, LRU)
-    prompt_lookup.py  speculative decoding by prompt lookup (greedy, exact)
+    prompt_lookup.py  speculative decoding: drafts by prompt lookup or from a draft bundle (exact)
     constraint.py     constrained decoding: grammars (llguidance) and their token masks
     serve.py, serve_endpoints.py, serve_streaming.py, serve_validation.py   the HTTP server, with
     serve_fields.py, serve_logprobs.py, serve_constraints.py, serve_tools.py   its fields, logprobs,
@@ -74,6 +75,8 @@ def main(argv=None):
         action="store_true",
         help="each prompt is a user message, rendered by the bundle's chat template; prints the reply",
     )
+    parser.add_argument("--draft", default=None, help="a draft bundle of the same vocabulary: speculative decoding")
+    parser.add_argument("--num-draft-tokens", type=int, default=None, help="the draft's tokens per step (default 5)")
     args = parser.parse_args(argv)
     if read_json(os.path.join(args.bundle, "bundle.json"))["kind"] == "encoder":
         outputs = Encoder(args.bundle)(args.prompt)
@@ -90,6 +93,8 @@ def main(argv=None):
         top_k=args.top_k,
         top_p=args.top_p,
         seed=args.seed,
+        draft=args.draft,
+        num_draft_tokens=args.num_draft_tokens,
     )
     for text in texts:
         print(text)

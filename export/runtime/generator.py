@@ -90,6 +90,8 @@ class Generator:
         early_stopping=False,
         stop_token_ids="auto",
         chat_template_kwargs=None,
+        draft=None,
+        num_draft_tokens=None,
     ):
         """Prompts (a string or a list of strings) or chat messages -> generated texts.
 
@@ -134,6 +136,8 @@ class Generator:
             length_penalty=length_penalty,
             early_stopping=early_stopping,
             stop_token_ids=stop_token_ids,
+            draft=draft,
+            num_draft_tokens=num_draft_tokens,
         )
         if chat is not None:
             rows = outputs
