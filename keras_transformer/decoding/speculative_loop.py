@@ -33,7 +33,7 @@ from keras_transformer.decoding.loop_state import ABSENT, present
 from keras_transformer.decoding.prompt_lookup import propose
 from keras_transformer.decoding.rejection import sampled_choices
 from keras_transformer.samplers.processors import NEG, is_stop_token, process
-from keras_transformer.samplers.rows import column, write_column
+from keras_transformer.samplers.rows import column
 
 
 class SpeculativeState(NamedTuple):
@@ -89,14 +89,11 @@ def speculative_body(spec, speculation, ctx, i, state, source=ABSENT, head=None,
     logits, cache = model_step(spec.task, window, cache, s, state.encoded, head, kernels)  # (R, K + 1, V)
     rows = rows._replace(cache=loop_cache(cache, options.flat_cache))
     chosen = _choices(spec, ctx, rows, hypothesis, logits, i, s, K, draft_probabilities, state.sampler.steps)
-    agreed = ops.ones_like(done)  # (R,) the row's drafts agreed so far
-    accepted = ops.zeros(ops.shape(done), "int32")
-    for j in range(K):
-        p = s + 1 + j
-        forced = p < known  # a known position: the hypothesis holds its token, which is the choice
-        same = column(hypothesis, p, options.gather_columns) == chosen[j]
-        agreed = ops.logical_and(agreed, ops.logical_or(forced, same))
-        accepted = accepted + ops.cast(ops.logical_or(agreed, done), "int32")
+    drafted = positions_after(s, K)  # (K,): the drafts' positions p_j = s + 1 + j
+    forced = drafted[None, :] < known[:, None]  # (R, K): a known position holds its token, which is the choice
+    agrees = ops.logical_or(forced, window[:, 1:] == chosen[:, :K])  # (R, K)
+    agreed = ops.cumsum(ops.cast(ops.logical_not(agrees), "int32"), axis=1) == 0  # (R, K): all drafts up to j agree
+    accepted = ops.sum(ops.cast(ops.logical_or(agreed, done[:, None]), "int32"), axis=1)  # (R,)
     following = s + 2 + ops.amin(accepted)  # the smallest run of agreed drafts, then the model's own token
     following = ops.minimum(following, L)
     state = _write(ctx, rows, state, i, s, following, chosen, logits, K)
@@ -129,7 +126,7 @@ def _columns(tokens, first, count, gather):
 
 
 def _choices(spec, ctx, rows, hypothesis, logits, i, s, K, draft_probabilities=None, verify_pass=0):
-    """The sampler's token (R,) for each position p_j = s + 1 + j, j <= K, its logits processed as plain
+    """The sampler's tokens (R, K + 1): column j at position p_j = s + 1 + j, its logits processed as plain
     decoding processes them at p_j after the hypothesis (the seen tokens grow with the drafts before p_j)."""
     sampler, options = spec.sampler, spec.options
     random = ctx.seed is not None  # a sampler that draws: the rejection rule (`rejection.py`)
@@ -146,10 +143,12 @@ def _choices(spec, ctx, rows, hypothesis, logits, i, s, K, draft_probabilities=N
             new = ops.logical_and(ops.one_hot(token, ctx.vocabulary_size, dtype="int32") > 0, p >= i)
             seen = ops.logical_or(seen, new)
     if random:
-        return sampled_choices(
+        chosen = sampled_choices(
             sampler, ctx, scores, hypothesis, s, options.gather_columns, draft_probabilities, i, verify_pass
         )
-    return [ops.cast(sampler.get_next_token(score, None), "int32") for score in scores]
+    else:
+        chosen = [ops.cast(sampler.get_next_token(score, None), "int32") for score in scores]
+    return ops.stack(chosen, axis=1)  # K + 1 x (R,) -> (R, K + 1)
 
 
 def _choices_at_once(sampler, ctx, logits, s, K):
@@ -157,46 +156,49 @@ def _choices_at_once(sampler, ctx, logits, s, K):
     the position only: every position's choice in one (R * (K + 1), V) pick."""
     scores = sampler._prepare_scores(logits)  # (R, K + 1, V)
     if ctx.stop_token_ids:
-        positions = s + 1 + ops.arange(K + 1, dtype="int32")  # (K + 1,)
+        positions = positions_after(s, K + 1)  # (K + 1,)
         too_early = (positions[None, :] - ctx.prompt_lengths[:, None]) < ctx.min_new_tokens  # (R, K + 1)
         stop = is_stop_token(ops.arange(ctx.vocabulary_size, dtype="int32"), ctx.stop_token_ids)  # (V,)
         scores = ops.where(ops.logical_and(too_early[:, :, None], stop), NEG, scores)
     picked = sampler.get_next_token(ops.reshape(scores, (-1, ctx.vocabulary_size)), None)  # (R * (K + 1),)
-    picked = ops.reshape(ops.cast(picked, "int32"), (-1, K + 1))  # -> (R, K + 1)
-    return [picked[:, j] for j in range(K + 1)]
+    return ops.reshape(ops.cast(picked, "int32"), (-1, K + 1))  # -> (R, K + 1)
 
 
 def _write(ctx, rows, state, i, s, following, chosen, logits, K):
-    """Write the positions [i, following) as plain decoding does, one by one: a row's prompt token, pad after it
-    is done, else the choice; a row is done at a stop token or its limit. Returns the new state."""
+    """Write the positions [i, following) as plain decoding does: a row's prompt token, pad after it is done, else
+    the choice; a row is done at a stop token or its limit. All K + 1 window positions at once (no loop: a few
+    operations per pass, whatever K). Returns the new state."""
     options, done = ctx.options, state.sampler.done
-    tokens, seen, kept = rows.tokens, rows.seen, rows.logits
-    positions = ops.arange(ctx.length, dtype="int32")
-    emitted = []
-    for j in range(K + 1):
-        p = s + 1 + j
-        active = ops.logical_and(p >= i, p < following)  # scalar
-        where = ops.minimum(p, ctx.length - 1)
-        in_prompt = p < ctx.prompt_lengths  # (R,)
-        token = ops.where(
-            in_prompt, column(tokens, where, options.gather_columns), ops.where(done, ctx.pad_id, chosen[j])
-        )
-        out = ops.logical_and(active, ops.logical_and(ops.logical_not(in_prompt), ops.logical_not(done)))
-        tokens = ops.where(active, write_column(tokens, where, token), tokens)
-        if options.repetition:
-            seen = ops.logical_or(
-                seen, ops.logical_and(active, ops.one_hot(token, ctx.vocabulary_size, dtype="int32") > 0)
-            )
-        if options.return_logits:
-            at = ops.logical_and(active, positions == p)[None, :, None]  # (1, L, 1)
-            kept = ops.where(at, logits[:, j][:, None, :], kept)
-        stopped = ops.logical_and(out, is_stop_token(token, ctx.stop_token_ids))
-        finished = ops.logical_or(ops.logical_or(done, stopped), p + 1 >= ctx.limits)
-        done = ops.where(active, finished, done)
-        emitted.append(ops.where(out, token, -1))
+    p = positions_after(s, K + 1)  # (K + 1,): the window's chosen positions
+    active = ops.logical_and(p >= i, p < following)[None, :]  # (1, K + 1): the positions written
+    old = ops.take(rows.tokens, ops.minimum(p, ctx.length - 1), axis=1)  # (R, K + 1)
+    in_prompt = p[None, :] < ctx.prompt_lengths[:, None]  # (R, K + 1)
+    stops = ops.logical_and(ops.logical_not(in_prompt), is_stop_token(chosen, ctx.stop_token_ids))
+    finishes = ops.logical_and(active, ops.logical_or(stops, (p + 1)[None, :] >= ctx.limits[:, None]))  # (R, K + 1)
+    finished = ops.cumsum(ops.cast(finishes, "int32"), axis=1)  # (R, K + 1): finishing positions up to j
+    before = ops.logical_or(done[:, None], finished - ops.cast(finishes, "int32") > 0)  # (R, K + 1): done before j
+    token = ops.where(in_prompt, old, ops.where(before, ctx.pad_id, chosen))  # (R, K + 1)
+    out = ops.logical_and(active, ops.logical_not(ops.logical_or(in_prompt, before)))
+    positions = ops.arange(ctx.length, dtype="int32")  # (L,)
+    written = ops.logical_and(positions >= i, positions < following)  # (L,): the active positions (s + 1 <= i)
+    slot = ops.clip(positions - s - 1, 0, K)  # (L,): a position's column in the window
+    tokens = ops.where(written[None, :], ops.take(token, slot, axis=1), rows.tokens)  # (R, L)
+    seen, kept = rows.seen, rows.logits
+    if options.repetition:  # (R, K + 1, V) -> (R, V): every written token is seen
+        new = ops.logical_and(active[:, :, None], ops.one_hot(token, ctx.vocabulary_size, dtype="int32") > 0)
+        seen = ops.logical_or(seen, ops.any(new, axis=1))
+    if options.return_logits:  # (R, K + 1, V) -> (R, L, V)
+        kept = ops.where(written[None, :, None], ops.take(logits, slot, axis=1), kept)
+    done = ops.logical_or(done, finished[:, -1] > 0)
     rows = rows._replace(tokens=tokens, seen=seen, logits=kept)
-    own = state.sampler._replace(done=done, emitted=ops.stack(emitted, axis=1), steps=state.sampler.steps + 1)
+    emitted = ops.where(out, token, -1)  # (R, K + 1)
+    own = state.sampler._replace(done=done, emitted=emitted, steps=state.sampler.steps + 1)
     return state._replace(rows=rows, sampler=own)
+
+
+def positions_after(s, count):
+    """The `count` positions after the scalar s: (count,) int32."""
+    return s + 1 + ops.arange(count, dtype="int32")
 
 
 def speculative_run(
