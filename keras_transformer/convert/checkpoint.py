@@ -146,6 +146,13 @@ class CheckpointWeights:
         self.used.add(name)
         return np.asarray(self.arrays[name], dtype="float32")
 
+    def put(self, variable, name, transform=None):
+        """variable <- the tensor `name`, through `transform` (the transpose, reshape or slice the family's layout
+        needs) when given. A converter's one-tensor assignments go through here: an export (`WeightRecorder`) then
+        writes an untransformed tensor straight from the variable."""
+        value = self.get(name)
+        self.assign(variable, transform(value) if transform else value, name)
+
     def assign(self, variable, value, source):
         """variable <- value after checking shapes; `source` names the tensor(s) in errors."""
         if tuple(variable.shape) != tuple(value.shape):

@@ -108,7 +108,8 @@ def export_gguf(task, path, format=FORMAT, overwrite=False, quantize=None, verbo
         stream = GGUFStreamWriter(writer, table)
 
         def sink(hf_name, array):  # each Hugging Face tensor as the recorder finishes it
-            for name, values in gguf_names.gguf_tensors({hf_name: array}, architecture, config).items():
+            arrays = {hf_name: np.asarray(array)}  # a `StreamedTensor` read whole: GGUF's tensors are permuted
+            for name, values in gguf_names.gguf_tensors(arrays, architecture, config).items():
                 stream.add(name, values)
 
         recorder = WeightRecorder(shapes, sink=sink)

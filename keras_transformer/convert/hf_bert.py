@@ -198,8 +198,7 @@ def load_weights(model, weights, hf_config):
     Dh = D // H
 
     def put(variable, name, transform=None):
-        value = weights.get(name)
-        weights.assign(variable, transform(value) if transform else value, name)
+        weights.put(variable, name, transform)
 
     def linear(dense, name, kernel=lambda w: w.T, bias=None):  # torch (out, in) -> (in, out)
         put(dense.kernel, f"{name}.weight", kernel)

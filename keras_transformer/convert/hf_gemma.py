@@ -169,8 +169,7 @@ def load_weights(model, weights, hf_config):
     prefix = "model." if weights.has("model.embed_tokens.weight") else ""
 
     def put(variable, name, transform=None):
-        value = weights.get(prefix + name)
-        weights.assign(variable, transform(value) if transform else value, prefix + name)
+        weights.put(variable, prefix + name, transform)
 
     put(backbone.token_embedding.embeddings, "embed_tokens.weight")  # (V, D)
     for i, block in enumerate(backbone.transformer_layers):

@@ -67,8 +67,7 @@ def load_weights(model, weights, hf_config):
     Dh = D // H
 
     def put(variable, name, transform=None):
-        value = weights.get(prefix + name)
-        weights.assign(variable, transform(value) if transform else value, prefix + name)
+        weights.put(variable, prefix + name, transform)
 
     def norm(layer, name):
         put(layer.gamma, f"{name}.weight")

@@ -247,8 +247,7 @@ def load_weights(model, weights, hf_config, load_experts=None):
     Dh = backbone.head_dim or D // H
 
     def put(variable, name, transform=None):
-        value = weights.get(prefix + name)
-        weights.assign(variable, transform(value) if transform else value, prefix + name)
+        weights.put(variable, prefix + name, transform)
 
     def linear(dense, name, kernel_shape, bias_shape):
         """A torch Linear (out, in) -> an (in, out) kernel reshaped to `kernel_shape`, and its bias."""

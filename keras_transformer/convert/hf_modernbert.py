@@ -151,8 +151,7 @@ def load_weights(model, weights, hf_config):
     Dh = D // H
 
     def put(variable, name, transform=None):
-        value = weights.get(name)
-        weights.assign(variable, transform(value) if transform else value, name)
+        weights.put(variable, name, transform)
 
     put(backbone.token_embedding.embeddings, prefix + "embeddings.tok_embeddings.weight")
     put(backbone.embeddings_layer_norm.gamma, prefix + "embeddings.norm.weight")

@@ -159,10 +159,8 @@ def load_weights(model, weights, hf_config):
 
     def put(variable, name, rows=None, shape=None):
         """Rows [start, stop) of a torch Linear (out, in) -> our (in, out) kernel in `shape`; or a whole vector."""
-        value = weights.get(prefix + name)
-        if rows is not None:
-            value = value[rows[0] : rows[1]].T.reshape(shape)
-        weights.assign(variable, value, prefix + name)
+        rows_of = None if rows is None else lambda value: value[rows[0] : rows[1]].T.reshape(shape)
+        weights.put(variable, prefix + name, rows_of)
 
     put(backbone.token_embedding.embeddings, "embed_tokens.weight")  # (V, D)
     q, k = H * Dh, H * Dh + Hkv * Dh  # where the keys and the values start in qkv_proj's rows

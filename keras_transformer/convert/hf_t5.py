@@ -126,8 +126,7 @@ def load_weights(model, weights, hf_config):
     Dh = backbone.key_dim or D // H
 
     def put(variable, name, transform=None):
-        value = weights.get(name)
-        weights.assign(variable, transform(value) if transform else value, name)
+        weights.put(variable, name, transform)
 
     def attention(layer, prefix):
         for dense, name in ((layer.query_dense, "q"), (layer.key_dense, "k"), (layer.value_dense, "v")):

@@ -20,9 +20,12 @@ import numpy as np
 from huggingface_hub import constants
 from huggingface_hub.serialization._base import parse_size_to_int
 
+from keras_transformer.convert.streamed_tensor import StreamedTensor
+
 _DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 _ALIGN = 8
-_COPY_CHUNK = 64 * 2**20
+_COPY_CHUNK = 8 * 2**20
 
 
 def _encoded(array, dtype):
@@ -35,6 +38,15 @@ def _encoded(array, dtype):
         return tensor.numpy()
     converted = tensor.to(getattr(torch, dtype))
     return (converted.view(torch.int16) if dtype == "bfloat16" else converted).numpy()
+
+
+def _copy(path, out):
+    """Append the file at `path` to `out` through one reused buffer (a new buffer per chunk, as
+    `shutil.copyfileobj` reads, can hold two chunks at once until the old one is freed)."""
+    buffer = memoryview(bytearray(_COPY_CHUNK))
+    with open(path, "rb", buffering=0) as data:
+        while count := data.readinto(buffer):
+            out.write(buffer[:count])
 
 
 class SafetensorsWriter:
@@ -57,15 +69,20 @@ class SafetensorsWriter:
         self.shards = []  # [(data file, {name: (shape, begin, end)}, size)]
 
     def add(self, name, array):
-        """Append `array` (float32, in the checkpoint's shape) as tensor `name`."""
-        data = _encoded(array, self.dtype)
-        if not self.shards or (self.shards[-1][2] and self.shards[-1][2] + data.nbytes > self.max_shard_size):
+        """Append `array` (float32, in the checkpoint's shape; or a `StreamedTensor`, written a block at a
+        time) as tensor `name`."""
+        nbytes = int(np.prod(array.shape, dtype=np.int64)) * _ITEMSIZE[self.dtype]
+        if not self.shards or (self.shards[-1][2] and self.shards[-1][2] + nbytes > self.max_shard_size):
             self.shards.append([self.scratch / f"{len(self.shards)}.bin", {}, 0])
         shard = self.shards[-1]
+        blocks = array.blocks() if isinstance(array, StreamedTensor) else (array,)
         with open(shard[0], "ab") as file:
-            file.write(memoryview(data).cast("B"))
-        shard[1][name] = (tuple(array.shape), shard[2], shard[2] + data.nbytes)
-        shard[2] += data.nbytes
+            for block in blocks:
+                file.write(memoryview(_encoded(block, self.dtype)).cast("B"))
+            if file.tell() != shard[2] + nbytes:
+                raise ValueError(f"Tensor {name!r}: {file.tell() - shard[2]} bytes written, {nbytes} expected.")
+        shard[1][name] = (tuple(array.shape), shard[2], shard[2] + nbytes)
+        shard[2] += nbytes
 
     def close(self, total_parameters):
         """Write the shard files (and the index when there are several); returns their names."""
@@ -102,8 +119,7 @@ class SafetensorsWriter:
             out.write(struct.pack("<Q", len(text)))
             out.write(text)
             if data_file is not None:
-                with open(data_file, "rb") as data:
-                    shutil.copyfileobj(data, out, _COPY_CHUNK)
+                _copy(data_file, out)
                 os.remove(data_file)
 
 

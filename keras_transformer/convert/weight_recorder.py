@@ -6,6 +6,8 @@ import weakref
 import keras
 import numpy as np
 
+from keras_transformer.convert.streamed_tensor import StreamedTensor
+
 _SLICE = 2**22  # elements flattened at a time in `assign`
 
 
@@ -20,8 +22,10 @@ class WeightRecorder:
 
     A tensor's buffer exists only while it is being filled: once every element of it is written
     (exactly once), it goes to `sink(name, array)` and is dropped, so an export streams tensor by
-    tensor and holds about one layer's tensors at a time, never a copy of the whole model. Without
-    a `sink`, the finished tensors are kept for `arrays()`.
+    tensor and holds about one layer's tensors at a time, never a copy of the whole model. A tensor
+    that is one variable exactly, or its 2D transpose, has no buffer: the sink gets a `StreamedTensor`
+    (streamed_tensor.py) that reads the variable a block at a time. Without a `sink`, the finished
+    tensors are kept for `arrays()`.
     """
 
     def __init__(self, shapes, values=None, sink=None):
@@ -51,6 +55,23 @@ class WeightRecorder:
         self.handed_out[id(numbers)] = (name, weakref.ref(numbers))  # to know it again in `assign` (see `_whole`)
         return numbers.reshape(self.shapes[name])
 
+    def put(self, variable, name, transform=None):
+        """As `CheckpointWeights.put`; an untransformed tensor is the variable itself, so it goes to the sink as a
+        `StreamedTensor` with no element numbers at all (an embedding's would be as large as the embedding)."""
+        if transform is not None:
+            return self.assign(variable, transform(self.get(name)), name)
+        if name not in self.shapes:
+            raise ValueError(f"The Hugging Face model has no tensor {name!r}, which the export needs.")
+        if tuple(variable.shape) != tuple(self.shapes[name]):
+            raise ValueError(
+                f"Shape mismatch exporting {name}: the Hugging Face layout gives {self.shapes[name]}, "
+                f"our weight has {tuple(variable.shape)}."
+            )
+        if name in self.sent or name in self.pending:
+            raise ValueError(f"The export wrote the Hugging Face tensor {name!r} more than once.")
+        self.sent.add(name)
+        self.sink(name, StreamedTensor(self.values.get(id(variable), variable), self.shapes[name]))
+
     def assign(self, variable, value, source):
         index = np.asarray(value)
         if tuple(variable.shape) != index.shape:
@@ -58,16 +79,18 @@ class WeightRecorder:
                 f"Shape mismatch exporting {source}: the Hugging Face layout gives {index.shape}, "
                 f"our weight has {tuple(variable.shape)}."
             )
-        if id(variable) in self.values:  # a dequantized int8 kernel
-            values = self.values[id(variable)]
-        else:  # a variable, or a tensor (a LoRA layer's `kernel` reads kernel + (alpha / r) A @ B)
-            values = keras.ops.convert_to_numpy(keras.ops.cast(variable, "float32"))
-        values = np.asarray(values, dtype="float32")
-        whole = self._whole(index)
-        if whole is not None:  # the tensor exactly as `get` gave it (e.g. an embedding): no buffer, no scatter
-            self.sent.add(whole)
-            self.sink(whole, values.reshape(self.shapes[whole]))
-            return
+        # A dequantized int8 kernel's value; else a variable, or a tensor (a LoRA layer's `kernel` reads
+        # kernel + (alpha / r) A @ B).
+        weight = self.values.get(id(variable), variable)
+        # The tensor exactly as `get` gave it (e.g. an embedding), or its transpose (a Linear's plain `.T`): no
+        # buffer, no scatter, and the weight read a block at a time as it is written.
+        for numbers, transposed in ((index, False), (index.T, True)) if index.ndim == 2 else ((index, False),):
+            whole = self._whole(numbers)
+            if whole is not None:
+                self.sent.add(whole)
+                self.sink(whole, StreamedTensor(weight, self.shapes[whole], transposed))
+                return
+        values = np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(weight, "float32")), dtype="float32")
         # In slices along the first axis, so that the flattened numbers (a copy when the converter transposed
         # them) and their offsets never cost more than a slice: a large embedding's are 3x its size otherwise.
         rows = max(1, _SLICE // max(1, int(np.prod(index.shape[1:], dtype=np.int64)))) if index.ndim else 1
@@ -106,7 +129,7 @@ class WeightRecorder:
     def arrays(self):
         """{name: array in the Hugging Face shape} but for the tied copies (without a sink)."""
         self.finish()
-        return {name: self.finished[name] for name in self.names if name not in self.tied}
+        return {name: np.asarray(self.finished[name]) for name in self.names if name not in self.tied}
 
     def _size(self, name):
         return int(np.prod(self.shapes[name], dtype=np.int64))
