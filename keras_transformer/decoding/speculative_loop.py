@@ -76,15 +76,20 @@ def speculative_body(spec, speculation, ctx, i, state, source=ABSENT, head=None,
     known = ops.maximum(i, ctx.prompt_lengths)  # (R,): each row knows its tokens [0, known)
     draft_probabilities = None  # a copied draft is certain
     if draft is None:
-        hypothesis = _hypothesis(rows.tokens, known, _drafts(rows.tokens, known, source, speculation, K), K)  # (R, L)
+        drafts, first = _drafts(rows.tokens, known, source, speculation, K), known  # (R, K); (R,): their place
     else:
         drafts, draft_probabilities, drafted = draft_proposals(
             *draft, spec.sampler, ctx, i, known, rows.tokens, state.sampler.draft, K, state.sampler.steps
         )
-        hypothesis = _hypothesis(rows.tokens, ops.zeros_like(known) + i, drafts, K)
+        first = ops.zeros_like(known) + i
         state = state._replace(sampler=state.sampler._replace(draft=drafted))
+    # The hypothesis: the tokens with the drafts in place, (R, L) for the processors (unused, and so not computed,
+    # where none reads the tokens), and its window [s, s + K] overlaid on its own (R, K + 1) columns: derived from
+    # the (R, L) one, XLA fused that whole computation into the embedding's gather.
+    hypothesis = _overlay(rows.tokens, ops.arange(L, dtype="int32"), first, drafts, K)  # (R, L)
     s = ops.minimum(i - 1, L - K - 1)  # the window [s, s + K]
-    window = _columns(hypothesis, s, K + 1, options.gather_columns)  # (R, K + 1)
+    own = _columns(rows.tokens, s, K + 1, options.gather_columns)  # (R, K + 1)
+    window = _overlay(own, positions_after(s - 1, K + 1), first, drafts, K)  # (R, K + 1)
     cache = model_cache(rows.cache, ctx.num_rows, options.flat_cache)
     logits, cache = model_step(spec.task, window, cache, s, state.encoded, head, kernels)  # (R, K + 1, V)
     rows = rows._replace(cache=loop_cache(cache, options.flat_cache))
@@ -111,11 +116,11 @@ def _drafts(tokens, known, source, speculation, K):
     return propose(history, end, speculation.max_matching_ngram_size, K)
 
 
-def _hypothesis(tokens, known, drafts, K):
-    """tokens (R, L) with the drafts (R, K) written at each row's [known, known + K)."""
-    offset = ops.arange(ops.shape(tokens)[1], dtype="int32")[None, :] - known[:, None]  # (R, L)
-    at = ops.take_along_axis(drafts, ops.clip(offset, 0, K - 1), axis=1)  # (R, L)
-    return ops.where(ops.logical_and(offset >= 0, offset < K), at, tokens)
+def _overlay(own, positions, first, drafts, K):
+    """own (R, N), the tokens at `positions` (N,), with the drafts (R, K) in place at each row's [first, first + K)."""
+    offset = positions[None, :] - first[:, None]  # (R, N)
+    at = ops.take_along_axis(drafts, ops.clip(offset, 0, K - 1), axis=1)  # (R, N)
+    return ops.where(ops.logical_and(offset >= 0, offset < K), at, own)
 
 
 def _columns(tokens, first, count, gather):
