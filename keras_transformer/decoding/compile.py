@@ -259,6 +259,16 @@ def compiled_cache(task, variables=None):
     return cache
 
 
+def device_inputs(tree, reused=False):
+    """A call's numpy inputs as its compiled functions take them. JAX's `jit` takes numpy arrays in its own
+    dispatch, faster than converting each first (an eager operation each: benchmarks/RESULTS.md, "the loop's inputs
+    as numpy on JAX"); inputs `reused` by every step of a host loop are converted once, not at every step. The other
+    backends take tensors."""
+    if _backend() == "jax" and not reused:
+        return tree
+    return keras.tree.map_structure(keras.ops.convert_to_tensor, tree)
+
+
 def to_numpy(outputs):
     return {k: keras.ops.convert_to_numpy(v) for k, v in outputs.items()}
 
@@ -270,6 +280,7 @@ __all__ = [
     "TORCH_COMPILE_ENV",
     "compiled",
     "compiled_cache",
+    "device_inputs",
     "plan",
     "torch_step_mode",
 ]

@@ -29,10 +29,14 @@ def decode(task, sampler, options, inputs, streamer=None):
     cache_bytes = int(np.prod(task.backbone.cache_shape(rows, length))) * bits // 8
     plan = compile_lib.plan(task, sampler, options, (rows, length), cache_bytes)
     spec, kernels = LoopSpec(task, sampler, plan.options), plan.kernels
-    prefill_inputs, loop_inputs = keras.tree.map_structure(ops.convert_to_tensor, (inputs.prefill, inputs.loop))
+    one_call = streamer is None and not plan.stepwise  # else the host runs the steps, each reading the inputs
+    prefill_inputs, loop_inputs = (
+        compile_lib.device_inputs(inputs.prefill),
+        compile_lib.device_inputs(inputs.loop, not one_call),
+    )
     prepared = prepare_compiled(spec, plan, prefill_inputs)
     key = (sampler._trace_key(), spec.options)
-    if streamer is None and not plan.stepwise:
+    if one_call:
         loop = compile_lib.compiled(task, ("run",) + key, lambda: lambda x, p, k: run(spec, x, p, k))
         return compile_lib.to_numpy(loop(loop_inputs, prepared, kernels))
     begin = compile_lib.compiled(task, ("start",) + key, lambda: lambda x, p: start(spec, x, p))

@@ -4,7 +4,6 @@
 Axes: B inputs, R = B decoded rows, L token buffer length, K draft tokens, S_enc source length.
 """
 
-import keras
 import numpy as np
 from keras import ops
 
@@ -36,8 +35,12 @@ def speculative_decode(task, sampler, options, speculation, inputs, source=ABSEN
     plan = compile_lib.plan(task, sampler, options, (rows, length), cache_bytes)
     plan.options = plan.options.replace(beam_cache=False, padded_step=False)  # K + 1 query rows already
     spec, kernels = LoopSpec(task, sampler, plan.options), plan.kernels
-    prefill_inputs, loop_inputs = keras.tree.map_structure(ops.convert_to_tensor, (inputs.prefill, inputs.loop))
-    source = ops.convert_to_tensor(source) if present(source) else ABSENT
+    one_call = streamer is None and not plan.stepwise  # else the host runs the steps, each reading the inputs
+    prefill_inputs, loop_inputs = (
+        compile_lib.device_inputs(inputs.prefill),
+        compile_lib.device_inputs(inputs.loop, not one_call),
+    )
+    source = compile_lib.device_inputs(source, not one_call) if present(source) else ABSENT
     prepared = prepare_compiled(spec, plan, prefill_inputs)
     key = ("speculative", sampler._trace_key(), spec.options, speculation)
     others, draft_prepared, draft_kernels = (), ABSENT, None
@@ -50,7 +53,7 @@ def speculative_decode(task, sampler, options, speculation, inputs, source=ABSEN
     def with_draft(kernels_of_draft):
         return None if draft is None else (draft, kernels_of_draft)
 
-    if streamer is None and not plan.stepwise:
+    if one_call:
         loop = compile_lib.compiled(
             task,
             ("run",) + key,
