@@ -44,9 +44,10 @@ DEEP = dict(
 
 # Run as `python -c CHILD backend out_dir mode`: mode "export" (or "export-int8") builds the model on `backend` and
 # exports it (into out_dir/mode; in that process: its graphs are the ONNX kernels'); mode "saved_model" exports its
-# SavedModel (in that process on TensorFlow, else in a TensorFlow child); mode "baseline" builds it under
-# TensorFlow with the ONNX exporter's libraries imported and stops there, "baseline-saved_model" with TensorFlow
-# only (all the SavedModel needs). Prints the peak RSS of the process and of its children.
+# SavedModel (in that process on TensorFlow, else in a TensorFlow child); "huggingface" its Hugging Face folder (in
+# that process). Mode "baseline-onnx" builds it under TensorFlow with the ONNX exporter's libraries imported and stops
+# there, "baseline-saved_model" with TensorFlow only (all the SavedModel needs), "baseline-huggingface" on `backend`
+# with torch, transformers and its Llama model class imported. Prints the peak RSS of the process and of its children.
 CHILD = """
 import json, os, resource, sys
 backend, out, mode = sys.argv[1:4]
@@ -56,7 +57,7 @@ from keras_transformer.models import LlamaBackbone, LlamaCausalLM
 keras.utils.set_random_seed(0)
 lm = LlamaCausalLM(LlamaBackbone(**json.loads(os.environ["KT_TEST_CONFIG"])))
 info = {"bytes": sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in lm.weights)}
-if "saved_model" not in mode:  # the bytes of the distinct weights, which a bundle stores once (copies, dropped)
+if mode.startswith(("export", "baseline-onnx")):  # the distinct weights' bytes, which a bundle stores once
     weights = [keras.ops.convert_to_numpy(v) for v in lm.weights]
     info["distinct_bytes"] = sum({(w.dtype.str, w.tobytes()): w.nbytes for w in weights}.values())
     del weights
@@ -65,8 +66,13 @@ if mode.startswith("export"):
     lm.export(os.path.join(out, mode), format="onnx", quantize=quantize)
 elif mode == "saved_model":
     lm.export(os.path.join(out, mode), format="tf_saved_model")
+elif mode == "huggingface":
+    lm.export(os.path.join(out, mode), format="huggingface")
 elif mode == "baseline-saved_model":
     import tensorflow
+elif mode == "baseline-huggingface":  # the libraries the Hugging Face export imports, and its model class
+    import torch, transformers
+    transformers.LlamaForCausalLM
 else:
     import onnx, onnxruntime, tensorflow, tf2onnx
 peak = lambda who: resource.getrusage(who).ru_maxrss * 1024
@@ -94,7 +100,7 @@ def test_onnx_export_memory_and_bundle_size_are_bounded_by_the_weights(tmp_path)
     """Float and int8 bundles: peak RSS at most 3x the float32 weights above the exporter at rest; on disk, the
     float bundle about the weights, the int8 bundle (its quantized weights once) under half of them."""
     backend = keras.config.backend()
-    baseline = _run("tensorflow", tmp_path, "baseline")  # TensorFlow, the exporter's libraries and the model
+    baseline = _run("tensorflow", tmp_path, "baseline-onnx")  # TensorFlow, the exporter's libraries and the model
     for mode, largest in (("export", 1.1), ("export-int8", 0.5)):
         exported = _run(backend, tmp_path, mode)
         weights = exported["bytes"]
@@ -126,3 +132,20 @@ def test_saved_model_export_memory_is_bounded_by_the_weights(tmp_path):
         f"{baseline['peak'] / 1e6:.0f} MB at rest ({growth / weights:.1f}x the weights; bound 3x)"
     )
     assert (tmp_path / "saved_model" / "saved_model.pb").is_file()
+
+
+def test_hugging_face_export_memory_is_bounded_by_the_weights(tmp_path):
+    """The Hugging Face folder: peak RSS at most half the float32 weights above the exporter at rest with torch and
+    transformers imported. The tensors stream one at a time; the embedding, most of this model, straight from its
+    variable a block at a time (a copy of it and its element numbers were 1.5x the weights)."""
+    backend = keras.config.backend()
+    baseline = _run(backend, tmp_path, "baseline-huggingface")
+    exported = _run(backend, tmp_path, "huggingface")
+    weights = exported["bytes"]
+    assert 45e6 * 4 < weights < 55e6 * 4  # about 50M float32 parameters
+    growth = exported["peak"] - baseline["peak"]
+    assert growth <= 0.5 * weights, (
+        f"{weights / 1e6:.0f} MB of weights peaked {growth / 1e6:.0f} MB above the exporter's "
+        f"{baseline['peak'] / 1e6:.0f} MB at rest ({growth / weights:.2f}x the weights; bound 0.5x)"
+    )
+    assert (tmp_path / "huggingface" / "model.safetensors").stat().st_size >= weights
