@@ -74,9 +74,10 @@ GPU_INSTALL ?= install
 GPU_OUT ?= gpu_results
 GPU_BENCHMARKS_jax = "decode_gpu.py" "train.py --shape gpt2 --dtype mixed_bfloat16 --steps 10 --rounds 2" \
 	"decode_gpu.py --peers ours --xla-command-buffers" "moe_speed.py --shape gpu --repeats 2" \
-	"generate.py --repeats 2" "generate_seq2seq.py --repeats 2"
+	"generate.py --repeats 2" "generate_seq2seq.py --repeats 2" \
+	"speculative_speed.py --shape smollm2_135m --dtype bfloat16 --repeats 3"
 GPU_BENCHMARKS_torch = "decode_gpu.py" "train.py --shape gpt2 --dtype mixed_bfloat16 --steps 10 --rounds 2" \
-	"moe_speed.py --shape gpu --repeats 2"
+	"moe_speed.py --shape gpu --repeats 2" "speculative_speed.py --shape smollm2_135m --dtype bfloat16 --repeats 3"
 GPU_BENCHMARKS_tensorflow = "decode_gpu.py --peers ours,keras-hub"
 GPU_PEER_BENCHMARKS = "attention.py" "attention.py --dtype bfloat16" "generate.py --repeats 2" \
 	"generate_seq2seq.py --repeats 2" "bert_forward.py --repeats 3" "generate_llama.py --repeats 1"

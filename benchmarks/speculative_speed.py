@@ -4,6 +4,7 @@ same run (issue 41).
     KERAS_BACKEND=jax python benchmarks/speculative_speed.py [--preset llama_stdlib] [--repeats 7]
     python benchmarks/speculative_speed.py --backends jax,tensorflow,torch   # each backend in a child, one table
     python benchmarks/speculative_speed.py --draft llama_stdlib_draft --backends jax,tensorflow,torch
+    KERAS_BACKEND=torch python benchmarks/speculative_speed.py --shape smollm2_135m --dtype bfloat16  # a GPU row
 
 Batch 1, greedy, no stop token, on a trained preset (`llama_stdlib` by default, `gpt_stdlib`): a copy-heavy
 prompt, a block of imports written three times and begun a fourth, which the greedy continuation repeats
@@ -12,6 +13,12 @@ line by line (`import os`, a line of the prompt), up to the presets' 128 positio
 `--repeats` rounds after untimed compiling calls (`timing.paired`): the ratio of the best times, and the
 median of the rounds' ratios (on a shared, loaded machine the best times are the steadier). Also the verify
 passes per call and the tokens each accepted. The outputs are checked equal.
+
+`--shape` (`make gpu-check`'s row; `tiny` checks it on a CPU): a model of `decode_gpu.py`'s shape with random
+weights, no tokenizer: a 16-token random sequence written four times and begun a fifth as the prompt, 128 new
+tokens; prompt lookup (K = 5), and a 2-layer draft of the same vocabulary and width (random too, so its
+acceptance says nothing; its pass cost does). Each row gives the verify pass's cost in plain steps and the
+break-even acceptance, which hold for trained weights too; the acceptance itself is the random model's own.
 """
 
 import argparse
@@ -159,6 +166,59 @@ def print_draft_table(preset, draft_preset, rows):
             )
 
 
+def measure_shape(shape, dtype, repeats):
+    """Rows [(proposer, K, plain tokens/s, speculative tokens/s, passes, pass cost in plain steps, break-even,
+    the new tokens equal to plain greedy's before the first that differs)] for a random model of
+    `decode_gpu.SHAPES[shape]`, batch 1, greedy (see the module docstring)."""
+    import keras
+
+    import keras_transformer as kt
+    from decode_gpu import SHAPES, Ours
+
+    lm = Ours(shape, dtype).lm
+    config = {**SHAPES[shape], "num_layers": 2}
+    keras.utils.set_random_seed(1)
+    draft = kt.models.LlamaCausalLM(kt.models.LlamaBackbone(**config, dtype=dtype))
+    period = np.random.default_rng(0).integers(1, config["vocabulary_size"], 16).tolist()
+    prompt, new = [period * 4 + period[:8]], 128
+    passes, rows = count_passes(), []
+    plain = lm.generate(prompt, max_new_tokens=new, stop_token_ids=None)
+    cases = [("prompt lookup", {"prompt_lookup_num_tokens": 5}), ("draft (2 layers)", {"draft_model": draft})]
+    for name, extra in cases:
+        k = extra.get("prompt_lookup_num_tokens", 5)
+
+        def speculative(extra=extra):
+            return lm.generate(prompt, max_new_tokens=new, stop_token_ids=None, **extra)
+
+        # In 16 bits a pass of K + 1 tokens rounds otherwise than K + 1 one-token steps: a near tie may go the other
+        # way (transformers' assisted generation alike). The tokens that agree are reported, not asserted.
+        ours = speculative()[0]
+        same = next((j for j, (a, b) in enumerate(zip(ours, plain[0])) if a != b), len(ours)) - len(prompt[0])
+        _, best, _ = paired(
+            [lambda: lm.generate(prompt, max_new_tokens=new, stop_token_ids=None), speculative], repeats
+        )
+        cost = (best[1] / passes[-1]) / (best[0] / new)  # one pass (proposals included), in plain steps
+        rows.append((name, k, new / best[0], new / best[1], passes[-1], cost, break_even(cost, k), same))
+    return rows
+
+
+def print_shape_table(shape, dtype, rows):
+    import keras
+
+    print(f"{shape} (random weights), {dtype}, {keras.config.backend()}, batch 1, greedy: 72 prompt tokens, 128 new")
+    print(
+        "| proposer | K | plain tokens/s | speculative tokens/s | ratio | passes | tokens/pass | pass cost (steps) "
+        "| break-even acceptance | same tokens |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, k, slow, fast, steps, cost, even, same in rows:
+        even = "none (> 1)" if even is None else f"{even:.2f}"
+        print(
+            f"| {name} | {k} | {slow:.0f} | {fast:.0f} | {fast / slow:.2f}x | {steps} | {128 / steps:.1f} "
+            f"| {cost:.2f} | {even} | {same} / 128 |"
+        )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="llama_stdlib")
@@ -166,7 +226,11 @@ def main():
     parser.add_argument("--backends", default=None, help="comma-separated: run each in a child process")
     parser.add_argument("--json", action="store_true", help="print the measurement as JSON (the children's form)")
     parser.add_argument("--draft", default=None, help="a draft preset (llama_stdlib_draft): draft-model speculation")
+    parser.add_argument("--shape", default=None, help="decode_gpu.py's shape, random weights (smollm2_135m, tiny)")
+    parser.add_argument("--dtype", default="float32", help="with --shape: float32 or bfloat16")
     args = parser.parse_args()
+    if args.shape:
+        return print_shape_table(args.shape, args.dtype, measure_shape(args.shape, args.dtype, min(args.repeats, 5)))
     if args.backends:
         rows = {}
         for backend in args.backends.split(","):
