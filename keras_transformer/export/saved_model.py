@@ -35,8 +35,8 @@ prefilled in one pass, and the steps start at the shortest prompt. Greedy and ra
 that loop (the token chosen in the step). Beam search reorders the cache's rows as the
 PyTorch loop does (the compiled backends' slot cache needs a static batch). The graph runs
 without XLA (the loaded model needs no compiler). In every signature, `forward` included, each layer
-with weights runs as a function of its weights shared by the layers of its kind (`_SharedLayerCalls`): the
-graphs hold a decoder block once per input shape, not once per layer at every call.
+with weights runs as a function of its weights shared by the layers of its kind (`SharedLayerCalls`): the
+graphs hold an encoder or decoder block once per input shape, not once per layer at every call.
 
 The SavedModel depends on TensorFlow only: `tf.saved_model.load(path)` works in a process
 that never imports Keras or keras_transformer. The tokenizer files and
@@ -45,11 +45,8 @@ that never imports Keras or keras_transformer. The tokenizer files and
 Runs under the TensorFlow backend (see `keras_transformer.export`).
 """
 
-import json
-
-import keras
-
 from keras_transformer.export import graphs as graph_lib
+from keras_transformer.export.shared_layer_calls import SharedLayerCalls
 from keras_transformer.presets import write_json
 from keras_transformer.export.onnx import GENERATION_CONFIG_FILE, generation_config
 from keras_transformer.decoding import DecodeOptions, LoopInputs, PrefillInputs, trace_prepare, trace_run
@@ -77,7 +74,7 @@ def write_saved_model(task, directory):
         tf.TensorSpec((None,) * len(task.input[name].shape), task.input[name].dtype, name=name) for name in input_names
     ]
 
-    layer_calls = _SharedLayerCalls()  # one per export: every signature calls the same layer functions
+    layer_calls = SharedLayerCalls()  # one per export: every signature calls the same layer functions
 
     def forward(*args):
         inputs = dict(zip(input_names, args))
@@ -200,7 +197,7 @@ class _ServedLoop:
         self.start_id = config.get("decoder_start_token_id")
         self.num_beams = num_beams
         self.options = DecodeOptions(stop_token_ids=self.stop_ids, pad_id=self.pad, repetition=True, flat_cache=False)
-        self.layer_calls = layer_calls  # how the steps call the layers (a `_SharedLayerCalls`)
+        self.layer_calls = layer_calls  # how the steps call the layers (a `SharedLayerCalls`)
 
     # --- signatures ------------------------------------------------------------
 
@@ -268,7 +265,7 @@ class _ServedLoop:
             width = tf.where(tf.reduce_min(lengths) <= refresh + 1, tf.minimum(width, refresh), width)
         prefill = tokens[:, :width] if self.kind == "decoder" else tokens[:, :0]  # (B, P)
         prepared = trace_prepare(
-            self.task,
+            self.task if encoder is None else _EncoderThrough(self.task, self.layer_calls),
             PrefillInputs(prompt_token_ids=tokens, prefill_token_ids=prefill, **(encoder or {})),
             call_layer=self.layer_calls,
         )
@@ -322,81 +319,19 @@ class _ServedLoop:
         return checks
 
 
-class _SharedLayerCalls:
-    """`call_layer` for the traced loops: a layer runs as a TensorFlow function of its weights, one function per
-    kind of layer (its class and configuration but its name, and its weights' shapes), called with each layer's own
-    variables.
+class _EncoderThrough:
+    """A seq2seq task as `trace_prepare` reads it, its encoder's layers called through `call_layer` as the steps'
+    are (decoding's `prepare` calls `task.encode(ids, mask)`): every signature then calls the one function of each
+    kind of encoder block, not a copy of every block."""
 
-    The graphs then hold each kind of layer once per input signature (a decoder block for the prefill, one for
-    the step) and a call per layer, where a layer called directly writes its whole computation into the graph
-    at every call: every block of the model in the prefill, again in the step, and again in each signature. Those
-    copies, not the weights, were the memory of tracing and saving (the function library, held by Python, by
-    TensorFlow's graphs and by the saved protocol buffer).
-    """
+    def __init__(self, task, call_layer):
+        self._task, self._call_layer = task, call_layer
 
-    takes_decode_head = True  # the loop's (D, V) head, made once outside the steps (see `decode_loop.run`)
+    def __getattr__(self, name):
+        return getattr(self._task, name)
 
-    def __init__(self):
-        self._functions = {}  # layer kind -> the tf.function of the first layer of that kind, of its weights
-
-    def __call__(self, layer, *args, **kwargs):
-        import tensorflow as tf
-
-        weights, key = layer.weights, _layer_kind(layer)
-        if not weights or key is None:  # nothing to share (a layer without weights is as small as a call)
-            return layer(*args, **kwargs)
-        if key not in self._functions:
-
-            def run(values, args, kwargs, layer=layer):
-                # The first layer's computation with the values of the layer called.
-                with keras.StatelessScope(state_mapping=list(zip(layer.weights, values))):
-                    return layer(*args, **kwargs)
-
-            self._functions[key] = tf.function(run, autograph=False, reduce_retracing=True)
-        function, values = self._functions[key], [weight.value for weight in weights]
-        if any(
-            captured.dtype == tf.resource
-            for captured in function.get_concrete_function(values, args, kwargs).captured_inputs
-        ):
-            # The layer reads a variable that is not one of its weights: its function is not its kind's.
-            return layer(*args, **kwargs)
-        return function(values, args, kwargs)
-
-    def model(self, model, inputs):
-        """`model(inputs)`, each layer of a functional model (and of the functional models in it) called through
-        these functions: Keras's own walk over the model's graph (`Functional.call`), at inference."""
-        from keras.src.models.functional import Functional
-
-        def plain(op):  # a functional model whose call is Keras's own
-            return isinstance(op, Functional) and type(op).call is Functional.call
-
-        if not plain(model):
-            return model(inputs)
-
-        def operation(op):
-            if plain(op):  # its Keras call adds only masks and a training flag (None here)
-                return lambda inputs, **kwargs: (
-                    self.model(op, inputs)
-                    if all(value is None for value in keras.tree.flatten(kwargs))
-                    else op(inputs, **kwargs)
-                )
-            if isinstance(op, keras.layers.Layer):
-                return lambda *args, **kwargs: self(op, *args, **kwargs)
-            return op
-
-        outputs = model._run_through_graph(model._standardize_inputs(inputs), operation_fn=operation)
-        return outputs[0] if isinstance(outputs, (list, tuple)) and len(outputs) == 1 else outputs
-
-
-def _layer_kind(layer):
-    """What makes two layers compute the same function of their weights: class, configuration (but the name) and
-    the weights' shapes and dtypes; None for a layer without a configuration."""
-    try:
-        config = {name: value for name, value in layer.get_config().items() if name != "name"}
-    except NotImplementedError:  # Keras's answer for a layer built from arguments it cannot serialise
-        return None
-    shapes = tuple((tuple(weight.shape), str(weight.dtype)) for weight in layer.weights)
-    return type(layer), json.dumps(config, sort_keys=True, default=repr), shapes
+    def encode(self, encoder_token_ids, encoder_padding_mask):
+        return self._task.encode(encoder_token_ids, encoder_padding_mask, call_layer=self._call_layer)
 
 
 def _to_width(x, width, pad):

@@ -82,9 +82,10 @@ class Seq2SeqLM(LanguageModel):
 
     # --- cached decoding --------------------------------------------------
 
-    def encode(self, encoder_token_ids, encoder_padding_mask):
-        """Run the encoder once: ids (B, S_enc), mask (B, S_enc) -> encoder outputs (B, S_enc, D)."""
-        return self.backbone.encode(encoder_token_ids, encoder_padding_mask)
+    def encode(self, encoder_token_ids, encoder_padding_mask, call_layer=call_layer):
+        """Run the encoder once: ids (B, S_enc), mask (B, S_enc) -> encoder outputs (B, S_enc, D).
+        `call_layer`: how the layers are called (see `backbone.call_layer`), as in `call_with_cache`."""
+        return self.backbone.encode(encoder_token_ids, encoder_padding_mask, call_layer=call_layer)
 
     def compute_cross_cache(self, encoder_outputs):
         """Cross-attention keys/values of every decoder layer: (B, S_enc, D) -> (B, L, 2, Hkv, S_enc, Dh)."""

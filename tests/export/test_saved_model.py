@@ -5,10 +5,15 @@ their signatures; each test compares one family's results with the Keras model h
 """
 
 import json
+import os
+import subprocess
+import sys
 
+import keras
 import numpy as np
 import pytest
 
+from keras_transformer.models import T5Backbone, T5Seq2SeqLM
 from keras_transformer.samplers import RandomSampler
 
 from tests.export.helpers import causal_next_logits, reference_greedy, seq2seq_next_logits, to_numpy
@@ -194,3 +199,46 @@ def test_t5_long_generation_matches_keras(loaded, exported):
     )
     assert got == [list(map(int, row)) for row in expected]
     assert max(len(row) for row in got) > 128
+
+
+GRAPH_NODES = """
+import sys
+from tensorflow.core.protobuf import saved_model_pb2
+model = saved_model_pb2.SavedModel()
+model.ParseFromString(open(sys.argv[1], "rb").read())
+graph = model.meta_graphs[0].graph_def
+print(len(graph.node) + sum(len(function.node_def) for function in graph.library.function))
+"""
+
+
+def _graph_nodes(tmp_path, encoder_layers):
+    """The nodes of a tiny T5's SavedModel (its graph and function library) with `encoder_layers` encoder blocks."""
+    keras.utils.set_random_seed(0)
+    backbone = T5Backbone(
+        100,
+        num_layers=encoder_layers,
+        num_decoder_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        key_dim=8,
+        dropout=0.0,
+    )
+    path = T5Seq2SeqLM(backbone).export(tmp_path / f"t5_{encoder_layers}", format="tf_saved_model")
+    child = subprocess.run(
+        [sys.executable, "-c", GRAPH_NODES, str(path / "saved_model.pb")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    return int(child.stdout.split()[-1])
+
+
+def test_seq2seq_encoder_blocks_are_written_once(tmp_path):
+    """The `generate` signatures call the encoder's blocks through the shared layer functions, as `forward` and the
+    decoder steps do: a block more adds a call and its weights' reads to each signature, not a copy of the block's
+    computation to each (an encoder called layer by layer wrote every block into `generate` and `generate_beam`)."""
+    per_layer = (_graph_nodes(tmp_path, 4) - _graph_nodes(tmp_path, 1)) / 3
+    assert per_layer < 100, per_layer  # the nodes one more encoder block adds to the SavedModel's graphs

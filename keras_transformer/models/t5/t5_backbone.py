@@ -184,14 +184,15 @@ class T5Backbone(Seq2SeqBackbone):
 
     # --- the two stacks ---------------------------------------------------
 
-    def encode(self, encoder_token_ids, encoder_padding_mask, training=None):
-        """Encoder stack: ids (B, S_enc), mask (B, S_enc) -> (B, S_enc, D)."""
-        x = self.token_embedding(encoder_token_ids)  # (B, S_enc) -> (B, S_enc, D)
+    def encode(self, encoder_token_ids, encoder_padding_mask, training=None, call_layer=call_layer):
+        """Encoder stack: ids (B, S_enc), mask (B, S_enc) -> (B, S_enc, D); `call_layer`: how the layers with
+        weights are called (see `backbone.call_layer`)."""
+        x = call_layer(self.token_embedding, encoder_token_ids)  # (B, S_enc) -> (B, S_enc, D)
         x = self.encoder_embedding_dropout(x, training=training)
-        bias = self.encoder_relative_position_bias(x, x)  # (1, H, S_enc, S_enc), shared by all layers
+        bias = call_layer(self.encoder_relative_position_bias, x, x)  # (1, H, S_enc, S_enc), shared by all layers
         for block in self.encoder_layers:
-            x = block(x, padding_mask=encoder_padding_mask, attention_bias=bias, training=training)
-        x = self.encoder_layer_norm(x)
+            x = call_layer(block, x, padding_mask=encoder_padding_mask, attention_bias=bias, training=training)
+        x = call_layer(self.encoder_layer_norm, x)
         return self.encoder_output_dropout(x, training=training)
 
     def decode(self, decoder_token_ids, decoder_padding_mask, encoder_outputs, encoder_padding_mask, training=None):

@@ -151,11 +151,12 @@ class TransformerBackbone(Seq2SeqBackbone):
         x = x * math.sqrt(self.token_embedding.output_dim)
         return x + call_layer(self.position_embedding, x, start_index=start_index)
 
-    def encode(self, encoder_token_ids, encoder_padding_mask, training=None):
-        """Encoder stack: ids (B, S_enc), mask (B, S_enc) -> (B, S_enc, D)."""
-        x = self.encoder_embedding_dropout(self.embed(encoder_token_ids), training=training)
+    def encode(self, encoder_token_ids, encoder_padding_mask, training=None, call_layer=call_layer):
+        """Encoder stack: ids (B, S_enc), mask (B, S_enc) -> (B, S_enc, D); `call_layer`: how the layers with
+        weights are called (see `backbone.call_layer`)."""
+        x = self.encoder_embedding_dropout(self.embed(encoder_token_ids, call_layer=call_layer), training=training)
         for block in self.encoder_layers:
-            x = block(x, padding_mask=encoder_padding_mask, training=training)
+            x = call_layer(block, x, padding_mask=encoder_padding_mask, training=training)
         return x
 
     def decode(self, decoder_token_ids, decoder_padding_mask, encoder_outputs, encoder_padding_mask, training=None):
