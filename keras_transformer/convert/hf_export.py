@@ -8,12 +8,15 @@ for the checkpoint (`WeightRecorder`, weight_recorder.py), whose tensors hold th
 weights, so every element of every variable lands back at the position it was read from; nothing
 of a family's layout is written twice.
 
-The folder is written by `transformers` itself: the model's config class and model class are built
-(on the `meta` device, so no memory is spent on random weights), given our weights, and saved with
-`save_pretrained` (config.json, generation_config.json, model.safetensors or shards with
-model.safetensors.index.json); the tokenizer by `PreTrainedTokenizerFast.save_pretrained`
-(tokenizer.json, tokenizer_config.json with the chat template; see hf_tokenizer.py). `transformers`
-and `torch` are therefore needed to export, not to train or to convert in.
+The folder is the one `transformers`' `save_pretrained` writes: the model's config class and model class
+are built (on the `meta` device, so no memory is spent on random weights) for config.json,
+generation_config.json and the tensors' names and shapes; the weights stream tensor by tensor into
+model.safetensors or its shards with model.safetensors.index.json (`SafetensorsWriter`; a tensor that is
+one variable is read from it a block at a time), except for the layouts transformers converts while
+saving, given to the model and saved by `save_pretrained`; the tokenizer by
+`PreTrainedTokenizerFast.save_pretrained` (tokenizer.json, tokenizer_config.json with the chat template;
+see hf_tokenizer.py). `transformers` and `torch` are therefore needed to export, not to train or to
+convert in.
 
 Supported tasks: GPTCausalLM (GPT2LMHeadModel), LlamaCausalLM (LlamaForCausalLM, Qwen2ForCausalLM,
 Qwen3ForCausalLM, SmolLM3ForCausalLM or MistralForCausalLM, by which biases, windows, query/key norms and
