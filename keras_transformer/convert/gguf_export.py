@@ -37,6 +37,7 @@ import numpy as np
 
 from keras_transformer import presets
 from keras_transformer.convert import gguf_names, gguf_tokenizer, hf_gemma, hf_gpt2, hf_llama, hf_moe, hf_phi3
+from keras_transformer.convert.hf_shapes import checkpoint_shapes
 from keras_transformer.convert.gguf_writer import GGUFStreamWriter, tensor_type
 from keras_transformer.convert.weight_recorder import WeightRecorder
 from keras_transformer.models.lora import lora_layers
@@ -93,7 +94,7 @@ def export_gguf(task, path, format=FORMAT, overwrite=False, quantize=None, verbo
     architecture, config, converter = _architecture(task)
     if lora_layers(task):
         _log.info("Exporting %s with its LoRA factors merged into the kernels.", type(task).__name__)
-    shapes = _hf_shapes(task, architecture)
+    shapes = checkpoint_shapes(task, architecture)
     asked, file_type = GGUF_TYPES[gguf_type]
     # The file's tensors in the order the whole-model writer had them: the Hugging Face tensors' order, renamed.
     placeholders = {name: np.broadcast_to(np.float32(0), shape) for name, shape in shapes.items()}
@@ -241,64 +242,6 @@ def _check_gemma3(b):
         layer_types=b.layer_types if list(b.layer_types or pattern) != pattern else None,
         query_pre_attn_scalar=b.query_pre_attn_scalar if b.query_pre_attn_scalar not in (None, scalar) else None,
     )
-
-
-def _hf_shapes(task, architecture):
-    """{Hugging Face tensor name: shape} of the checkpoint `task` stands for (the recorder's layout)."""
-    b = task.backbone
-    D, V, L = b.hidden_dim, b.vocabulary_size, b.num_layers
-    F = b.intermediate_dim
-    if architecture == "gpt2":
-        shapes = {"transformer.wte.weight": (V, D), "transformer.wpe.weight": (b.max_sequence_length, D)}
-        for i in range(L):
-            p = f"transformer.h.{i}."
-            for norm in ("ln_1", "ln_2"):
-                shapes.update({f"{p}{norm}.weight": (D,), f"{p}{norm}.bias": (D,)})
-            shapes.update({p + "attn.c_attn.weight": (D, 3 * D), p + "attn.c_attn.bias": (3 * D,)})
-            shapes.update({p + "attn.c_proj.weight": (D, D), p + "attn.c_proj.bias": (D,)})
-            shapes.update({p + "mlp.c_fc.weight": (D, F), p + "mlp.c_fc.bias": (F,)})
-            shapes.update({p + "mlp.c_proj.weight": (F, D), p + "mlp.c_proj.bias": (D,)})
-        shapes.update({"transformer.ln_f.weight": (D,), "transformer.ln_f.bias": (D,)})
-        return shapes
-    H, Hkv = b.num_heads, b.num_key_value_heads or b.num_heads
-    Dh = b.head_dim or D // H
-    shapes = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
-    for i in range(L):
-        p = f"model.layers.{i}."
-        shapes.update({p + "input_layernorm.weight": (D,), p + "post_attention_layernorm.weight": (D,)})
-        if architecture == "gemma3":
-            shapes.update({p + "pre_feedforward_layernorm.weight": (D,), p + "post_feedforward_layernorm.weight": (D,)})
-        if architecture == "phi3":  # fused: [q | k | v] and [gate | up] rows
-            shapes.update(
-                {p + "self_attn.qkv_proj.weight": ((H + 2 * Hkv) * Dh, D), p + "mlp.gate_up_proj.weight": (2 * F, D)}
-            )
-            shapes.update({p + "self_attn.o_proj.weight": (D, H * Dh), p + "mlp.down_proj.weight": (D, F)})
-            continue
-        shapes.update(_attention_shapes(b, architecture, p, D, H, Hkv, Dh))
-        if b.query_key_norm == "head":
-            shapes.update({p + "self_attn.q_norm.weight": (Dh,), p + "self_attn.k_norm.weight": (Dh,)})
-        if getattr(b, "mixture_of_experts", None):  # the fused layout hf_moe reads: (E, 2 I, D), (E, D, I), the router
-            E, I = b.mixture_of_experts["num_experts"], b.mixture_of_experts["intermediate_dim"]
-            shapes.update({p + "mlp.gate.weight": (E, D), p + "mlp.experts.gate_up_proj": (E, 2 * I, D)})
-            shapes[p + "mlp.experts.down_proj"] = (E, D, I)
-            continue
-        shapes.update({p + "mlp.gate_proj.weight": (F, D), p + "mlp.up_proj.weight": (F, D)})
-        shapes[p + "mlp.down_proj.weight"] = (D, F)
-    if not b.tie_word_embeddings:
-        shapes["lm_head.weight"] = (V, D)
-    return shapes
-
-
-def _attention_shapes(b, architecture, p, D, H, Hkv, Dh):
-    shapes = {}
-    for proj, rows in (("q_proj", H * Dh), ("k_proj", Hkv * Dh), ("v_proj", Hkv * Dh)):
-        shapes[f"{p}self_attn.{proj}.weight"] = (rows, D)
-        if b.attention_bias:
-            shapes[f"{p}self_attn.{proj}.bias"] = (rows,)
-    shapes[p + "self_attn.o_proj.weight"] = (D, H * Dh)
-    if architecture == "llama" and b.attention_bias:
-        shapes[p + "self_attn.o_proj.bias"] = (D,)
-    return shapes
 
 
 def _write_metadata(writer, task, architecture, config, file_type):

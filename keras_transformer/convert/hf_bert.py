@@ -140,7 +140,7 @@ def tokenizer(path, hf_config):
 
 # The checkpoint names of each layout: the prefix of the bare model's tensors, a block's tensors (of layer {i}), and
 # the masked-LM head's (transform dense and norm, output bias, tied decoder weight; None: no such tensor).
-_NAMES = {
+LAYOUT_NAMES = {
     "bert": {
         "prefix": "bert.",
         "layer": "encoder.layer.{i}.",
@@ -176,8 +176,8 @@ _NAMES = {
         "head_activation": "activation",
     },
 }
-_NAMES["roberta"] = {
-    **_NAMES["bert"],
+LAYOUT_NAMES["roberta"] = {
+    **LAYOUT_NAMES["bert"],
     "prefix": "roberta.",
     "head_dense": "lm_head.dense",
     "head_norm": "lm_head.layer_norm",
@@ -192,7 +192,7 @@ def load_weights(model, weights, hf_config):
     BertMaskedLM, the masked-LM head)."""
     backbone = getattr(model, "backbone", model)
     model_type = hf_config.get("model_type")
-    names = _NAMES["roberta" if model_type in ROBERTA_TYPES else model_type]
+    names = LAYOUT_NAMES["roberta" if model_type in ROBERTA_TYPES else model_type]
     prefix = names["prefix"] if weights.has(names["prefix"] + "embeddings.word_embeddings.weight") else ""
     D, H = backbone.hidden_dim, backbone.num_heads
     Dh = D // H

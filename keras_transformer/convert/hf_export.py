@@ -8,15 +8,14 @@ for the checkpoint (`WeightRecorder`, weight_recorder.py), whose tensors hold th
 weights, so every element of every variable lands back at the position it was read from; nothing
 of a family's layout is written twice.
 
-The folder is the one `transformers`' `save_pretrained` writes: the model's config class and model class
-are built (on the `meta` device, so no memory is spent on random weights) for config.json,
-generation_config.json and the tensors' names and shapes; the weights stream tensor by tensor into
-model.safetensors or its shards with model.safetensors.index.json (`SafetensorsWriter`; a tensor that is
-one variable is read from it a block at a time), except for the layouts transformers converts while
-saving, given to the model and saved by `save_pretrained`; the tokenizer by
-`PreTrainedTokenizerFast.save_pretrained` (tokenizer.json, tokenizer_config.json with the chat template;
-see hf_tokenizer.py). `transformers` and `torch` are therefore needed to export, not to train or to
-convert in.
+The folder holds what `transformers`' `save_pretrained` writes, and is written without `torch` or `transformers`'
+model classes: config.json and generation_config.json from the config arguments our task gives
+(hf_config_files.py); the weights tensor by tensor, in the tensors' names and shapes of hf_shapes.py, into
+model.safetensors or its shards with model.safetensors.index.json (`SafetensorsWriter`; a tensor that is one
+variable is read from it a block at a time); the tokenizer by `transformers`' `PreTrainedTokenizerFast`
+(tokenizer.json, tokenizer_config.json with the chat template; see hf_tokenizer.py), which imports no `torch`.
+A mixture of experts, whose experts transformers 5 holds stacked and saves one tensor per expert, is given to the
+model class (built on the `meta` device) and saved by `save_pretrained`: that export needs `torch` too.
 
 Supported tasks: GPTCausalLM (GPT2LMHeadModel), LlamaCausalLM (LlamaForCausalLM, Qwen2ForCausalLM,
 Qwen3ForCausalLM, SmolLM3ForCausalLM or MistralForCausalLM, by which biases, windows, query/key norms and
@@ -42,10 +41,9 @@ from pathlib import Path
 import keras
 
 from keras_transformer import presets
-from keras_transformer.convert import hf_generation, hf_tokenizer
-from keras_transformer.convert.hf_export_families import FAMILIES, LAYOUT_CONVERTERS, family_of, llama_config
-from keras_transformer.convert.hf_export_families import modernbert_config
-from keras_transformer.convert.hf_export_families import gemma_config, t5_config
+from keras_transformer.convert import hf_config_files, hf_generation, hf_moe, hf_tokenizer
+from keras_transformer.convert.hf_export_families import FAMILIES, LAYOUT_CONVERTERS, family_of
+from keras_transformer.convert.hf_shapes import checkpoint_shapes, parameter_count
 from keras_transformer.convert.safetensors_writer import SafetensorsWriter
 from keras_transformer.convert.weight_recorder import WeightRecorder
 from keras_transformer.models.lora import lora_layers
@@ -83,7 +81,6 @@ def export_hugging_face(task, path, overwrite=False, dtype=None, max_shard_size=
         raise ValueError(f"`dtype` must be None or one of {DTYPES}. Received: dtype={dtype!r}")
     _check_shard_size(max_shard_size)
     dequantized = _dequantized_kernels(task)
-    torch, transformers = _import_requirements()
     dtype = dtype or _weights_dtype(task)
     if dequantized:
         _log.warning(
@@ -97,20 +94,21 @@ def export_hugging_face(task, path, overwrite=False, dtype=None, max_shard_size=
 
     config_cls, model_cls, settings = family(task)
     settings.update(_token_ids(task))
-    config = getattr(transformers, config_cls)(**settings, dtype=dtype)
-    with torch.device("meta"):
-        hf_model = getattr(transformers, model_cls)(config)
-    shapes = {name: tuple(tensor.shape) for name, tensor in hf_model.state_dict().items()}
-    for key, value in hf_generation.write(getattr(task, "generation_config", None)).items():
-        setattr(hf_model.generation_config, key, value)  # the model's defaults for generate
-    streamed = _stored_as_held(hf_model)
+    config = hf_config_files.model_config(config_cls, model_cls, settings, dtype)
+    converted = config["model_type"] in hf_moe.MODEL_TYPES  # layouts transformers converts while saving
+    requirements = _import_requirements(torch=converted, tokenizer=task.preprocessor is not None)
 
     def write(tmp):
-        args = (task, hf_model, shapes, dequantized, dtype, tmp, max_shard_size)
-        _stream_weights(*args) if streamed else _save_pretrained(torch, *args)
-        _add_transformers4_keys(tmp, task, family)
+        args = (task, config, dequantized, dtype, tmp, max_shard_size)
+        _save_pretrained(*requirements, *args) if converted else _stream_weights(*args)
+        config_file = Path(tmp) / "config.json"
+        written = json.loads(config_file.read_text(encoding="utf-8"))
+        written.update(
+            hf_config_files.transformers4_keys(written, getattr(task.backbone, "tie_embedding_weights", True))
+        )
+        presets.write_json(config_file, written)
         if task.preprocessor is not None:
-            hf_tokenizer.save_tokenizer(task, transformers, tmp)
+            hf_tokenizer.save_tokenizer(task, requirements[1], tmp)
 
     presets.atomic_dir(path, overwrite, write)
     return path
@@ -188,120 +186,51 @@ def _check_shard_size(max_shard_size):
         )
 
 
-def _import_requirements():
+def _import_requirements(torch, tokenizer):
+    """(torch, transformers) as far as the export needs them, else None: `transformers`' tokenizer class for the
+    tokenizer files; `torch` and its model classes only for a layout transformers converts while saving."""
     try:
-        import torch
-        import transformers
+        torch_module = __import__("torch") if torch else None
+        transformers = __import__("transformers") if torch or tokenizer else None
     except ImportError as error:
+        needs = "transformers and torch" if torch else "transformers (for the tokenizer files)"
         raise ImportError(
-            f"Exporting to format='huggingface' needs `transformers` and `torch` ({error.name} is not installed): "
-            f"{INSTALL_HINT}"
+            f"Exporting this model to format='huggingface' needs {needs}; {error.name} is not installed: "
+            f"{INSTALL_HINT if torch else 'pip install transformers'}"
         ) from None
-    return torch, transformers
-
-
-def _add_transformers4_keys(directory, task, family):
-    """config.json also in the spelling transformers 4 reads (vLLM, SGLang and TGI may pin it), each entry
-    equal to what transformers 5 wrote and read back by 5 as the same model:
-    - `torch_dtype` beside `dtype` (releases before 4.56 read only `torch_dtype`);
-    - the Llama architecture: `rope_theta` and `rope_scaling` beside `rope_parameters` (4 reads only those), and
-      Qwen3-MoE's `num_experts` beside `num_local_experts`;
-    - T5 v1.1 (its own, unscaled head): tie_word_embeddings=false, as its checkpoints say. transformers 5
-      writes true with scale_decoder_outputs=false, which 4 reads as v1.0's tied, scaled head.
-    """
-    file = Path(directory) / "config.json"
-    config = json.loads(file.read_text(encoding="utf-8"))
-    config["torch_dtype"] = config["dtype"]
-    if family is llama_config and config["model_type"] == "phi3":
-        config.update(_phi3_transformers4_keys(config["rope_parameters"]))
-    elif family is llama_config:
-        scaling = dict(config["rope_parameters"])
-        config["rope_theta"] = scaling.pop("rope_theta")
-        config["rope_scaling"] = None if scaling["rope_type"] == "default" else scaling
-        if config["model_type"] == "qwen3_moe":  # 5 writes num_local_experts; 4 (and the Hub) num_experts
-            config["num_experts"] = config["num_local_experts"]
-    if family is modernbert_config:
-        config.update(_modernbert_hub_keys(config))
-    if family is gemma_config:
-        config.update(_gemma_transformers4_keys(config["rope_parameters"]))
-    if family is t5_config and not task.backbone.tie_embedding_weights:
-        config["tie_word_embeddings"] = False
-    presets.write_json(file, config)
-
-
-def _phi3_transformers4_keys(rope):
-    """Phi-3's rotary settings as transformers 4 reads them: top-level `rope_theta` and `partial_rotary_factor`, and a
-    `rope_scaling` of exactly `type`, `short_factor` and `long_factor` (4's Phi3Config refuses other fields; an
-    attention factor transformers would not derive is kept beside them). transformers 5 reads `rope_scaling` before
-    `rope_parameters`, and the same model from it."""
-    keys = {"rope_theta": rope["rope_theta"], "partial_rotary_factor": rope["partial_rotary_factor"]}
-    keys["rope_scaling"] = None
-    if rope["rope_type"] == "longrope":
-        names = ("short_factor", "long_factor", "attention_factor")
-        keys["rope_scaling"] = {"type": "longrope", **{name: rope[name] for name in names if name in rope}}
-    return keys
-
-
-def _gemma_transformers4_keys(rope):
-    """Gemma's rotary bases as transformers 4 reads them: `rope_theta` and `rope_scaling` (Gemma 3's global layers,
-    or Gemma 2's one embedding) and `rope_local_base_freq` (Gemma 3's sliding layers)."""
-    full = dict(rope.get("full_attention", rope))
-    keys = {"rope_theta": full.pop("rope_theta"), "rope_scaling": None if full["rope_type"] == "default" else full}
-    if "sliding_attention" in rope:
-        keys["rope_local_base_freq"] = rope["sliding_attention"]["rope_theta"]
-    return keys
-
-
-def _modernbert_hub_keys(config):
-    """ModernBERT's config in the Hub's spelling, which transformers 4 reads: the two rotary bases, and
-    `global_attn_every_n_layers` where the layer types follow that pattern (transformers 5 reads `layer_types`)."""
-    keys = {
-        "global_rope_theta": config["rope_parameters"]["full_attention"]["rope_theta"],
-        "local_rope_theta": config["rope_parameters"]["sliding_attention"]["rope_theta"],
-    }
-    layer_types = config["layer_types"]
-    for every in range(1, len(layer_types) + 1):
-        if layer_types == ["sliding_attention" if i % every else "full_attention" for i in range(len(layer_types))]:
-            keys["global_attn_every_n_layers"] = every
-            break
-    return keys
+    return torch_module, transformers
 
 
 # --- weights ----------------------------------------------------------------
 
 
-def _stored_as_held(hf_model):
-    """Whether `save_pretrained` stores the model's tensors as the model holds them. transformers 5 holds some
-    layouts otherwise (e.g. a mixture of experts' stacked experts, saved one tensor per expert) and reverts them over
-    the whole state dict when saving; those go through `save_pretrained`, the others stream."""
-    try:
-        from transformers.core_model_loading import revert_weight_conversion
-    except ImportError:  # transformers 4: no conversions
-        return True
-    held = hf_model.state_dict()  # meta tensors: the conversions run on shapes alone
-    stored = revert_weight_conversion(hf_model, dict(held))
-    return {name: tuple(tensor.shape) for name, tensor in stored.items()} == {
-        name: tuple(tensor.shape) for name, tensor in held.items()
-    }
-
-
-def _stream_weights(task, hf_model, shapes, values, dtype, directory, max_shard_size):
-    """Write the safetensors files tensor by tensor as the converter, run backwards, fills each one, and
-    the config files as `save_pretrained` writes them (it would need every tensor at once)."""
+def _stream_weights(task, config, values, dtype, directory, max_shard_size):
+    """Write the safetensors files tensor by tensor as the converter, run backwards, fills each one (`save_pretrained`
+    would need every tensor at once), and the config files."""
+    shapes = checkpoint_shapes(task, config["model_type"])
     writer = SafetensorsWriter(directory, dtype, max_shard_size)
     recorder = WeightRecorder(shapes, values, sink=writer.add)
-    _run_converter(task, hf_model.config.to_dict(), recorder)
+    _run_converter(task, config, recorder)
     recorder.finish()
-    writer.close(total_parameters=hf_model.num_parameters())
-    hf_model.config.dtype = dtype
-    hf_model.config.architectures = [type(hf_model).__name__]
-    hf_model.config.save_pretrained(directory)
-    if hf_model.can_generate():
-        hf_model.generation_config.save_pretrained(directory)
+    writer.close(total_parameters=parameter_count(shapes))
+    presets.write_json(Path(directory) / "config.json", config)
+    if hasattr(task, "generate"):
+        generation = hf_config_files.generation_config(config, getattr(task, "generation_config", None))
+        presets.write_json(Path(directory) / hf_generation.FILE_NAME, generation)
 
 
-def _save_pretrained(torch, task, hf_model, shapes, values, dtype, directory, max_shard_size):
-    """The whole state dict, given to the model and saved by `save_pretrained` (which converts layouts)."""
+def _save_pretrained(torch, transformers, task, config, values, dtype, directory, max_shard_size):
+    """The model built by `transformers` (on the `meta` device, no memory spent on random weights), given the whole
+    state dict and saved by `save_pretrained`, which converts the layouts it holds otherwise (a mixture of experts'
+    stacked experts, saved one tensor per expert)."""
+    settings = {key: value for key, value in config.items() if key not in ("architectures", "model_type", "dtype")}
+    settings.pop("transformers_version", None)
+    hf_config = getattr(transformers, _config_class(config["model_type"]))(**settings, dtype=dtype)
+    with torch.device("meta"):
+        hf_model = getattr(transformers, config["architectures"][0])(hf_config)
+    for key, value in hf_generation.write(getattr(task, "generation_config", None)).items():
+        setattr(hf_model.generation_config, key, value)  # the model's defaults for generate
+    shapes = {name: tuple(tensor.shape) for name, tensor in hf_model.state_dict().items()}
     recorder = WeightRecorder(shapes, values)
     _run_converter(task, hf_model.config.to_dict(), recorder)
     arrays = recorder.arrays()
@@ -312,6 +241,10 @@ def _save_pretrained(torch, task, hf_model, shapes, values, dtype, directory, ma
     hf_model.load_state_dict(state, strict=True, assign=True)
     hf_model.eval()
     hf_model.save_pretrained(directory, max_shard_size=max_shard_size)
+
+
+def _config_class(model_type):
+    return next(name for name, known in hf_config_files.MODEL_TYPES.items() if known == model_type)
 
 
 def _run_converter(task, hf_config, recorder):

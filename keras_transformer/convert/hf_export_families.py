@@ -166,10 +166,11 @@ def phi3_config(task):
         if b.rope_scaling["rope_type"] != "longrope":
             raise unsupported(task, f"rope_scaling={b.rope_scaling}", "Phi-3's only rope scaling is longrope")
         original = b.rope_scaling["original_max_position_embeddings"]
-        rope.update(
+        rope.update(  # transformers 5 keeps the original length in the rope parameters and at the top level
             rope_type="longrope",
             short_factor=list(b.rope_scaling["short_factor"]),
             long_factor=list(b.rope_scaling["long_factor"]),
+            original_max_position_embeddings=original,
         )
         attention_factor = b.rope_scaling["attention_factor"]
         if attention_factor != hf_phi3.longrope_attention_factor({}, b.max_sequence_length, original):

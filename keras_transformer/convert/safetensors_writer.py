@@ -16,6 +16,7 @@ import struct
 import tempfile
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 from huggingface_hub import constants
 from huggingface_hub.serialization._base import parse_size_to_int
@@ -29,15 +30,12 @@ _COPY_CHUNK = 8 * 2**20
 
 
 def _encoded(array, dtype):
-    """A float32 array -> a contiguous array of its little-endian bytes in `dtype`, rounded by torch as
-    `save_pretrained`'s tensors are (bfloat16 has no numpy dtype: its bits, as int16)."""
-    import torch  # the Hugging Face export's own requirement (with transformers)
-
-    tensor = torch.from_numpy(np.ascontiguousarray(array, dtype="<f4"))
-    if dtype == "float32":
-        return tensor.numpy()
-    converted = tensor.to(getattr(torch, dtype))
-    return (converted.view(torch.int16) if dtype == "bfloat16" else converted).numpy()
+    """A float32 array -> a contiguous array of its little-endian bytes in `dtype`, rounded to nearest even as torch
+    rounds `save_pretrained`'s tensors (bfloat16 by `ml_dtypes`, which Keras requires: numpy has no bfloat16)."""
+    array = np.ascontiguousarray(array, dtype="<f4")
+    if dtype != "float32":
+        array = array.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else "<f2")
+    return array.reshape(-1).view("u1")
 
 
 def _copy(path, out):
@@ -78,7 +76,7 @@ class SafetensorsWriter:
         blocks = array.blocks() if isinstance(array, StreamedTensor) else (array,)
         with open(shard[0], "ab") as file:
             for block in blocks:
-                file.write(memoryview(_encoded(block, self.dtype)).cast("B"))
+                file.write(_encoded(block, self.dtype))
             if file.tell() != shard[2] + nbytes:
                 raise ValueError(f"Tensor {name!r}: {file.tell() - shard[2]} bytes written, {nbytes} expected.")
         shard[1][name] = (tuple(array.shape), shard[2], shard[2] + nbytes)

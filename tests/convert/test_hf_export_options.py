@@ -5,8 +5,10 @@
 import json
 import logging
 import re
+import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
 import torch
@@ -227,9 +229,48 @@ def test_bad_options_are_refused(build, tmp_path):
 def test_missing_transformers_names_the_install(build, tmp_path, monkeypatch):
     c = build("gpt2")
     monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
-    with pytest.raises(ImportError, match=r"needs `transformers` and `torch`.*pip install transformers"):
+    with pytest.raises(ImportError, match=r"needs transformers \(for the tokenizer files\).*pip install transformers"):
         c.ours.export(tmp_path / "out", format="huggingface")
     assert list(tmp_path.iterdir()) == []
+    c.ours.preprocessor, preprocessor = None, c.ours.preprocessor  # no tokenizer: nothing of transformers is needed
+    try:
+        out = c.ours.export(tmp_path / "weights", format="huggingface")
+    finally:
+        c.ours.preprocessor = preprocessor
+    monkeypatch.undo()
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    mine, peer = logits_pair("gpt2", c.ours, theirs)
+    np.testing.assert_allclose(mine, peer, atol=ATOL, rtol=0)
+
+
+# Run as `python -c IMPORTS out_dir` on the backend under test: export a Llama with its tokenizer and print which of
+# torch's and transformers' model modules the process holds after it.
+IMPORTS = """
+import json, sys
+import keras_transformer as kt
+lm = kt.models.CausalLM.from_preset("llama_stdlib")
+lm.export(sys.argv[1], format="huggingface")
+names = ("torch", "transformers.modeling_utils", "transformers.configuration_utils")
+print("MODULES " + json.dumps({name: name in sys.modules for name in names}))
+"""
+
+
+def test_export_imports_no_torch_or_model_classes(tmp_path):
+    """A dense model's export writes its config and weights itself: it imports neither torch (which the PyTorch
+    backend holds anyway) nor transformers' configuration and model classes, whose imports alone took a TensorFlow
+    process past 3x the weights of a 135M model (benchmarks/RESULTS.md, "Hugging Face export on TensorFlow within
+    3x")."""
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORTS, str(tmp_path / "out")], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    modules = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("MODULES "))[8:])
+    assert modules == {
+        "torch": keras.config.backend() == "torch",
+        "transformers.modeling_utils": False,
+        "transformers.configuration_utils": False,
+    }
+    assert transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").config.model_type == "llama"
 
 
 def test_existing_folder_needs_overwrite(build, tmp_path):

@@ -17,6 +17,7 @@ Axes: B batch, T length, V vocabulary.
 import importlib.util
 import inspect
 import json
+import sys
 import warnings
 from pathlib import Path
 
@@ -239,6 +240,16 @@ def test_export_refuses_a_mixture_no_class_has(built, monkeypatch, tmp_path):
     with pytest.raises(ValueError, match="normalize_top_k"):
         lm.export(tmp_path / "out", format="huggingface")
     assert not (tmp_path / "out").exists()
+
+
+def test_export_without_torch_names_the_install(built, monkeypatch, tmp_path):
+    """A mixture of experts is saved by transformers' model class (it splits the stacked experts): without torch,
+    an ImportError names both packages and nothing is written."""
+    _, _, lm = built("mixtral")
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    with pytest.raises(ImportError, match=r"needs transformers and torch.*pip install transformers 'torch=="):
+        lm.export(tmp_path / "out", format="huggingface")
+    assert list(tmp_path.iterdir()) == []
 
 
 # --- config layouts and refusals (config.json alone) ------------------------------
