@@ -6,7 +6,7 @@ import weakref
 import keras
 import numpy as np
 
-from keras_transformer.convert.streamed_tensor import StreamedTensor
+from keras_transformer.convert.streamed_tensor import StreamedTensor, host_view
 
 _SLICE = 2**22  # elements flattened at a time in `assign`
 
@@ -90,7 +90,9 @@ class WeightRecorder:
                 self.sent.add(whole)
                 self.sink(whole, StreamedTensor(weight, self.shapes[whole], transposed))
                 return
-        values = np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(weight, "float32")), dtype="float32")
+        view = host_view(weight)  # the weight's own memory where the backend has it on the host: no copy in float32
+        values = np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(weight, "float32")) if view is None else view)
+        values = values.astype("float32", copy=False)
         # In slices along the first axis, so that the flattened numbers (a copy when the converter transposed
         # them) and their offsets never cost more than a slice: a large embedding's are 3x its size otherwise.
         rows = max(1, _SLICE // max(1, int(np.prod(index.shape[1:], dtype=np.int64)))) if index.ndim else 1

@@ -43,12 +43,13 @@ DEEP = dict(
 )
 
 # The libraries each export imports ("module" or "module:attribute"), imported before the exporter is measured at
-# rest, so that a bound measures the export's own memory. "huggingface": torch, transformers and its Llama model class,
-# what the Hugging Face export imports (the list to shrink when that export no longer needs them).
+# rest, so that a bound measures the export's own memory. "huggingface": none; a dense model's export writes its
+# config and weights without torch or transformers (its tokenizer files need transformers' tokenizer class; this
+# model has no tokenizer), so importing them would count against the bound.
 PRE_IMPORTS = {
     "onnx": ["tensorflow", "onnx", "onnxruntime", "tf2onnx"],
     "saved_model": ["tensorflow"],
-    "huggingface": ["torch", "transformers", "transformers:LlamaForCausalLM"],
+    "huggingface": [],
 }
 
 # Run as `python -c CHILD backend out_dir plan`: builds the model of $KT_TEST_CONFIG on `backend`, then for each step
@@ -175,9 +176,10 @@ def test_saved_model_export_memory_is_bounded_by_the_weights(tmp_path):
 
 
 def test_hugging_face_export_memory_is_bounded_by_the_weights(config_exports):
-    """The Hugging Face folder: peak RSS at most half the float32 weights above the exporter at rest with the
-    libraries of PRE_IMPORTS["huggingface"] imported. The tensors stream one at a time; the embedding, most of this
-    model, straight from its variable a block at a time (a copy of it and its element numbers were 1.5x the weights)."""
+    """The Hugging Face folder: peak RSS at most a quarter of the float32 weights above the exporter at rest, which
+    has imported nothing for it (PRE_IMPORTS["huggingface"]). The tensors stream one at a time; the embedding, most of
+    this model, straight from its variable's memory a block at a time (a copy of it and its element numbers were 1.5x
+    the weights; torch's and transformers' imports 1.5x; slicing a JAX variable block by block 0.45x)."""
     out, measured = config_exports
-    _check_growth("huggingface", measured["bytes"], measured["huggingface"], bound=0.5)
+    _check_growth("huggingface", measured["bytes"], measured["huggingface"], bound=0.25)
     assert (out / "huggingface" / "model.safetensors").stat().st_size >= measured["bytes"]
