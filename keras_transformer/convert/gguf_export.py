@@ -94,7 +94,7 @@ def export_gguf(task, path, format=FORMAT, overwrite=False, quantize=None, verbo
     architecture, config, converter = _architecture(task)
     if lora_layers(task):
         _log.info("Exporting %s with its LoRA factors merged into the kernels.", type(task).__name__)
-    shapes = checkpoint_shapes(task, architecture)
+    shapes = checkpoint_shapes(task, architecture, stacked_experts=True)
     asked, file_type = GGUF_TYPES[gguf_type]
     # The file's tensors in the order the whole-model writer had them: the Hugging Face tensors' order, renamed.
     placeholders = {name: np.broadcast_to(np.float32(0), shape) for name, shape in shapes.items()}

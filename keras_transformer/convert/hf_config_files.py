@@ -98,7 +98,7 @@ def transformers4_keys(config, tied_embeddings):
         keys["rope_theta"] = scaling.pop("rope_theta")
         keys["rope_scaling"] = None if scaling["rope_type"] == "default" else scaling
         if model_type == "qwen3_moe":  # 5 writes num_local_experts; 4 (and the Hub) num_experts
-            keys["num_experts"] = config["num_local_experts"]
+            keys["num_experts"] = keys["num_local_experts"] = config.get("num_local_experts", config.get("num_experts"))
     return keys
 
 

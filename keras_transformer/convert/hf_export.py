@@ -14,8 +14,8 @@ model classes: config.json and generation_config.json from the config arguments 
 model.safetensors or its shards with model.safetensors.index.json (`SafetensorsWriter`; a tensor that is one
 variable is read from it a block at a time); the tokenizer by `transformers`' `PreTrainedTokenizerFast`
 (tokenizer.json, tokenizer_config.json with the chat template; see hf_tokenizer.py), which imports no `torch`.
-A mixture of experts, whose experts transformers 5 holds stacked and saves one tensor per expert, is given to the
-model class (built on the `meta` device) and saved by `save_pretrained`: that export needs `torch` too.
+A mixture of experts' experts are written one tensor each, as the Hub's checkpoints and `save_pretrained` store
+them (transformers 5 holds them stacked in memory).
 
 Supported tasks: GPTCausalLM (GPT2LMHeadModel), LlamaCausalLM (LlamaForCausalLM, Qwen2ForCausalLM,
 Qwen3ForCausalLM, SmolLM3ForCausalLM or MistralForCausalLM, by which biases, windows, query/key norms and
@@ -33,7 +33,6 @@ Example:
 >>> # then, in a shell: vllm serve <the out folder>
 """
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -41,7 +40,7 @@ from pathlib import Path
 import keras
 
 from keras_transformer import presets
-from keras_transformer.convert import hf_config_files, hf_generation, hf_moe, hf_tokenizer
+from keras_transformer.convert import hf_config_files, hf_generation, hf_tokenizer
 from keras_transformer.convert.hf_export_families import FAMILIES, LAYOUT_CONVERTERS, family_of
 from keras_transformer.convert.hf_shapes import checkpoint_shapes, parameter_count
 from keras_transformer.convert.safetensors_writer import SafetensorsWriter
@@ -52,7 +51,7 @@ from keras_transformer.models.quantization import quantization_mode
 FORMAT = "huggingface"
 DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_MAX_SHARD_SIZE = "5GB"  # transformers' own default
-INSTALL_HINT = "pip install transformers 'torch==2.13.0'"
+INSTALL_HINT = "pip install transformers"
 
 _log = logging.getLogger(__name__)
 
@@ -95,20 +94,13 @@ def export_hugging_face(task, path, overwrite=False, dtype=None, max_shard_size=
     config_cls, model_cls, settings = family(task)
     settings.update(_token_ids(task))
     config = hf_config_files.model_config(config_cls, model_cls, settings, dtype)
-    converted = config["model_type"] in hf_moe.MODEL_TYPES  # layouts transformers converts while saving
-    requirements = _import_requirements(torch=converted, tokenizer=task.preprocessor is not None)
+    config.update(hf_config_files.transformers4_keys(config, getattr(task.backbone, "tie_embedding_weights", True)))
+    transformers = _import_transformers() if task.preprocessor is not None else None
 
     def write(tmp):
-        args = (task, config, dequantized, dtype, tmp, max_shard_size)
-        _save_pretrained(*requirements, *args) if converted else _stream_weights(*args)
-        config_file = Path(tmp) / "config.json"
-        written = json.loads(config_file.read_text(encoding="utf-8"))
-        written.update(
-            hf_config_files.transformers4_keys(written, getattr(task.backbone, "tie_embedding_weights", True))
-        )
-        presets.write_json(config_file, written)
+        _stream_weights(task, config, dequantized, dtype, tmp, max_shard_size)
         if task.preprocessor is not None:
-            hf_tokenizer.save_tokenizer(task, requirements[1], tmp)
+            hf_tokenizer.save_tokenizer(task, transformers, tmp)
 
     presets.atomic_dir(path, overwrite, write)
     return path
@@ -186,19 +178,16 @@ def _check_shard_size(max_shard_size):
         )
 
 
-def _import_requirements(torch, tokenizer):
-    """(torch, transformers) as far as the export needs them, else None: `transformers`' tokenizer class for the
-    tokenizer files; `torch` and its model classes only for a layout transformers converts while saving."""
+def _import_transformers():
+    """`transformers`, whose `PreTrainedTokenizerFast` writes the tokenizer files (it imports no torch)."""
     try:
-        torch_module = __import__("torch") if torch else None
-        transformers = __import__("transformers") if torch or tokenizer else None
-    except ImportError as error:
-        needs = "transformers and torch" if torch else "transformers (for the tokenizer files)"
+        import transformers
+    except ImportError:
         raise ImportError(
-            f"Exporting this model to format='huggingface' needs {needs}; {error.name} is not installed: "
-            f"{INSTALL_HINT if torch else 'pip install transformers'}"
+            "Exporting a model with its tokenizer to format='huggingface' needs transformers (for the tokenizer "
+            f"files), which is not installed: {INSTALL_HINT}"
         ) from None
-    return torch_module, transformers
+    return transformers
 
 
 # --- weights ----------------------------------------------------------------
@@ -217,34 +206,6 @@ def _stream_weights(task, config, values, dtype, directory, max_shard_size):
     if hasattr(task, "generate"):
         generation = hf_config_files.generation_config(config, getattr(task, "generation_config", None))
         presets.write_json(Path(directory) / hf_generation.FILE_NAME, generation)
-
-
-def _save_pretrained(torch, transformers, task, config, values, dtype, directory, max_shard_size):
-    """The model built by `transformers` (on the `meta` device, no memory spent on random weights), given the whole
-    state dict and saved by `save_pretrained`, which converts the layouts it holds otherwise (a mixture of experts'
-    stacked experts, saved one tensor per expert)."""
-    settings = {key: value for key, value in config.items() if key not in ("architectures", "model_type", "dtype")}
-    settings.pop("transformers_version", None)
-    hf_config = getattr(transformers, _config_class(config["model_type"]))(**settings, dtype=dtype)
-    with torch.device("meta"):
-        hf_model = getattr(transformers, config["architectures"][0])(hf_config)
-    for key, value in hf_generation.write(getattr(task, "generation_config", None)).items():
-        setattr(hf_model.generation_config, key, value)  # the model's defaults for generate
-    shapes = {name: tuple(tensor.shape) for name, tensor in hf_model.state_dict().items()}
-    recorder = WeightRecorder(shapes, values)
-    _run_converter(task, hf_model.config.to_dict(), recorder)
-    arrays = recorder.arrays()
-    torch_dtype = getattr(torch, dtype)
-    state = {name: torch.from_numpy(array).to(torch_dtype) for name, array in arrays.items()}
-    # A tied copy is the same tensor, as in a model transformers built: save_pretrained stores it once.
-    state.update({name: state[reference] for name, reference in recorder.tied.items()})
-    hf_model.load_state_dict(state, strict=True, assign=True)
-    hf_model.eval()
-    hf_model.save_pretrained(directory, max_shard_size=max_shard_size)
-
-
-def _config_class(model_type):
-    return next(name for name, known in hf_config_files.MODEL_TYPES.items() if known == model_type)
 
 
 def _run_converter(task, hf_config, recorder):

@@ -4,8 +4,7 @@ The exports run a family's converter backwards against this table (`WeightRecord
 Hugging Face folder (hf_export.py) and GGUF (gguf_export.py, which then renames the tensors). It needs neither
 `torch` nor `transformers`. Tied copies (a head that is the token embedding, T5's per-stack embeddings, a masked-LM
 decoder) are not listed: the checkpoint does not store them, and the converter's `check_same` on a name not listed
-is a no-op. A mixture of experts is listed in transformers 5's fused layout (the one hf_moe.py reads), which
-`save_pretrained` splits per expert when saving.
+is a no-op.
 
 tests/convert/test_hf_export.py checks each layout against the tensors `transformers`' own `save_pretrained` writes.
 
@@ -20,9 +19,10 @@ from keras_transformer.convert import hf_bert
 _BERT_TYPES = ("bert", "roberta", "distilbert")
 
 
-def checkpoint_shapes(task, model_type):
+def checkpoint_shapes(task, model_type, stacked_experts=False):
     """{Hugging Face tensor name: shape} of the checkpoint `task` stands for, in the layout of `model_type` (the
-    config's `model_type`; a decoder family's GGUF architecture name reads as the same layout)."""
+    config's `model_type`; a decoder family's GGUF architecture name reads as the same layout). A mixture of experts'
+    experts are one tensor each, as checkpoints store them, or `stacked_experts` as transformers 5 holds them."""
     if model_type == "gpt2":
         return _gpt2(task.backbone)
     if model_type in _BERT_TYPES:
@@ -31,7 +31,7 @@ def checkpoint_shapes(task, model_type):
         return _modernbert(task)
     if model_type == "t5":
         return _t5(task)
-    return _decoder(task.backbone, model_type)
+    return _decoder(task.backbone, model_type, stacked_experts)
 
 
 def _gpt2(b):
@@ -49,9 +49,9 @@ def _gpt2(b):
     return shapes
 
 
-def _decoder(b, model_type):
+def _decoder(b, model_type, stacked):
     """Llama, Qwen2, Qwen3, SmolLM3, Mistral, Phi-3 (fused projections), Gemma 2 and 3 (four norms per layer) and the
-    mixtures of experts: torch `Linear` weights (out, in)."""
+    mixtures of experts (`_experts`): torch `Linear` weights (out, in)."""
     D, V, F = b.hidden_dim, b.vocabulary_size, b.intermediate_dim
     H, Hkv = b.num_heads, b.num_key_value_heads or b.num_heads
     Dh = b.head_dim or D // H
@@ -68,12 +68,13 @@ def _decoder(b, model_type):
             shapes.update({p + "self_attn.o_proj.weight": (D, H * Dh), p + "mlp.down_proj.weight": (D, F)})
             continue
         shapes.update(_attention(b, p, D, H, Hkv, Dh))
-        if b.query_key_norm == "head":
+        if b.query_key_norm == "head":  # Qwen3, Gemma 3: per head
             shapes.update({p + "self_attn.q_norm.weight": (Dh,), p + "self_attn.k_norm.weight": (Dh,)})
-        if getattr(b, "mixture_of_experts", None):  # the fused layout hf_moe reads: (E, 2 I, D), (E, D, I), the router
-            E, I = b.mixture_of_experts["num_experts"], b.mixture_of_experts["intermediate_dim"]
-            shapes.update({p + "mlp.gate.weight": (E, D), p + "mlp.experts.gate_up_proj": (E, 2 * I, D)})
-            shapes[p + "mlp.experts.down_proj"] = (E, D, I)
+        elif b.query_key_norm == "full":  # OLMoE: over all heads
+            shapes.update({p + "self_attn.q_norm.weight": (H * Dh,), p + "self_attn.k_norm.weight": (Hkv * Dh,)})
+        moe = getattr(b, "mixture_of_experts", None)
+        if moe and (b.moe_layers is None or b.moe_layers[i]):
+            shapes.update(_experts(moe, p, D, model_type, stacked))
             continue
         for name, shape in (("gate_proj", (F, D)), ("up_proj", (F, D)), ("down_proj", (D, F))):
             shapes[f"{p}mlp.{name}.weight"] = shape
@@ -81,6 +82,33 @@ def _decoder(b, model_type):
                 shapes[f"{p}mlp.{name}.bias"] = shape[:1]
     if not b.tie_word_embeddings:
         shapes["lm_head.weight"] = (V, D)
+    return shapes
+
+
+def _experts(moe, p, D, model_type, stacked):
+    """A sparse layer's router and experts (hf_moe.py reads both layouts): `stacked`, as transformers 5 holds them,
+    (E, 2 I, D) with the gate's rows first and (E, D, I); else one torch `Linear` per expert, as the Hub's checkpoints
+    and transformers' `save_pretrained` store them (Mixtral's under `block_sparse_moe`, named w1 / w3 / w2), with
+    Qwen2-MoE's shared expert and its gate."""
+    E, I = moe["num_experts"], moe["intermediate_dim"]
+    if stacked:
+        return {
+            p + "mlp.gate.weight": (E, D),
+            p + "mlp.experts.gate_up_proj": (E, 2 * I, D),
+            p + "mlp.experts.down_proj": (E, D, I),
+        }
+    block = p + ("block_sparse_moe." if model_type == "mixtral" else "mlp.")
+    gate, up, down = ("w1", "w3", "w2") if model_type == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+    shapes = {block + "gate.weight": (E, D)}
+    for e in range(E):
+        shapes.update({f"{block}experts.{e}.{gate}.weight": (I, D), f"{block}experts.{e}.{up}.weight": (I, D)})
+        shapes[f"{block}experts.{e}.{down}.weight"] = (D, I)
+    shared = moe.get("shared_intermediate_dim")
+    if shared is not None:
+        shapes.update({f"{block}shared_expert.{name}.weight": (shared, D) for name in ("gate_proj", "up_proj")})
+        shapes.update(
+            {block + "shared_expert.down_proj.weight": (D, shared), block + "shared_expert_gate.weight": (1, D)}
+        )
     return shapes
 
 

@@ -4,8 +4,11 @@ out and loaded by `transformers`' Auto classes; the inputs and the logits both s
 Axes: B batch, T length, P masked positions, V vocabulary.
 """
 
+import json
+
 import numpy as np
 import torch
+import transformers
 from safetensors import safe_open
 
 from keras_transformer.models import (
@@ -182,3 +185,48 @@ def assert_same_weights(ours, back):
     for a, b in pairs:
         if not (isinstance(ours, BertMaskedLM) and "pooled_dense" in a.path):
             np.testing.assert_array_equal(to_numpy(a), to_numpy(b), err_msg=a.path)
+
+
+def assert_same_config_files(name, out, reference):
+    """config.json and generation_config.json of our export `out`, which we write without transformers, against
+    transformers' own save `reference` of the same model: each entry we write is theirs, and transformers reads both
+    files alike (an entry we leave out is its class default, which its save spells out)."""
+    readers = {"config.json": transformers.AutoConfig, "generation_config.json": transformers.GenerationConfig}
+    for file, reader in readers.items():
+        if (reference / file).exists():
+            ours, theirs = (json.loads((d / file).read_text()) for d in (out, reference))
+            _assert_same_config(name, ours, {key: theirs[key] for key in ours if key in theirs}, raw=True)
+            _assert_same_config(name, *(reader.from_pretrained(d).to_dict() for d in (out, reference)), raw=False)
+
+
+def _assert_same_config(name, ours, theirs, raw):
+    """Every entry of transformers' config.json (or generation_config.json) is ours, but for what differs by design:
+    special-token ids are our tokenizer's (it pads with its end token; Qwen2's has no start token), a default may be
+    spelt out (n_inner, head_dim, n_positions), the version that wrote it, and the entries transformers 4 reads
+    instead of 5's (torch_dtype, rope_theta, rope_scaling; T5 v1.1's tie_word_embeddings=false, which 4 reads as its
+    own head; Qwen3-MoE's num_experts), equal to 5's. `raw`: the files' entries, else the configs transformers reads
+    from them."""
+    transformers4 = {"torch_dtype", "rope_theta", "rope_scaling", "rope_local_base_freq"}
+    transformers4 |= {"t5_v1_1": {"tie_word_embeddings"}, "qwen3_moe": {"num_experts"}}.get(name, set())
+    for key in sorted(set(ours) | set(theirs)):
+        if key in {
+            "pad_token_id",
+            "bos_token_id",
+            "transformers_version",
+            "_from_model_config",
+            "_name_or_path",
+        } | transformers4 or (key in ("n_inner", "head_dim", "n_positions") and theirs.get(key) is None):
+            continue
+        assert ours.get(key, "missing") == theirs.get(key, "missing"), key
+    if "architectures" not in ours or not raw:  # generation_config.json, or the configs as read
+        return
+    assert ours["torch_dtype"] == theirs["dtype"]
+    if isinstance(theirs.get("rope_parameters"), dict) and "rope_theta" in ours:
+        rope = dict(theirs["rope_parameters"])
+        if "full_attention" in rope:  # Gemma 3: the global layers' scaling, the sliding layers' base
+            assert ours["rope_local_base_freq"] == rope["sliding_attention"]["rope_theta"]
+            rope = dict(rope["full_attention"])
+        assert ours["rope_theta"] == rope.pop("rope_theta")
+        assert ours["rope_scaling"] == (None if rope["rope_type"] == "default" else rope)
+    if name == "t5_v1_1":
+        assert ours["tie_word_embeddings"] is False

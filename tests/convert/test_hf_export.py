@@ -22,6 +22,7 @@ from tests.convert.hf_export_cases import (
     NEW_TOKENS,
     TEXTS,
     as_torch,
+    assert_same_config_files,
     assert_same_weights,
     logits_pair,
     tensors,
@@ -46,49 +47,9 @@ def test_folder_is_what_save_pretrained_writes(case):
     if not reference.exists():
         c.peer.save_pretrained(reference)
     assert {p.name for p in reference.iterdir()} <= {p.name for p in c.out.iterdir()}
-    for file, reader in (
-        ("config.json", transformers.AutoConfig),
-        ("generation_config.json", transformers.GenerationConfig),
-    ):
-        if (reference / file).exists():
-            ours, theirs = (json.loads((d / file).read_text()) for d in (c.out, reference))
-            _assert_same_config(name, ours, {key: theirs[key] for key in ours if key in theirs}, raw=True)
-            _assert_same_config(name, *(reader.from_pretrained(d).to_dict() for d in (c.out, reference)), raw=False)
+    assert_same_config_files(name, c.out, reference)
     assert sorted(tensors(c.out)) == sorted(tensors(reference))
     assert (c.out / "tokenizer.json").is_file() and (c.out / "tokenizer_config.json").is_file()
-
-
-def _assert_same_config(name, ours, theirs, raw):
-    """Every entry of transformers' config.json (or generation_config.json) is ours, but for what differs by design:
-    special-token ids are our tokenizer's (it pads with its end token; Qwen2's has no start token), a default may be
-    spelt out (n_inner, head_dim, n_positions), the version that wrote it, and the entries transformers 4 reads
-    instead of 5's (torch_dtype, rope_theta, rope_scaling; T5 v1.1's tie_word_embeddings=false, which 4 reads as its
-    own head), equal to 5's. `raw`: the files' entries, else the configs transformers reads from them."""
-    transformers4 = {"torch_dtype", "rope_theta", "rope_scaling", "rope_local_base_freq"} | (
-        {"tie_word_embeddings"} if name == "t5_v1_1" else set()
-    )
-    for key in sorted(set(ours) | set(theirs)):
-        if key in {
-            "pad_token_id",
-            "bos_token_id",
-            "transformers_version",
-            "_from_model_config",
-            "_name_or_path",
-        } | transformers4 or (key in ("n_inner", "head_dim", "n_positions") and theirs.get(key) is None):
-            continue
-        assert ours.get(key, "missing") == theirs.get(key, "missing"), key
-    if "architectures" not in ours or not raw:  # generation_config.json, or the configs as read
-        return
-    assert ours["torch_dtype"] == theirs["dtype"]
-    if isinstance(theirs.get("rope_parameters"), dict) and "rope_theta" in ours:
-        rope = dict(theirs["rope_parameters"])
-        if "full_attention" in rope:  # Gemma 3: the global layers' scaling, the sliding layers' base
-            assert ours["rope_local_base_freq"] == rope["sliding_attention"]["rope_theta"]
-            rope = dict(rope["full_attention"])
-        assert ours["rope_theta"] == rope.pop("rope_theta")
-        assert ours["rope_scaling"] == (None if rope["rope_type"] == "default" else rope)
-    if name == "t5_v1_1":
-        assert ours["tie_word_embeddings"] is False
 
 
 def _peer_generate(model, prompt, **kwargs):

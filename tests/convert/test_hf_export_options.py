@@ -243,26 +243,28 @@ def test_missing_transformers_names_the_install(build, tmp_path, monkeypatch):
     np.testing.assert_allclose(mine, peer, atol=ATOL, rtol=0)
 
 
-# Run as `python -c IMPORTS out_dir` on the backend under test: export a Llama with its tokenizer and print which of
-# torch's and transformers' model modules the process holds after it.
+# Run as `python -c IMPORTS out_dir` on the backend under test: export a Llama with its tokenizer, and a mixture of
+# experts (Qwen3-MoE's layout), and print which of torch's and transformers' model modules the process holds after.
 IMPORTS = """
 import json, sys
 import keras_transformer as kt
 lm = kt.models.CausalLM.from_preset("llama_stdlib")
-lm.export(sys.argv[1], format="huggingface")
+lm.export(sys.argv[1] + "/llama", format="huggingface")
+moe = dict(num_experts=4, top_k=2, intermediate_dim=8)
+backbone = kt.models.LlamaBackbone(vocabulary_size=64, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32,
+                                   query_key_norm="head", mixture_of_experts=moe)
+kt.models.LlamaCausalLM(backbone).export(sys.argv[1] + "/moe", format="huggingface")
 names = ("torch", "transformers.modeling_utils", "transformers.configuration_utils")
 print("MODULES " + json.dumps({name: name in sys.modules for name in names}))
 """
 
 
 def test_export_imports_no_torch_or_model_classes(tmp_path):
-    """A dense model's export writes its config and weights itself: it imports neither torch (which the PyTorch
-    backend holds anyway) nor transformers' configuration and model classes, whose imports alone took a TensorFlow
-    process past 3x the weights of a 135M model (benchmarks/RESULTS.md, "Hugging Face export on TensorFlow within
-    3x")."""
-    result = subprocess.run(
-        [sys.executable, "-c", IMPORTS, str(tmp_path / "out")], capture_output=True, text=True, timeout=600
-    )
+    """The export writes the config and the weights itself, a mixture of experts' one tensor per expert: it imports
+    neither torch (which the PyTorch backend holds anyway) nor transformers' configuration and model classes, whose
+    imports alone took a TensorFlow process past 3x the weights of a 135M model (benchmarks/RESULTS.md, "Hugging Face
+    export on TensorFlow within 3x"). transformers reads both folders back."""
+    result = subprocess.run([sys.executable, "-c", IMPORTS, str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     modules = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("MODULES "))[8:])
     assert modules == {
@@ -270,7 +272,9 @@ def test_export_imports_no_torch_or_model_classes(tmp_path):
         "transformers.modeling_utils": False,
         "transformers.configuration_utils": False,
     }
-    assert transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").config.model_type == "llama"
+    assert transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "llama").config.model_type == "llama"
+    moe = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "moe")
+    assert type(moe).__name__ == "Qwen3MoeForCausalLM" and moe.config.num_experts == 4
 
 
 def test_existing_folder_needs_overwrite(build, tmp_path):
