@@ -65,13 +65,17 @@ def export_gguf(task, path, format=FORMAT, overwrite=False, quantize=None, verbo
         format: "gguf".
         overwrite: bool, replace an existing file (atomically, at the end).
         quantize: must be None (Keras's int8 / int4 are ONNX options; `gguf_type` picks the GGUF's).
-        verbose: unused (the export is one pass over the weights).
+        verbose: "auto" (for a model of 100M parameters or more), True or False: a line when the weights start and
+            end, and a progress bar over the tensors.
         gguf_type: "f32", "f16" (the default), "bf16", "q8_0" or "q4_0".
 
     Returns:
         The `Path` of the written file.
     """
-    del format, verbose
+    from keras_transformer.export import progress  # the exporters' package, which imports this module
+
+    del format
+    verbose = progress.resolve(verbose, task)
     path = Path(os.fspath(path)).expanduser().resolve()
     if path.suffix.lower() != ".gguf":
         raise ValueError(f"A GGUF export is one file whose name ends in .gguf. Received: path={str(path)!r}")
@@ -108,17 +112,21 @@ def export_gguf(task, path, format=FORMAT, overwrite=False, quantize=None, verbo
         _write_metadata(writer, task, architecture, config, file_type)
         stream = GGUFStreamWriter(writer, table)
 
+        phase = progress.Phase(f"GGUF ({gguf_type}): the weights, tensor by tensor", verbose, len(shapes), "tensor")
+
         def sink(hf_name, array):  # each Hugging Face tensor as the recorder finishes it
             arrays = {hf_name: np.asarray(array)}  # a `StreamedTensor` read whole: GGUF's tensors are permuted
             for name, values in gguf_names.gguf_tensors(arrays, architecture, config).items():
                 stream.add(name, values)
+            phase.step()
 
-        recorder = WeightRecorder(shapes, sink=sink)
-        converter.load_weights(task, recorder, {"model_type": architecture})
-        recorder.finish()
-        if recorder.tied:
-            raise ValueError(f"GGUF export: tied copies {sorted(recorder.tied)} in the Hugging Face layout.")
-        stream.close()
+        with phase:
+            recorder = WeightRecorder(shapes, sink=sink)
+            converter.load_weights(task, recorder, {"model_type": architecture})
+            recorder.finish()
+            if recorder.tied:
+                raise ValueError(f"GGUF export: tied copies {sorted(recorder.tied)} in the Hugging Face layout.")
+            stream.close()
 
     presets.atomic_file(path, write)
     return path

@@ -56,7 +56,7 @@ INSTALL_HINT = "pip install transformers"
 _log = logging.getLogger(__name__)
 
 
-def export_hugging_face(task, path, overwrite=False, dtype=None, max_shard_size=DEFAULT_MAX_SHARD_SIZE):
+def export_hugging_face(task, path, overwrite=False, dtype=None, max_shard_size=DEFAULT_MAX_SHARD_SIZE, verbose="auto"):
     """Write `task` to `path` as a Hugging Face checkpoint folder.
 
     Args:
@@ -68,12 +68,17 @@ def export_hugging_face(task, path, overwrite=False, dtype=None, max_shard_size=
         dtype: None (the dtype of the model's weights), "float32", "bfloat16" or "float16".
         max_shard_size: int (bytes) or a string such as "5GB" or "200MB": weights past this size
             are split into shards listed by model.safetensors.index.json.
+        verbose: "auto" (for a model of 100M parameters or more), True or False: a line when the weights start and
+            end, and a progress bar over the tensors.
 
     Returns:
         The `Path` of the written directory.
     """
+    from keras_transformer.export import progress  # the exporters' package, which imports this module
+
     path = Path(os.fspath(path)).expanduser().resolve()
     family = family_of(task)
+    verbose = progress.resolve(verbose, task)
     if path.exists() and not overwrite:
         raise ValueError(f"{path} already exists: pass overwrite=True to replace it.")
     if dtype is not None and dtype not in DTYPES:
@@ -98,7 +103,8 @@ def export_hugging_face(task, path, overwrite=False, dtype=None, max_shard_size=
     transformers = _import_transformers() if task.preprocessor is not None else None
 
     def write(tmp):
-        _stream_weights(task, config, dequantized, dtype, tmp, max_shard_size)
+        phase = progress.Phase("Hugging Face: the weights, tensor by tensor", verbose, unit="tensor")
+        _stream_weights(task, config, dequantized, dtype, tmp, max_shard_size, phase)
         if task.preprocessor is not None:
             hf_tokenizer.save_tokenizer(task, transformers, tmp)
 
@@ -193,15 +199,22 @@ def _import_transformers():
 # --- weights ----------------------------------------------------------------
 
 
-def _stream_weights(task, config, values, dtype, directory, max_shard_size):
+def _stream_weights(task, config, values, dtype, directory, max_shard_size, phase):
     """Write the safetensors files tensor by tensor as the converter, run backwards, fills each one (`save_pretrained`
-    would need every tensor at once), and the config files."""
+    would need every tensor at once), a step of `phase` each, and the config files."""
     shapes = checkpoint_shapes(task, config["model_type"])
     writer = SafetensorsWriter(directory, dtype, max_shard_size)
-    recorder = WeightRecorder(shapes, values, sink=writer.add)
-    _run_converter(task, config, recorder)
-    recorder.finish()
-    writer.close(total_parameters=parameter_count(shapes))
+    phase.layers = len(shapes)
+
+    def add(name, array):
+        writer.add(name, array)
+        phase.step()
+
+    with phase:
+        recorder = WeightRecorder(shapes, values, sink=add)
+        _run_converter(task, config, recorder)
+        recorder.finish()
+        writer.close(total_parameters=parameter_count(shapes))
     presets.write_json(Path(directory) / "config.json", config)
     if hasattr(task, "generate"):
         generation = hf_config_files.generation_config(config, getattr(task, "generation_config", None))

@@ -76,7 +76,8 @@ def export_model(task, path, format="onnx", overwrite=False, quantize=None, verb
         overwrite: bool, replace an existing directory (atomically, at the end).
         quantize: None, "int8" or "int4" (format "onnx" only): the bundle's weights in 8 or 4 bits.
         verbose: "auto" (the default: for a model of 100M parameters or more), True or False: a line per phase
-            of the export, and a progress bar over the layers where a phase goes layer by layer (ONNX only).
+            of the export, and a progress bar over the layers where a phase goes layer by layer (ONNX) or over the
+            tensors where it writes them one at a time (Hugging Face).
         **options: format "huggingface" only: `dtype` and `max_shard_size` (see
             `keras_transformer.convert.hf_export.export_hugging_face`).
 
@@ -93,7 +94,7 @@ def export_model(task, path, format="onnx", overwrite=False, quantize=None, verb
             raise ValueError(
                 f"format='huggingface' writes float weights: pass quantize=None. Received: quantize={quantize!r}"
             )
-        return hf_export.export_hugging_face(task, path, overwrite=overwrite, **options)
+        return hf_export.export_hugging_face(task, path, overwrite=overwrite, verbose=verbose, **options)
     if options:
         raise ValueError(f"Unexpected arguments for format={format!r}: {sorted(options)}")
     return export_models(task, {path: format}, overwrite=overwrite, quantize=quantize, verbose=verbose)[0]

@@ -1,5 +1,6 @@
 """What a long export says while it runs: one line per phase, and a Keras progress bar over the layers where a phase
-goes layer by layer (a graph built by the ONNX kernels).
+goes layer by layer (a graph built by the ONNX kernels), or over the tensors where it writes them one at a time (the
+Hugging Face and GGUF files).
 
 `export(..., verbose="auto")` shows them for a model of `AUTO_PARAMETERS` or more (an export of seconds or more);
 `verbose=True` always, `False` never.
@@ -23,10 +24,10 @@ def resolve(verbose, task):
 
 class Phase:
     """`with Phase("decode graph", verbose, layers=L) as phase:` ... `phase.step()` after each layer: prints the phase's
-    name, a progress bar over its L layers (none when L is 0), and the seconds it took."""
+    name, a progress bar over its L layers (none when L is 0; `unit` names what it counts), and the seconds it took."""
 
-    def __init__(self, name, verbose, layers=0):
-        self.name, self.verbose, self.layers, self.count = name, verbose, layers, 0
+    def __init__(self, name, verbose, layers=0, unit="layer"):
+        self.name, self.verbose, self.layers, self.count, self.unit = name, verbose, layers, 0, unit
         self.bar = None
 
     def __enter__(self):
@@ -34,7 +35,7 @@ class Phase:
         if self.verbose:
             print(f"{self.name} ...", flush=True)
             if self.layers:
-                self.bar = keras.utils.Progbar(self.layers, unit_name="layer")
+                self.bar = keras.utils.Progbar(self.layers, unit_name=self.unit)
         return self
 
     def step(self):

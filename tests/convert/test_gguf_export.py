@@ -208,6 +208,19 @@ def test_overwrite_and_atomic_write(models, tmp_path, monkeypatch):
     assert target.read_bytes() != before
 
 
+def test_a_long_export_says_where_it_is(models, tmp_path, capsys):
+    """verbose=True: a line when the weights start and end, a progress bar over the file's tensors; "auto" says
+    nothing for a model this small."""
+    lm = models["gpt_stdlib"]
+    lm.export(tmp_path / "quiet.gguf", format="gguf")
+    assert capsys.readouterr().out == ""
+    lm.export(tmp_path / "loud.gguf", format="gguf", gguf_type="q8_0", verbose=True)
+    out = capsys.readouterr().out
+    count = len(gguf.GGUFReader(tmp_path / "loud.gguf").tensors)  # GPT-2's tensors keep their number in GGUF
+    assert "GGUF (q8_0): the weights, tensor by tensor ..." in out and f"{count}/{count}" in out
+    assert "GGUF (q8_0): the weights, tensor by tensor: done in" in out
+
+
 def test_cli_export(models, tmp_path):
     target = tmp_path / "gpt.gguf"
     assert cli.main(["export", "gpt_stdlib", str(target), "--format", "gguf", "--gguf-type", "q8_0"]) == 0

@@ -226,6 +226,22 @@ def test_bad_options_are_refused(build, tmp_path):
     assert not (tmp_path / "q").exists()
 
 
+def test_a_long_export_says_where_it_is(build, tmp_path, capsys):
+    """verbose=True: a line when the weights start and end, a progress bar over the checkpoint's tensors; "auto" says
+    nothing for a model this small; a bad value is refused before anything is written."""
+    c = build("gpt2")
+    c.ours.export(tmp_path / "quiet", format="huggingface")
+    assert capsys.readouterr().out == ""
+    out_dir = c.ours.export(tmp_path / "loud", format="huggingface", verbose=True)
+    out = capsys.readouterr().out
+    count = len(tensors(out_dir))
+    assert "Hugging Face: the weights, tensor by tensor ..." in out and f"{count}/{count}" in out
+    assert "Hugging Face: the weights, tensor by tensor: done in" in out
+    with pytest.raises(ValueError, match="verbose='yes'"):
+        c.ours.export(tmp_path / "bad", format="huggingface", verbose="yes")
+    assert not (tmp_path / "bad").exists()
+
+
 def test_missing_transformers_names_the_install(build, tmp_path, monkeypatch):
     c = build("gpt2")
     monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
