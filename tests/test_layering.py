@@ -204,6 +204,7 @@ FLOORS = (
         "keras_transformer.distribution",
         "keras_transformer.metrics",
         "keras_transformer.corpus",
+        "keras_transformer.progress",
     ),
     ("keras_transformer.layers", "keras_transformer.tokenizers"),  # the KV cache lives with the layers
     ("keras_transformer.kernels",),  # the layer-kernel table and its runtimes

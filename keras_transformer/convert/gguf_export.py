@@ -42,6 +42,8 @@ from keras_transformer.convert.gguf_writer import GGUFStreamWriter, tensor_type
 from keras_transformer.convert.weight_recorder import WeightRecorder
 from keras_transformer.models.lora import lora_layers
 from keras_transformer.models.quantization import quantization_mode
+from keras_transformer.progress import Phase
+from keras_transformer.progress import resolve as resolve_verbose
 
 FORMAT = "gguf"
 GGUF_TYPES = {
@@ -72,10 +74,8 @@ def export_gguf(task, path, format=FORMAT, overwrite=False, quantize=None, verbo
     Returns:
         The `Path` of the written file.
     """
-    from keras_transformer.export import progress  # the exporters' package, which imports this module
-
     del format
-    verbose = progress.resolve(verbose, task)
+    verbose = resolve_verbose(verbose, task)
     path = Path(os.fspath(path)).expanduser().resolve()
     if path.suffix.lower() != ".gguf":
         raise ValueError(f"A GGUF export is one file whose name ends in .gguf. Received: path={str(path)!r}")
@@ -112,7 +112,7 @@ def export_gguf(task, path, format=FORMAT, overwrite=False, quantize=None, verbo
         _write_metadata(writer, task, architecture, config, file_type)
         stream = GGUFStreamWriter(writer, table)
 
-        phase = progress.Phase(f"GGUF ({gguf_type}): the weights, tensor by tensor", verbose, len(shapes), "tensor")
+        phase = Phase(f"GGUF ({gguf_type}): the weights, tensor by tensor", verbose, len(shapes), "tensor")
 
         def sink(hf_name, array):  # each Hugging Face tensor as the recorder finishes it
             arrays = {hf_name: np.asarray(array)}  # a `StreamedTensor` read whole: GGUF's tensors are permuted

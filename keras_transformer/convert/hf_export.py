@@ -47,6 +47,8 @@ from keras_transformer.convert.safetensors_writer import SafetensorsWriter
 from keras_transformer.convert.weight_recorder import WeightRecorder
 from keras_transformer.models.lora import lora_layers
 from keras_transformer.models.quantization import quantization_mode
+from keras_transformer.progress import Phase
+from keras_transformer.progress import resolve as resolve_verbose
 
 FORMAT = "huggingface"
 DTYPES = ("float32", "bfloat16", "float16")
@@ -74,11 +76,9 @@ def export_hugging_face(task, path, overwrite=False, dtype=None, max_shard_size=
     Returns:
         The `Path` of the written directory.
     """
-    from keras_transformer.export import progress  # the exporters' package, which imports this module
-
     path = Path(os.fspath(path)).expanduser().resolve()
     family = family_of(task)
-    verbose = progress.resolve(verbose, task)
+    verbose = resolve_verbose(verbose, task)
     if path.exists() and not overwrite:
         raise ValueError(f"{path} already exists: pass overwrite=True to replace it.")
     if dtype is not None and dtype not in DTYPES:
@@ -103,7 +103,7 @@ def export_hugging_face(task, path, overwrite=False, dtype=None, max_shard_size=
     transformers = _import_transformers() if task.preprocessor is not None else None
 
     def write(tmp):
-        phase = progress.Phase("Hugging Face: the weights, tensor by tensor", verbose, unit="tensor")
+        phase = Phase("Hugging Face: the weights, tensor by tensor", verbose, unit="tensor")
         _stream_weights(task, config, dequantized, dtype, tmp, max_shard_size, phase)
         if task.preprocessor is not None:
             hf_tokenizer.save_tokenizer(task, transformers, tmp)

@@ -43,7 +43,8 @@ import keras
 
 from keras_transformer import presets
 from keras_transformer.convert import hf_export
-from keras_transformer.export import graphs, progress
+from keras_transformer import progress
+from keras_transformer.export import graphs
 from keras_transformer.export.decode_graph import Unsupported
 from keras_transformer.export.onnx import write_onnx_bundle
 from keras_transformer.export.quantize import check_mode, quantize_bundle

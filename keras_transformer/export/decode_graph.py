@@ -41,7 +41,7 @@ the next norm takes it), feed-forward biases inside FastGelu/BiasGelu.
 import numpy as np
 
 from keras_transformer.export import quantize as quantization  # not `quantize`: the builders take a quantize= mode
-from keras_transformer.export.progress import QUIET
+from keras_transformer.progress import QUIET
 from keras_transformer.kernels import onnx_kernels
 from keras_transformer.kernels.onnx_values import Unsupported, Value
 from keras_transformer.models.seq2seq_lm import Seq2SeqLM

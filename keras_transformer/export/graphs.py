@@ -45,7 +45,7 @@ Built under the TensorFlow backend only; `tensorflow` is imported when a graph i
 from typing import NamedTuple
 
 from keras_transformer.export.decode_graph import Unsupported, decode_model, prefill_model
-from keras_transformer.export.progress import Phase
+from keras_transformer.progress import Phase
 from keras_transformer.layers.kv_cache import KVCache
 from keras_transformer.models.causal_lm import CausalLM
 from keras_transformer.models.seq2seq_lm import Seq2SeqLM

@@ -29,7 +29,7 @@ from keras_transformer.export import graphs as graph_lib
 from keras_transformer.presets import write_json
 from keras_transformer.export.decode_graph import Unsupported
 from keras_transformer.export.onnx_converter import OPSET, convert
-from keras_transformer.export.progress import Phase
+from keras_transformer.progress import Phase
 from keras_transformer.export.quantize import quantize_bundle
 from keras_transformer.export.weights_file import FILE_NAME as WEIGHTS_FILE, WeightsFile
 from keras_transformer.decoding import LENGTH_BUCKET

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from keras_transformer.export.progress import Phase
+from keras_transformer.progress import Phase
 from keras_transformer.export.weights_file import FILE_NAME as WEIGHTS_FILE
 
 MODES = ("int8", "int4")
