@@ -191,9 +191,10 @@ before = rss(resource.RUSAGE_SELF)
 with tempfile.TemporaryDirectory() as directory:
     start = time.perf_counter()
     quantize = fmt.removeprefix("onnx-") if fmt in ("onnx-int8", "onnx-int4") else None
-    path = lm.export(Path(directory) / "out", format=fmt.split("-")[0], quantize=quantize)
+    target = Path(directory) / ("out.gguf" if fmt == "gguf" else "out")  # GGUF: one file
+    path = Path(lm.export(target, format=fmt.split("-")[0], quantize=quantize))
     seconds = time.perf_counter() - start
-    size = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+    size = path.stat().st_size if path.is_file() else sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 peak = max(rss(resource.RUSAGE_SELF), rss(resource.RUSAGE_CHILDREN))
 print(f"export {preset} ({params / 1e6:.0f}M parameters, {params * 4 / 2**30:.2f} GB float32) backend "
       f"{os.environ['KERAS_BACKEND']} format {fmt}: {seconds:.1f} s, "
@@ -214,7 +215,9 @@ def main():
     parser.add_argument("--t5", action="store_true", help="T5 generation instead (64 new tokens)")
     parser.add_argument("--traced", action="store_true", help="with --t5: also the traced-decoder bundle (TensorFlow)")
     parser.add_argument("--model", help="export this preset at its real size instead (e.g. smollm2_135m)")
-    parser.add_argument("--format", default="onnx", help="with --model: onnx, onnx-int8, onnx-int4 or tf_saved_model")
+    parser.add_argument(
+        "--format", default="onnx", help="with --model: onnx, onnx-int8, onnx-int4, tf_saved_model, huggingface or gguf"
+    )
     args = parser.parse_args()
     if args.model:
         return model_export(args.model, args.format)
