@@ -35,7 +35,7 @@ def _encoded(array, dtype):
     array = np.ascontiguousarray(array, dtype="<f4")
     if dtype != "float32":
         array = array.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else "<f2")
-    return array.reshape(-1).view("u1")
+    return array.reshape(-1).view("u1")  # (N,) values -> (N * itemsize,) bytes
 
 
 def _copy(path, out):
