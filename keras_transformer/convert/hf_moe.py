@@ -23,7 +23,8 @@ The experts' tensors come in two layouts, both read here:
 - per expert, as every checkpoint on the Hub and transformers 5's `save_pretrained` (which converts back to it)
   store them: `mlp.experts.{i}.gate_proj` / `up_proj` (I, D) and `down_proj` (D, I), or Mixtral's
   `block_sparse_moe.experts.{i}.w1` (gate) / `w3` (up) / `w2` (down) and `block_sparse_moe.gate`;
-- fused, as transformers 5 holds them in memory (its `state_dict()`, which the Hugging Face export fills):
+- fused, as transformers 5 holds them in memory (its `state_dict()`; the GGUF export fills this layout, the Hugging
+  Face export the per-expert one):
   `mlp.experts.gate_up_proj` (E, 2 I, D), the gate's I rows first, and `mlp.experts.down_proj` (E, D, I).
 """
 

@@ -52,7 +52,7 @@ def test_dtype_is_chosen(build, tmp_path, dtype):
 
 def test_weights_stream_tensor_by_tensor(build, tmp_path, monkeypatch):
     """Each tensor reaches its file as soon as the converter has filled it: the export never holds the whole model
-    in the checkpoint's layout (only `save_pretrained` would, for layouts transformers converts when saving)."""
+    in the checkpoint's layout."""
     c = build("llama")
     held, added = [], []
     recorders = []
