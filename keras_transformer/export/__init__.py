@@ -45,6 +45,7 @@ from keras_transformer import presets
 from keras_transformer.convert import hf_export
 from keras_transformer import progress
 from keras_transformer.export import graphs
+from keras_transformer.export import handover
 from keras_transformer.export.decode_graph import Unsupported
 from keras_transformer.export.onnx import write_onnx_bundle
 from keras_transformer.export.quantize import check_mode, quantize_bundle
@@ -235,10 +236,10 @@ def _write_without_tracing(task, targets, quantize=None, verbose=False):
 
 
 def _write_in_tensorflow_child(task, targets):
-    """Save `task` as a preset; a child process under the TensorFlow backend writes each (directory, format)."""
+    """Hand `task` over to a child process under the TensorFlow backend (export/handover.py), which writes each
+    (directory, format)."""
     with tempfile.TemporaryDirectory(prefix="keras_transformer_export_") as scratch:
-        preset = Path(scratch) / "preset"
-        task.save_to_preset(preset)
+        command = [sys.executable, "-m", "keras_transformer.export", *handover.hand_over(task, scratch)]
         env = {
             **os.environ,
             "KERAS_BACKEND": "tensorflow",
@@ -246,7 +247,6 @@ def _write_in_tensorflow_child(task, targets):
             # The parent (JAX or PyTorch) may hold the GPU; exporting is CPU work.
             "CUDA_VISIBLE_DEVICES": "-1",
         }
-        command = [sys.executable, "-m", "keras_transformer.export", str(preset)]
         for directory, format in targets:
             command += ["--write-into", str(directory), format]
         result = subprocess.run(command, env=env, capture_output=True, text=True)

@@ -3,13 +3,15 @@
 Run by hand it is the same as `keras-transformer export`. It is also the process the
 exporter starts under the TensorFlow backend when the caller's backend is JAX or PyTorch:
 then `--write-into DIR FORMAT` (repeated) writes into the caller's temporary directories,
-which the caller renames.
+which the caller renames, and `--weights DIR` holds the weights the caller handed over
+(export/handover.py) for a preset saved without them.
 """
 
 import argparse
 import sys
 
 from keras_transformer import export
+from keras_transformer.export import handover
 
 
 def main(argv=None):
@@ -19,11 +21,19 @@ def main(argv=None):
     parser.add_argument("--format", default="onnx", choices=("onnx", "tf_saved_model"))
     parser.add_argument("--overwrite", action="store_true")
     parser.add_argument("--write-into", nargs=2, action="append", metavar=("DIR", "FORMAT"), help=argparse.SUPPRESS)
+    parser.add_argument("--weights", help=argparse.SUPPRESS)  # the parent's weights (export/handover.py)
     args = parser.parse_args(argv)
     if (args.out_dir is None) == (args.write_into is None):
         parser.error("pass OUT_DIR")
 
-    task = export.load_preset_task(args.preset)
+    if args.weights is not None:
+
+        def build():
+            return export.load_preset_task(args.preset, load_weights=False)
+
+        task = handover.build_with_weights(build, args.weights)
+    else:
+        task = export.load_preset_task(args.preset)
     if args.write_into:
         for directory, format in args.write_into:
             export.write(task, directory, format)

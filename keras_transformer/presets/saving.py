@@ -61,9 +61,9 @@ def save_backbone(backbone, preset_dir, overwrite=True, extra=None, quantization
     atomic_dir(preset_dir, overwrite, write)
 
 
-def save_task(task, preset_dir, overwrite=True, quantization=None):
+def save_task(task, preset_dir, overwrite=True, quantization=None, weights=True):
     """Write `task` (backbone, head, preprocessor and tokenizer) as a preset; `quantization` as in
-    `save_backbone`."""
+    `save_backbone`. `weights=False` writes no weights files (for a reader that gets the weights another way)."""
 
     def write(tmp):
         task_config = task.get_config()
@@ -83,8 +83,9 @@ def save_task(task, preset_dir, overwrite=True, quantization=None):
             }
             task.preprocessor.tokenizer.save(tmp)
         write_json(tmp / CONFIG_FILE, config)
-        task.backbone.save_weights(str(tmp / BACKBONE_WEIGHTS_FILE))
-        save_weights_without_optimizer(task, tmp / TASK_WEIGHTS_FILE)
+        if weights:
+            task.backbone.save_weights(str(tmp / BACKBONE_WEIGHTS_FILE))
+            save_weights_without_optimizer(task, tmp / TASK_WEIGHTS_FILE)
         write_json(tmp / METADATA_FILE, _metadata(task))
 
     atomic_dir(preset_dir, overwrite, write)
