@@ -9,7 +9,7 @@ from pathlib import Path
 
 import keras
 
-from keras_transformer.presets import weights
+from keras_transformer.presets import initialization, weights
 from keras_transformer.presets.files import read_json
 from keras_transformer.presets.registry import base_class, checkpoint_reader, file_reader, get_class
 from keras_transformer.presets.registry import get_preprocessor_class
@@ -51,14 +51,31 @@ def load_backbone(cls, preset, load_weights=True, **overrides):
         fitting = _presets_of(cls)
         hint = f" Presets for a {cls.__name__}: {', '.join(fitting)}." if fitting else ""
         raise ValueError(f"Preset {str(preset)!r} holds a {backbone_cls.__name__}, not a {cls.__name__}.{hint}")
-    backbone = backbone_cls(**{**spec["config"], **overrides})
-    if config.get("quantization") is not None:  # rebuilt quantized, so the quantized weights fit
-        backbone.quantize(config["quantization"], config=_quantization_config(config))
-    if load_weights and quantize is not None:  # a converter keeping the checkpoint's quantized weights
-        config["weights"](backbone, quantize=quantize)
-    elif load_weights:
-        weights.load_weights(backbone, path, config, BACKBONE_WEIGHTS_FILE)
-    return backbone
+
+    def build():
+        backbone = backbone_cls(**{**spec["config"], **overrides})
+        if config.get("quantization") is not None:  # rebuilt quantized, so the quantized weights fit
+            backbone.quantize(config["quantization"], config=_quantization_config(config))
+        return backbone
+
+    def load(backbone):
+        if quantize is not None:  # a converter keeping the checkpoint's quantized weights
+            config["weights"](backbone, quantize=quantize)
+        else:
+            weights.load_weights(backbone, path, config, BACKBONE_WEIGHTS_FILE)
+
+    if not load_weights:
+        return build()
+    return _build_then_load(build, load, config, quantize)
+
+
+def _build_then_load(build, load, config, quantize):
+    """build() then load(model), where it pays without drawing random initial values first (initialization.py)."""
+    if initialization.defers_initialization(quantized=config.get("quantization") is not None or quantize is not None):
+        return initialization.build_then_load(build, load)
+    model = build()
+    load(model)
+    return model
 
 
 def _check_quantize(preset, config, quantize, load_weights):
@@ -110,7 +127,6 @@ def load_task(cls, preset, load_weights=True, preprocessor="auto", quantize=None
     backbone_cls = cls.backbone_cls
     # `dtype` builds the backbone's layers in it (the task itself keeps float32 outputs).
     dtype = {"dtype": kwargs["dtype"]} if kwargs.get("dtype") is not None else {}
-    backbone = load_backbone(backbone_cls, preset, load_weights=False, **dtype)
     task_spec = config.get("task") or {}
     # Another task's entries are ignored, but every class a config names must be this library's.
     if task_spec.get("class_name") is not None:
@@ -125,15 +141,23 @@ def load_task(cls, preset, load_weights=True, preprocessor="auto", quantize=None
             spec = config.get("preprocessor") or {}
             pre_config = spec.get("config", {}) if spec.get("class_name") == cls.preprocessor_cls.__name__ else {}
             preprocessor = cls.preprocessor_cls.from_config(pre_config, tokenizer=load_tokenizer(preset))
-    task = cls(backbone=backbone, preprocessor=preprocessor, **{**task_kwargs, **kwargs})
-    if config.get("quantization") is not None:
-        task.quantize(config["quantization"], config=_quantization_config(config))  # the head's (the backbone's are)
-    if load_weights:
+
+    def build():
+        backbone = load_backbone(backbone_cls, preset, load_weights=False, **dtype)
+        task = cls(backbone=backbone, preprocessor=preprocessor, **{**task_kwargs, **kwargs})
+        if config.get("quantization") is not None:
+            task.quantize(config["quantization"], config=_quantization_config(config))  # the head's (the backbone's)
+        return task
+
+    def load(task):
         if task_kwargs == {**task_kwargs, **kwargs} and (path / TASK_WEIGHTS_FILE).is_file():
             weights.load_weights(task, path, config, TASK_WEIGHTS_FILE)
         elif "weights" in config and not (path / BACKBONE_WEIGHTS_FILE).is_file():
             # a converter: the backbone and whatever head weights it has
             config["weights"](task, **({"quantize": quantize} if quantize else {}))
         else:  # a new head (e.g. another num_classes): only the backbone is pretrained
-            weights.load_weights(backbone, path, config, BACKBONE_WEIGHTS_FILE)
-    return task
+            weights.load_weights(task.backbone, path, config, BACKBONE_WEIGHTS_FILE)
+
+    if not load_weights:
+        return build()
+    return _build_then_load(build, load, config, quantize)
