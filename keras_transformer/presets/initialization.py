@@ -9,10 +9,10 @@ initializes every variable: the loaded ones take their values (on JAX the record
 contiguous copy of each, one at a time), the others (a new head) draw theirs as usual.
 
 This is used where it pays (`defers_initialization`): on JAX and PyTorch, whose variables take a recorded tensor
-with no second copy of the model. TensorFlow copies a tensor into a new variable, and a tensor converted from numpy takes more memory than
-the array (RESULTS.md, "from_preset without random initial values"), so it keeps the usual path; so do quantized
-layers (quantized after they are built, from float values) and a distribution (variables laid out over devices
-as they are created).
+with no second copy of the model. TensorFlow copies a tensor into a new variable, and a tensor converted from
+numpy takes more memory than the array (RESULTS.md, "from_preset without random initial values"), so it keeps
+the usual path; so do quantized layers (quantized after they are built, from float values) and a distribution
+(variables laid out over devices as they are created).
 """
 
 import keras
