@@ -19,6 +19,7 @@ One job per module, each importing only those above it in this list:
     zoo.py              a preset folder's file names, the zoo, `resolve` and `list_presets`
     registry.py         the classes a config may name, and the readers of foreign checkpoints
     weights.py          weights files: shapes checked before loading, saved without the optimizer
+    initialization.py   a model built for loading without drawing random initial values (JAX, PyTorch)
     loading.py          `load_config` (Hugging Face checkpoints converted on the fly), `load_backbone`, `load_task`
     saving.py           `save_backbone`, `save_task`
     serialization.py    a task's preprocessor and backbone entries in `.keras` files
