@@ -204,15 +204,16 @@ def test_t5_long_generation_matches_keras(loaded, exported):
 GRAPH_NODES = """
 import sys
 from tensorflow.core.protobuf import saved_model_pb2
-model = saved_model_pb2.SavedModel()
-model.ParseFromString(open(sys.argv[1], "rb").read())
-graph = model.meta_graphs[0].graph_def
-print(len(graph.node) + sum(len(function.node_def) for function in graph.library.function))
+for path in sys.argv[1:]:
+    model = saved_model_pb2.SavedModel()
+    model.ParseFromString(open(path, "rb").read())
+    graph = model.meta_graphs[0].graph_def
+    print(len(graph.node) + sum(len(function.node_def) for function in graph.library.function))
 """
 
 
-def _graph_nodes(tmp_path, encoder_layers):
-    """The nodes of a tiny T5's SavedModel (its graph and function library) with `encoder_layers` encoder blocks."""
+def _t5_saved_model(tmp_path, encoder_layers):
+    """The SavedModel of a tiny T5 with `encoder_layers` encoder blocks."""
     keras.utils.set_random_seed(0)
     backbone = T5Backbone(
         100,
@@ -224,21 +225,22 @@ def _graph_nodes(tmp_path, encoder_layers):
         key_dim=8,
         dropout=0.0,
     )
-    path = T5Seq2SeqLM(backbone).export(tmp_path / f"t5_{encoder_layers}", format="tf_saved_model")
-    child = subprocess.run(
-        [sys.executable, "-c", GRAPH_NODES, str(path / "saved_model.pb")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-    )
-    assert child.returncode == 0, child.stderr[-2000:]
-    return int(child.stdout.split()[-1])
+    return T5Seq2SeqLM(backbone).export(tmp_path / f"t5_{encoder_layers}", format="tf_saved_model")
 
 
 def test_seq2seq_encoder_blocks_are_written_once(tmp_path):
     """The `generate` signatures call the encoder's blocks through the shared layer functions, as `forward` and the
     decoder steps do: a block more adds a call and its weights' reads to each signature, not a copy of the block's
     computation to each (an encoder called layer by layer wrote every block into `generate` and `generate_beam`)."""
-    per_layer = (_graph_nodes(tmp_path, 4) - _graph_nodes(tmp_path, 1)) / 3
+    paths = [_t5_saved_model(tmp_path, layers) / "saved_model.pb" for layers in (1, 4)]
+    child = subprocess.run(  # the nodes of each SavedModel's graph and function library
+        [sys.executable, "-c", GRAPH_NODES, *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    one, four = map(int, child.stdout.split()[-2:])
+    per_layer = (four - one) / 3
     assert per_layer < 100, per_layer  # the nodes one more encoder block adds to the SavedModel's graphs
